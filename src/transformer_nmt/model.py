@@ -1,0 +1,286 @@
+"""The encoder-decoder Transformer of "Attention Is All You Need" (section 3), in one page.
+
+Data flows: token ids -> shared embedding * sqrt(d_model) + sinusoidal positions (3.4, 3.5)
+-> N encoder layers (self-attention, feed-forward; 3.1, 3.3) -> memory; target ids shifted
+right -> N decoder layers (causal self-attention, cross-attention over memory, feed-forward)
+-> linear map onto the vocabulary, with the weights shared with the embedding (3.4).
+
+Every sub-layer is wrapped as LayerNorm(x + Dropout(sublayer(x))) (post-LN, the paper), or
+x + Dropout(sublayer(LayerNorm(x))) with a final LayerNorm (pre-LN, ``norm_first=True``).
+This module is plain PyTorch: it knows nothing of Lightning.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from transformer_nmt.attention import ATTENTION_KERNELS, AttentionCache, MultiHeadAttention, causal_mask
+
+
+@dataclass
+class TransformerConfig:
+    """Hyper-parameters, named as in the paper's Table 3 (defaults: the base model)."""
+
+    vocab_size: int
+    d_model: int = 512
+    n_heads: int = 8
+    n_encoder_layers: int = 6
+    n_decoder_layers: int = 6
+    d_ff: int = 2048
+    dropout: float = 0.1  # P_drop: sub-layer outputs and embedding sums (5.4)
+    attention_dropout: float = 0.0  # on attention weights; the paper has none
+    max_positions: int = 1024
+    norm_first: bool = False  # False: post-LN as in the paper; True: pre-LN
+    tie_embeddings: bool = True  # one matrix for source, target and output embeddings (3.4)
+    pad_id: int = 0
+    attention: str = "plain"  # plain | blocked | fused
+    attention_block_size: int = 128
+
+    def __post_init__(self):
+        if self.n_heads < 1 or self.d_model % self.n_heads != 0:
+            raise ValueError(f"model.d_model ({self.d_model}) must be divisible by model.n_heads ({self.n_heads})")
+        if self.attention not in ATTENTION_KERNELS:
+            raise ValueError(f"model.attention must be one of {ATTENTION_KERNELS}, got {self.attention!r}")
+        if self.attention == "blocked" and self.attention_dropout > 0:
+            raise ValueError("model.attention=blocked does not support model.attention_dropout > 0")
+        if not 0 <= self.pad_id < self.vocab_size:
+            raise ValueError(f"model.pad_id ({self.pad_id}) must be inside the vocabulary (size {self.vocab_size})")
+        for name in ("vocab_size", "d_ff", "max_positions", "n_encoder_layers", "n_decoder_layers"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"model.{name} must be >= 1, got {getattr(self, name)}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def sinusoidal_positions(max_positions: int, d_model: int) -> Tensor:
+    """Section 3.5: PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(same). (max_positions, d_model)"""
+    position = torch.arange(max_positions, dtype=torch.float32).unsqueeze(1)  # (P, 1)
+    inv_freq = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float32) * (-math.log(10000.0) / d_model))
+    table = torch.zeros(max_positions, d_model)
+    table[:, 0::2] = torch.sin(position * inv_freq)  # (P, d/2)
+    table[:, 1::2] = torch.cos(position * inv_freq)[:, : d_model // 2]
+    return table
+
+
+class FeedForward(nn.Module):
+    """Section 3.3: FFN(x) = max(0, x W1 + b1) W2 + b2."""
+
+    def __init__(self, d_model: int, d_ff: int):
+        super().__init__()
+        self.linear1 = nn.Linear(d_model, d_ff)
+        self.linear2 = nn.Linear(d_ff, d_model)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.linear2(F.relu(self.linear1(x)))
+
+
+class SublayerConnection(nn.Module):
+    """Residual connection around a sub-layer, with dropout and LayerNorm (3.1, 5.4)."""
+
+    def __init__(self, d_model: int, dropout: float, norm_first: bool):
+        super().__init__()
+        self.norm = nn.LayerNorm(d_model)
+        self.dropout = nn.Dropout(dropout)
+        self.norm_first = norm_first
+
+    def forward(self, x: Tensor, sublayer) -> tuple[Tensor, Tensor | None]:
+        """``sublayer`` maps a (B, L, d_model) tensor to (output, attention weights or None)."""
+        if self.norm_first:
+            out, weights = sublayer(self.norm(x))
+            return x + self.dropout(out), weights
+        out, weights = sublayer(x)
+        return self.norm(x + self.dropout(out)), weights
+
+
+class EncoderLayer(nn.Module):
+    def __init__(self, cfg: TransformerConfig):
+        super().__init__()
+        self.self_attn = _attention(cfg)
+        self.feed_forward = FeedForward(cfg.d_model, cfg.d_ff)
+        self.attn_block = SublayerConnection(cfg.d_model, cfg.dropout, cfg.norm_first)
+        self.ff_block = SublayerConnection(cfg.d_model, cfg.dropout, cfg.norm_first)
+
+    def forward(self, x: Tensor, mask: Tensor, need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+        x, weights = self.attn_block(x, lambda h: self.self_attn(h, h, h, mask, need_weights))
+        x, _ = self.ff_block(x, lambda h: (self.feed_forward(h), None))
+        return x, weights  # (B, S, d_model), (B, h, S, S) or None
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: TransformerConfig):
+        super().__init__()
+        self.self_attn = _attention(cfg)
+        self.cross_attn = _attention(cfg)
+        self.feed_forward = FeedForward(cfg.d_model, cfg.d_ff)
+        self.self_attn_block = SublayerConnection(cfg.d_model, cfg.dropout, cfg.norm_first)
+        self.cross_attn_block = SublayerConnection(cfg.d_model, cfg.dropout, cfg.norm_first)
+        self.ff_block = SublayerConnection(cfg.d_model, cfg.dropout, cfg.norm_first)
+
+    def forward(self, x: Tensor, memory: Tensor, self_mask: Tensor, memory_mask: Tensor,
+                cache: LayerCache | None = None, need_weights: bool = False):
+        self_cache, cross_cache = (cache.self_attn, cache.cross_attn) if cache is not None else (None, None)
+        x, self_weights = self.self_attn_block(
+            x, lambda h: self.self_attn(h, h, h, self_mask, need_weights, self_cache))
+        x, cross_weights = self.cross_attn_block(
+            x, lambda h: self.cross_attn(h, memory, memory, memory_mask, need_weights, cross_cache))
+        x, _ = self.ff_block(x, lambda h: (self.feed_forward(h), None))
+        return x, self_weights, cross_weights
+
+
+def _attention(cfg: TransformerConfig) -> MultiHeadAttention:
+    return MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attention_dropout,
+                              kernel=cfg.attention, block_size=cfg.attention_block_size)
+
+
+class LayerCache:
+    """Incremental-decoding state of one decoder layer."""
+
+    def __init__(self):
+        self.self_attn = AttentionCache(static=False)
+        self.cross_attn = AttentionCache(static=True)
+
+
+class DecoderCache:
+    """Incremental-decoding state of the whole decoder: one LayerCache per layer."""
+
+    def __init__(self, n_layers: int):
+        self.layers = [LayerCache() for _ in range(n_layers)]
+
+    def __len__(self) -> int:
+        """Number of target positions already decoded."""
+        return len(self.layers[0].self_attn)
+
+    def reorder(self, index: Tensor) -> None:
+        """Keep batch rows ``index`` in every layer (beam search)."""
+        for layer in self.layers:
+            layer.self_attn.reorder(index)
+            layer.cross_attn.reorder(index)
+
+
+class Transformer(nn.Module):
+    """Encoder-decoder Transformer. ``forward(src (B, S), tgt_in (B, T)) -> logits (B, T, vocab)``."""
+
+    def __init__(self, config: TransformerConfig):
+        super().__init__()
+        self.config = cfg = config
+        self.embed_scale = math.sqrt(cfg.d_model)
+        self.src_embed = nn.Embedding(cfg.vocab_size, cfg.d_model, padding_idx=cfg.pad_id)
+        self.tgt_embed = self.src_embed if cfg.tie_embeddings else nn.Embedding(
+            cfg.vocab_size, cfg.d_model, padding_idx=cfg.pad_id)
+        self.register_buffer("positions", sinusoidal_positions(cfg.max_positions, cfg.d_model), persistent=False)
+        self.embed_dropout = nn.Dropout(cfg.dropout)
+        self.encoder_layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.n_encoder_layers))
+        self.decoder_layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.n_decoder_layers))
+        # Pre-LN leaves the residual stream un-normalised: close each stack with a LayerNorm.
+        self.encoder_norm = nn.LayerNorm(cfg.d_model) if cfg.norm_first else nn.Identity()
+        self.decoder_norm = nn.LayerNorm(cfg.d_model) if cfg.norm_first else nn.Identity()
+        self.output_proj = None if cfg.tie_embeddings else nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self._init_weights()
+
+    def _init_weights(self) -> None:
+        for name, param in self.named_parameters():
+            if param.dim() > 1 and "embed" not in name:
+                nn.init.xavier_uniform_(param)
+            elif name.endswith("bias") and "norm" not in name:
+                nn.init.zeros_(param)
+        for embed in {self.src_embed, self.tgt_embed}:
+            # Shared with the output layer: N(0, d^-1/2) keeps logits O(1) (as in tensor2tensor).
+            nn.init.normal_(embed.weight, mean=0.0, std=self.config.d_model ** -0.5)
+            with torch.no_grad():
+                embed.weight[self.config.pad_id].zero_()
+
+    def num_parameters(self, trainable_only: bool = True) -> int:
+        """Number of distinct parameters (shared embeddings counted once)."""
+        return sum(p.numel() for p in self.parameters() if p.requires_grad or not trainable_only)
+
+    # --- masks -----------------------------------------------------------------------------
+    def padding_mask(self, ids: Tensor) -> Tensor:
+        """(B, L) ids -> (B, 1, 1, L) bool, True at real tokens: broadcasts over heads and queries."""
+        return (ids != self.config.pad_id)[:, None, None, :]
+
+    def embed(self, ids: Tensor, embedding: nn.Embedding, offset: int = 0) -> Tensor:
+        length = ids.shape[1]
+        if offset + length > self.config.max_positions:
+            raise ValueError(f"sequence of {offset + length} tokens is longer than model.max_positions "
+                             f"({self.config.max_positions})")
+        x = embedding(ids) * self.embed_scale + self.positions[offset:offset + length]  # (B, L, d_model)
+        return self.embed_dropout(x)
+
+    # --- encoder / decoder -----------------------------------------------------------------
+    def encode(self, src: Tensor, need_weights: bool = False):
+        """src (B, S) -> memory (B, S, d_model); with ``need_weights`` also [per layer (B, h, S, S)]."""
+        mask = self.padding_mask(src)  # (B, 1, 1, S)
+        x = self.embed(src, self.src_embed)
+        all_weights = []
+        for layer in self.encoder_layers:
+            x, weights = layer(x, mask, need_weights)
+            all_weights.append(weights)
+        memory = self.encoder_norm(x)
+        return (memory, all_weights) if need_weights else memory
+
+    def decode(self, tgt_in: Tensor, memory: Tensor, src: Tensor, cache: DecoderCache | None = None,
+               need_weights: bool = False):
+        """tgt_in (B, T) -> logits (B, T, vocab).
+
+        ``src`` (B, S) gives the source padding mask. With a ``cache`` (from ``new_cache()``),
+        ``tgt_in`` holds only the tokens not yet decoded (usually one, (B, 1)); keys and values
+        of earlier steps come from the cache, so step t costs O(t).
+        """
+        offset = len(cache) if cache is not None else 0
+        T = tgt_in.shape[1]
+        # Causal over all positions so far, restricted to the new rows; padding on the key axis.
+        self_mask = causal_mask(offset + T, tgt_in.device)[offset:]  # (T, offset+T)
+        if cache is None:
+            self_mask = self_mask & self.padding_mask(tgt_in)  # (B, 1, T, T)
+        memory_mask = self.padding_mask(src)  # (B, 1, 1, S)
+        x = self.embed(tgt_in, self.tgt_embed, offset)
+        self_weights, cross_weights = [], []
+        for i, layer in enumerate(self.decoder_layers):
+            layer_cache = cache.layers[i] if cache is not None else None
+            x, w_self, w_cross = layer(x, memory, self_mask, memory_mask, layer_cache, need_weights)
+            self_weights.append(w_self)
+            cross_weights.append(w_cross)
+        logits = self.project(self.decoder_norm(x))
+        return (logits, self_weights, cross_weights) if need_weights else logits
+
+    def project(self, x: Tensor) -> Tensor:
+        """(B, T, d_model) -> (B, T, vocab); shares the embedding matrix when tied."""
+        return F.linear(x, self.tgt_embed.weight) if self.output_proj is None else self.output_proj(x)
+
+    def new_cache(self) -> DecoderCache:
+        return DecoderCache(len(self.decoder_layers))
+
+    def forward(self, src: Tensor, tgt_in: Tensor, return_attention: bool = False):
+        """src (B, S), tgt_in (B, T) -> logits (B, T, vocab); with ``return_attention`` also
+        {"encoder": [(B, h, S, S)], "decoder": [(B, h, T, T)], "cross": [(B, h, T, S)]}, one per layer."""
+        if not return_attention:
+            return self.decode(tgt_in, self.encode(src), src)
+        memory, enc_weights = self.encode(src, need_weights=True)
+        logits, dec_weights, cross_weights = self.decode(tgt_in, memory, src, need_weights=True)
+        return logits, {"encoder": enc_weights, "decoder": dec_weights, "cross": cross_weights}
+
+    # --- head importance ---------------------------------------------------------------------
+    def attention_layers(self, kind: str) -> list[MultiHeadAttention]:
+        """The attention modules of one kind: "encoder", "decoder" (self) or "cross"."""
+        if kind == "encoder":
+            return [layer.self_attn for layer in self.encoder_layers]
+        if kind == "decoder":
+            return [layer.self_attn for layer in self.decoder_layers]
+        if kind == "cross":
+            return [layer.cross_attn for layer in self.decoder_layers]
+        raise ValueError(f"attention kind must be encoder, decoder or cross, got {kind!r}")
+
+    def set_head_gates(self, kind: str, layer: int, gates: Tensor | None) -> None:
+        """Multiply the output of each head of one layer by ``gates`` (h,); None removes the gates."""
+        module = self.attention_layers(kind)[layer]
+        if gates is not None:
+            gates = torch.as_tensor(gates, dtype=torch.float32, device=self.positions.device)
+            if gates.shape != (module.n_heads,):
+                raise ValueError(f"gates must have shape ({module.n_heads},), got {tuple(gates.shape)}")
+        module.head_gates = gates

@@ -1,0 +1,287 @@
+"""The hand-written attention: invariants of ATTENTION_NOTES.md and equality with torch's own kernels."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from transformer_nmt.attention import (
+    MultiHeadAttention,
+    blocked_attention,
+    causal_mask,
+    fused_attention,
+    scaled_dot_product_attention,
+)
+
+TOL = dict(atol=1e-5, rtol=1e-5)
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+
+
+def padding_mask(lengths, max_len):
+    """(B,) lengths -> (B, 1, 1, max_len) bool, True at real keys."""
+    return (torch.arange(max_len)[None, :] < torch.tensor(lengths)[:, None])[:, None, None, :]
+
+
+def random_qkv(B=2, h=3, Lq=5, Lk=7, d=8, requires_grad=False):
+    q, k, v = (torch.randn(B, h, L, d, requires_grad=requires_grad) for L in (Lq, Lk, Lk))
+    return q, k, v
+
+
+# --- invariants -------------------------------------------------------------------------------
+
+def test_rows_sum_to_one_and_are_non_negative():
+    q, k, v = random_qkv()
+    mask = padding_mask([7, 4], 7)
+    _, weights = scaled_dot_product_attention(q, k, v, mask)
+    assert (weights >= 0).all()
+    torch.testing.assert_close(weights.sum(-1), torch.ones(2, 3, 5), **TOL)
+
+
+def test_masked_positions_are_exactly_zero():
+    q, k, v = random_qkv()
+    mask = padding_mask([7, 4], 7)
+    _, weights = scaled_dot_product_attention(q, k, v, mask)
+    assert (weights[1, :, :, 4:] == 0).all()
+    assert (weights[1, :, :, :4] > 0).all()
+
+
+def test_causal_mask_row_zero_sees_only_itself():
+    q, k, v = random_qkv(Lq=6, Lk=6)
+    out, weights = scaled_dot_product_attention(q, k, v, causal_mask(6))
+    assert (weights[..., 0, 0] == 1).all()
+    assert (weights[..., 0, 1:] == 0).all()
+    assert (weights.triu(diagonal=1) == 0).all()
+    torch.testing.assert_close(out[..., 0, :], v[..., 0, :], **TOL)
+
+
+def test_all_zero_scores_give_uniform_weights_over_visible_keys():
+    q = torch.zeros(2, 1, 3, 4)
+    k = torch.randn(2, 1, 6, 4)
+    v = torch.randn(2, 1, 6, 4)
+    _, weights = scaled_dot_product_attention(q, k, v, padding_mask([6, 4], 6))
+    torch.testing.assert_close(weights[0], torch.full((1, 3, 6), 1 / 6), **TOL)
+    torch.testing.assert_close(weights[1, :, :, :4], torch.full((1, 3, 4), 1 / 4), **TOL)
+    assert (weights[1, :, :, 4:] == 0).all()
+
+
+def test_zero_input_without_bias_gives_uniform_weights():
+    mha = MultiHeadAttention(16, 4, bias=False)
+    x = torch.zeros(1, 5, 16)
+    _, weights = mha(x, x, x, need_weights=True)
+    torch.testing.assert_close(weights, torch.full((1, 4, 5, 5), 0.2), **TOL)
+
+
+def test_huge_logits_stay_finite():
+    q = torch.full((1, 1, 2, 4), 100.0)
+    k = torch.full((1, 1, 3, 4), 100.0)  # scores of 1e4 * 4 / 2 = 2e4
+    k[..., 0, :] = -100.0
+    v = torch.randn(1, 1, 3, 4)
+    out, weights = scaled_dot_product_attention(q, k, v)
+    assert torch.isfinite(out).all() and torch.isfinite(weights).all()
+    torch.testing.assert_close(weights[0, 0, 0], torch.tensor([0.0, 0.5, 0.5]), **TOL)
+
+
+@pytest.mark.parametrize("kernel", ["plain", "blocked", "fused"])
+def test_fully_masked_row_gives_zeros_and_no_nan_in_forward_and_backward(kernel):
+    q, k, v = random_qkv(requires_grad=True)
+    mask = padding_mask([7, 0], 7)  # sample 1 has no visible key at all
+    if kernel == "plain":
+        out, weights = scaled_dot_product_attention(q, k, v, mask)
+        assert (weights[1] == 0).all()
+    elif kernel == "blocked":
+        out = blocked_attention(q, k, v, mask, block_size=3)
+    else:
+        out = fused_attention(q, k, v, mask)
+    assert (out[1] == 0).all()
+    out.square().sum().backward()
+    for t in (q, k, v):
+        assert torch.isfinite(t.grad).all()
+    assert (q.grad[1] == 0).all()
+
+
+def test_permutation_equivariance_without_positions():
+    mha = MultiHeadAttention(16, 4)
+    x = torch.randn(2, 6, 16)
+    perm = torch.randperm(6)
+    out, weights = mha(x, x, x, need_weights=True)
+    out_p, weights_p = mha(x[:, perm], x[:, perm], x[:, perm], need_weights=True)
+    torch.testing.assert_close(out_p, out[:, perm], **TOL)
+    torch.testing.assert_close(weights_p, weights[:, :, perm][:, :, :, perm], **TOL)
+
+
+def test_shape_table_of_the_notes():
+    mha = MultiHeadAttention(512, 8)
+    x = torch.randn(2, 4, 512)
+    assert mha.split_heads(mha.q_proj(x)).shape == (2, 8, 4, 64)
+    out, weights = mha(x, x, x, need_weights=True)
+    assert weights.shape == (2, 8, 4, 4)
+    assert out.shape == (2, 4, 512)
+    assert mha(x, x, x)[1] is None
+
+
+@pytest.mark.parametrize("h", [1, 4])
+def test_other_head_counts_run(h):
+    mha = MultiHeadAttention(8, h)
+    out, weights = mha(torch.randn(1, 3, 8), torch.randn(1, 3, 8), torch.randn(1, 3, 8), need_weights=True)
+    assert out.shape == (1, 3, 8) and weights.shape == (1, h, 3, 3)
+
+
+def test_indivisible_heads_raise_naming_both_numbers():
+    with pytest.raises(ValueError, match=r"d_model \(4\).*n_heads \(3\)"):
+        MultiHeadAttention(4, 3)
+
+
+def test_empty_sequence_is_rejected():
+    q, k, v = random_qkv(Lk=0)
+    with pytest.raises(ValueError, match="empty sequence"):
+        scaled_dot_product_attention(q, k, v)
+
+
+def test_scaling_is_one_over_sqrt_dk():
+    # One query against two keys: the weight ratio must be exp((s1 - s2) / sqrt(d_k)).
+    d = 64
+    q = torch.zeros(1, 1, d)
+    q[0, 0, 0] = 1.0
+    k = torch.zeros(1, 2, d)
+    k[0, 0, 0] = 16.0
+    _, weights = scaled_dot_product_attention(q, k, torch.randn(1, 2, 3))
+    expected = torch.softmax(torch.tensor([16.0 / math.sqrt(d), 0.0]), -1)
+    torch.testing.assert_close(weights[0, 0], expected, **TOL)
+
+
+# --- equality with independent references ------------------------------------------------------
+
+def test_equals_torch_sdpa_with_padding_and_causal_masks():
+    q, k, v = random_qkv(Lq=6, Lk=6)
+    mask = causal_mask(6) & padding_mask([6, 5], 6)  # (B, 1, 6, 6); no row is fully masked
+    out, _ = scaled_dot_product_attention(q, k, v, mask)
+    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, attn_mask=mask), **TOL)
+    out, _ = scaled_dot_product_attention(q, k, v)
+    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v), **TOL)
+
+
+def copy_to_torch_mha(ours: MultiHeadAttention) -> nn.MultiheadAttention:
+    ref = nn.MultiheadAttention(ours.d_model, ours.n_heads, batch_first=True)
+    with torch.no_grad():
+        ref.in_proj_weight.copy_(torch.cat([ours.q_proj.weight, ours.k_proj.weight, ours.v_proj.weight]))
+        ref.in_proj_bias.copy_(torch.cat([ours.q_proj.bias, ours.k_proj.bias, ours.v_proj.bias]))
+        ref.out_proj.weight.copy_(ours.out_proj.weight)
+        ref.out_proj.bias.copy_(ours.out_proj.bias)
+    return ref
+
+
+@pytest.mark.parametrize("masking", ["padding", "causal"])
+def test_equals_torch_multihead_attention_outputs_weights_and_gradients(masking):
+    d, h, L = 32, 4, 6
+    ours = MultiHeadAttention(d, h)
+    ref = copy_to_torch_mha(ours)
+    x = torch.randn(2, L, d)
+    memory = torch.randn(2, L + 1, d)
+    x_ours, x_ref = x.clone().requires_grad_(), x.clone().requires_grad_()
+    m_ours, m_ref = memory.clone().requires_grad_(), memory.clone().requires_grad_()
+    if masking == "padding":  # cross-attention onto a padded memory
+        key_mask = padding_mask([L + 1, 3], L + 1)
+        out, w = ours(x_ours, m_ours, m_ours, key_mask, need_weights=True)
+        out_ref, w_ref = ref(x_ref, m_ref, m_ref, key_padding_mask=~key_mask[:, 0, 0],
+                             need_weights=True, average_attn_weights=False)
+    else:  # causal self-attention
+        out, w = ours(x_ours, x_ours, x_ours, causal_mask(L), need_weights=True)
+        out_ref, w_ref = ref(x_ref, x_ref, x_ref, attn_mask=~causal_mask(L),
+                             need_weights=True, average_attn_weights=False)
+    torch.testing.assert_close(out, out_ref, **TOL)
+    torch.testing.assert_close(w, w_ref, **TOL)
+
+    grad = torch.randn_like(out)
+    (out * grad).sum().backward()
+    (out_ref * grad).sum().backward()
+    torch.testing.assert_close(x_ours.grad, x_ref.grad, **TOL)
+    if masking == "padding":
+        torch.testing.assert_close(m_ours.grad, m_ref.grad, **TOL)
+    in_grad = torch.cat([ours.q_proj.weight.grad, ours.k_proj.weight.grad, ours.v_proj.weight.grad])
+    torch.testing.assert_close(in_grad, ref.in_proj_weight.grad, **TOL)
+    in_bias_grad = torch.cat([ours.q_proj.bias.grad, ours.k_proj.bias.grad, ours.v_proj.bias.grad])
+    torch.testing.assert_close(in_bias_grad, ref.in_proj_bias.grad, **TOL)
+    torch.testing.assert_close(ours.out_proj.weight.grad, ref.out_proj.weight.grad, **TOL)
+
+
+@pytest.mark.parametrize("mask_kind", ["none", "padding", "causal", "padding_and_causal"])
+@pytest.mark.parametrize("block_size", [1, 4, 64])
+def test_blocked_equals_plain_with_gradients(mask_kind, block_size):
+    Lq = Lk = 9
+    q, k, v = random_qkv(Lq=Lq, Lk=Lk, requires_grad=True)
+    masks = {"none": None, "padding": padding_mask([9, 5], 9), "causal": causal_mask(9),
+             "padding_and_causal": causal_mask(9) & padding_mask([9, 5], 9)}
+    mask = masks[mask_kind]
+    grad = torch.randn(2, 3, Lq, 8)
+    out_plain, _ = scaled_dot_product_attention(q, k, v, mask)
+    grads_plain = torch.autograd.grad((out_plain * grad).sum(), (q, k, v))
+    out_blocked = blocked_attention(q, k, v, mask, block_size=block_size)
+    grads_blocked = torch.autograd.grad((out_blocked * grad).sum(), (q, k, v))
+    torch.testing.assert_close(out_blocked, out_plain, **TOL)
+    for g_blocked, g_plain in zip(grads_blocked, grads_plain):
+        torch.testing.assert_close(g_blocked, g_plain, **TOL)
+
+
+def test_blocked_gradients_pass_gradcheck_in_double():
+    q, k, v = (t.double().detach().requires_grad_() for t in random_qkv(B=1, h=2, Lq=4, Lk=5, d=3))
+    mask = padding_mask([4], 5)
+    assert torch.autograd.gradcheck(lambda q, k, v: blocked_attention(q, k, v, mask, block_size=2), (q, k, v))
+
+
+def test_blocked_never_materialises_the_full_score_matrix():
+    # Record the largest storage created by any op during forward and backward (views share
+    # their base's storage, so an expanded mask does not count as a new L x L tensor).
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class LargestTensor(TorchDispatchMode):
+        largest = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in (out if isinstance(out, (tuple, list)) else [out]):
+                if isinstance(t, torch.Tensor):
+                    numel = t.untyped_storage().nbytes() // t.element_size()
+                    LargestTensor.largest = max(LargestTensor.largest, numel)
+            return out
+
+    B, h, L, d, block = 1, 2, 256, 8, 16
+    q, k, v = random_qkv(B=B, h=h, Lq=L, Lk=L, d=d, requires_grad=True)
+    with LargestTensor():
+        blocked_attention(q, k, v, padding_mask([L - 3], L), block_size=block).sum().backward()
+    full_scores = B * h * L * L
+    assert LargestTensor.largest < full_scores // 4, (LargestTensor.largest, full_scores)
+
+
+@pytest.mark.parametrize("masking", ["none", "padding", "causal"])
+def test_fused_kernel_equals_hand_written(masking):
+    d, h = 32, 4
+    plain = MultiHeadAttention(d, h, kernel="plain")
+    fused = MultiHeadAttention(d, h, kernel="fused")
+    fused.load_state_dict(plain.state_dict())
+    x = torch.randn(2, 6, d, requires_grad=True)
+    mask = {"none": None, "padding": padding_mask([6, 2], 6), "causal": causal_mask(6)}[masking]
+    out_plain, _ = plain(x, x, x, mask)
+    out_fused, _ = fused(x, x, x, mask)
+    torch.testing.assert_close(out_fused, out_plain, **TOL)
+    g_plain = torch.autograd.grad(out_plain.sum(), x)[0]
+    g_fused = torch.autograd.grad(out_fused.sum(), x)[0]
+    torch.testing.assert_close(g_fused, g_plain, **TOL)
+
+
+def test_head_gate_silences_exactly_one_head():
+    mha = MultiHeadAttention(16, 4)
+    x = torch.randn(2, 5, 16)
+    gates = torch.tensor([1.0, 0.0, 1.0, 1.0])
+    mha.head_gates = gates
+    out_gated, _ = mha(x, x, x)
+    # Reference: zero that head's slice of the merged heads before W_O.
+    q, k, v = (mha.split_heads(p(x)) for p in (mha.q_proj, mha.k_proj, mha.v_proj))
+    heads, _ = scaled_dot_product_attention(q, k, v)
+    heads[:, 1] = 0
+    torch.testing.assert_close(out_gated, mha.out_proj(mha.merge_heads(heads)), **TOL)
