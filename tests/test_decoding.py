@@ -1,0 +1,126 @@
+"""Greedy and beam search: beam 1 is greedy; the cached batched search equals a slow reference."""
+
+import pytest
+import torch
+
+from transformer_nmt.decoding import beam_search, greedy_decode, length_penalty
+from transformer_nmt.model import Transformer, TransformerConfig
+
+BOS, EOS, PAD = 2, 3, 0
+
+
+def random_model(seed, vocab=12, **overrides):
+    torch.manual_seed(seed)
+    fields = dict(vocab_size=vocab, d_model=16, n_heads=2, n_encoder_layers=2, n_decoder_layers=2, d_ff=32,
+                  dropout=0.0, max_positions=40)
+    fields.update(overrides)
+    model = Transformer(TransformerConfig(**fields)).eval()
+    with torch.no_grad():  # sharpen the output distribution so that eos is reached at varied lengths
+        model.src_embed.weight.mul_(4.0)
+    return model
+
+
+def random_sources(seed, vocab=12, B=4, S=6):
+    g = torch.Generator().manual_seed(seed)
+    src = torch.randint(4, vocab, (B, S), generator=g)
+    src[1, 3:] = PAD
+    src[3, 5:] = PAD
+    return src
+
+
+@torch.no_grad()
+def reference_greedy(model, src_row, max_len):
+    """One sentence, no cache: recompute the whole prefix at every step."""
+    src = src_row[src_row != PAD].unsqueeze(0)
+    tokens = [BOS]
+    for _ in range(max_len):
+        logits = model(src, torch.tensor([tokens]))[0, -1]
+        logits[[PAD, BOS]] = float("-inf")
+        token = int(logits.argmax())
+        if token == EOS:
+            break
+        tokens.append(token)
+    return tokens[1:]
+
+
+@torch.no_grad()
+def reference_beam(model, src_row, k, alpha, max_len):
+    """One sentence, no cache, no batching: the beam search rule written as plainly as possible."""
+    src = src_row[src_row != PAD].unsqueeze(0)
+    beams = [([], 0.0)]  # (generated tokens, sum of log-probs)
+    finished = []
+    for step in range(max_len):
+        candidates = []
+        for tokens, score in beams:
+            logits = model(src, torch.tensor([[BOS] + tokens]))[0, -1]
+            logits[[PAD, BOS]] = float("-inf")
+            log_probs = torch.log_softmax(logits, -1)
+            candidates += [(score + log_probs[t].item(), tokens, t) for t in range(log_probs.numel())
+                           if t not in (PAD, BOS)]
+        candidates.sort(key=lambda c: -c[0])
+        at_limit = step + 1 == max_len
+        beams = []
+        for rank, (score, tokens, t) in enumerate(candidates[: 2 * k]):
+            if t == EOS and rank >= k:
+                continue
+            if t == EOS or at_limit:
+                if len(finished) < k:
+                    finished.append((tokens + ([] if t == EOS else [t]), score / length_penalty(step + 1, alpha)))
+            elif len(beams) < k:
+                beams.append((tokens + [t], score))
+        if len(finished) >= k or at_limit:
+            break
+    return max(finished, key=lambda f: f[1])
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_greedy_equals_uncached_reference(seed):
+    model, src = random_model(seed), random_sources(seed)
+    lengths = (src != PAD).sum(1)
+    hyps = greedy_decode(model, src, max_len_offset=5)
+    assert hyps == [reference_greedy(model, src[i], int(lengths[i]) + 5) for i in range(len(src))]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_beam_size_one_equals_greedy(seed):
+    model, src = random_model(seed), random_sources(seed)
+    greedy = greedy_decode(model, src, max_len_offset=5)
+    beam = beam_search(model, src, beam_size=1, alpha=0.6, max_len_offset=5)
+    assert [hyps[0].tokens for hyps in beam] == greedy
+
+
+@pytest.mark.parametrize("seed, k, alpha", [(0, 4, 0.6), (1, 3, 1.0), (2, 4, 0.0), (3, 2, 0.6)])
+def test_cached_batched_beam_search_equals_slow_reference(seed, k, alpha):
+    model, src = random_model(seed), random_sources(seed)
+    lengths = (src != PAD).sum(1)
+    results = beam_search(model, src, beam_size=k, alpha=alpha, max_len_offset=4)
+    for i, hyps in enumerate(results):
+        tokens, score = reference_beam(model, src[i], k, alpha, int(lengths[i]) + 4)
+        assert hyps[0].tokens == tokens
+        assert hyps[0].score == pytest.approx(score, abs=1e-4)
+
+
+def test_n_best_are_sorted_and_distinct():
+    model, src = random_model(7), random_sources(7)
+    results = beam_search(model, src, beam_size=4, n_best=3, max_len_offset=5)
+    for hyps in results:
+        assert len(hyps) == 3
+        assert [h.score for h in hyps] == sorted((h.score for h in hyps), reverse=True)
+        assert len({tuple(h.tokens) for h in hyps}) == 3
+        assert all(EOS not in h.tokens and BOS not in h.tokens for h in hyps)
+
+
+def test_output_length_is_bounded_by_source_length_plus_offset():
+    model = random_model(0)
+    with torch.no_grad():  # make eos impossible, so every sentence runs to its limit
+        model.src_embed.weight[EOS].fill_(-100.0)
+    src = random_sources(0)
+    lengths = (src != PAD).sum(1).tolist()
+    assert [len(h) for h in greedy_decode(model, src, max_len_offset=3)] == [n + 3 for n in lengths]
+    assert [len(h[0].tokens) for h in beam_search(model, src, beam_size=3, max_len_offset=3)] == \
+        [n + 3 for n in lengths]
+
+
+def test_length_penalty_formula():
+    assert length_penalty(7, 0.6) == pytest.approx(2.0 ** 0.6)
+    assert length_penalty(10, 0.0) == 1.0
