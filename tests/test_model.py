@@ -124,8 +124,10 @@ def test_cache_reorder_follows_the_batch_rows():
 def test_cross_attention_keys_are_projected_once_per_source():
     model = Transformer(small_config()).eval()
     src, _ = random_batch()
+    cross_attn = model.decoder_layers[0].cross_attn
     calls = []
-    model.decoder_layers[0].cross_attn.k_proj.register_forward_hook(lambda *a: calls.append(1))
+    project_qkv = cross_attn.project_qkv
+    cross_attn.project_qkv = lambda *args: calls.append(1) or project_qkv(*args)
     with torch.no_grad():
         memory = model.encode(src)
         cache = model.new_cache()

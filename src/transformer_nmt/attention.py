@@ -52,6 +52,7 @@ def scaled_dot_product_attention(
     """
     _check_qkv(q, k, v)
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (..., Lq, Lk)
+    scores = scores.float()  # the softmax runs in fp32 even under bf16/fp16 autocast
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))  # mask before the softmax
     # Stable softmax: subtract each row's max. A row with no visible key has max -inf;
@@ -61,6 +62,7 @@ def scaled_dot_product_attention(
     exp_scores = torch.exp(scores - row_max)
     row_sum = exp_scores.sum(dim=-1, keepdim=True)
     weights = exp_scores / row_sum.clamp_min(torch.finfo(row_sum.dtype).tiny)  # (..., Lq, Lk)
+    weights = weights.to(v.dtype)
     dropped = F.dropout(weights, p=dropout_p) if dropout_p > 0.0 else weights
     return dropped @ v, weights  # (..., Lq, d_v), (..., Lq, Lk)
 
@@ -217,16 +219,35 @@ class MultiHeadAttention(nn.Module):
         B, _, L, _ = x.shape
         return x.transpose(1, 2).contiguous().view(B, L, self.d_model)  # (B, L, h*d_k)
 
+    def project_qkv(self, query: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Q = query W_Q, K = key W_K, V = value W_V, as one matrix product where inputs are shared:
+        one (d_model x 3 d_model) product for self-attention, one (d_model x 2 d_model) for K, V."""
+        projections = (self.q_proj, self.k_proj, self.v_proj)
+        if query is key and key is value:
+            groups = [(query, projections)]
+        elif key is value:
+            groups = [(query, projections[:1]), (key, projections[1:])]
+        else:
+            groups = [(x, (p,)) for x, p in zip((query, key, value), projections)]
+        outputs = []
+        for x, linears in groups:
+            if len(linears) == 1:
+                outputs.append(linears[0](x))
+                continue
+            weight = torch.cat([p.weight for p in linears])  # (n * d_model, d_model)
+            bias = torch.cat([p.bias for p in linears]) if linears[0].bias is not None else None
+            outputs.extend(F.linear(x, weight, bias).split(self.d_model, dim=-1))  # n x (B, L, d_model)
+        return tuple(outputs)
+
     def forward(self, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None = None,
                 need_weights: bool = False, cache: AttentionCache | None = None) -> tuple[Tensor, Tensor | None]:
         if query.dim() != 3 or query.shape[-1] != self.d_model:
             raise ValueError(f"query must be (B, L, {self.d_model}), got {tuple(query.shape)}")
-        q = self.split_heads(self.q_proj(query))  # (B, h, Lq, d_k)
         if cache is not None and cache.static and cache.k is not None:
+            q = self.split_heads(self.q_proj(query))  # (B, h, Lq, d_k)
             k, v = cache.k, cache.v  # source keys/values, projected on the first step
         else:
-            k = self.split_heads(self.k_proj(key))  # (B, h, Lk, d_k)
-            v = self.split_heads(self.v_proj(value))  # (B, h, Lk, d_k)
+            q, k, v = (self.split_heads(x) for x in self.project_qkv(query, key, value))  # (B, h, L, d_k) each
             if cache is not None:
                 if not cache.static and cache.k is not None:
                     k = torch.cat([cache.k, k], dim=2)  # (B, h, t, d_k)
