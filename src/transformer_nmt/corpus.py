@@ -1,0 +1,336 @@
+"""Parallel corpora: reading raw sentence pairs from disk or the Hub, and filtering them.
+
+A split is read once into an Arrow file with one string column per language (e.g. ``en``, ``de``),
+so that switching the translation direction reuses everything cached. Four formats:
+
+- ``text``:  fairseq-style parallel plain text, ``PREFIX.{lang}`` or ``PREFIX.{lang}.gz``, line i of one
+  file translates line i of the other;
+- ``tsv``:   one pair per line, ``sentence<TAB>sentence``, columns named by ``columns`` (default src, tgt);
+- ``jsonl``: one object per line, ``{"en": ..., "de": ...}`` or ``{"translation": {"en": ..., "de": ...}}``;
+- ``hub``:   a ``datasets`` dataset with a ``translation`` column (WMT14 on the Hub, a directory saved with
+  ``save_to_disk``, or a directory of JSON files with that schema), split names as locations.
+
+Every reader yields chunks of ``(sentence_lang0, sentence_lang1)`` so memory does not grow with the corpus.
+Filtering (``filter_pairs``) works on token lengths and reports what it dropped and why.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from itertools import zip_longest
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+FORMATS = ("text", "tsv", "jsonl", "hub")
+CHUNK_PAIRS = 20_000  # pairs per Arrow record batch while reading
+
+
+class CorpusError(ValueError):
+    """A corpus that cannot be read as configured; the message says where and what to change."""
+
+
+@dataclass(frozen=True)
+class CorpusSpec:
+    """Where the sentence pairs of each split live and how to read them (the ``data`` config)."""
+
+    format: str
+    langs: tuple[str, str]  # (src_lang, tgt_lang) as configured; the Arrow columns carry these names
+    locations: dict[str, str | None]  # split ("train", "val", "test") -> prefix, file, or hub split name
+    columns: tuple[str, str] | None = None  # tsv: the language of each column
+    hub_name: str | None = None
+    hub_config: str | None = None
+    utf8_errors: str = "strict"  # strict: error naming file and line | replace: U+FFFD, counted
+
+    def __post_init__(self):
+        if self.format not in FORMATS:
+            raise CorpusError(f"data.format={self.format!r} is not one of {FORMATS}")
+        if self.utf8_errors not in ("strict", "replace"):
+            raise CorpusError(f"data.utf8_errors={self.utf8_errors!r}: use 'strict' or 'replace'")
+        if self.langs[0] == self.langs[1]:
+            raise CorpusError(f"data.src_lang and data.tgt_lang are both {self.langs[0]!r}")
+        if self.columns is not None and sorted(self.columns) != sorted(self.langs):
+            raise CorpusError(f"data.columns={list(self.columns)} must name the two languages {list(self.langs)}")
+        if self.format == "hub" and not self.hub_name:
+            raise CorpusError("data.format=hub needs data.hub_name (e.g. wmt/wmt14, or a local dataset directory)")
+
+
+@dataclass
+class ReadStats:
+    """What reading a split counted besides the pairs themselves."""
+
+    pairs: int = 0
+    utf8_replaced_lines: int = 0
+    sources: list[str] = field(default_factory=list)  # files or hub ids read
+
+
+# --------------------------------------------------------------------------------------------------- reading
+
+
+def split_inputs(spec: CorpusSpec, split: str) -> list[str]:
+    """The files (or hub id) a split is read from, checked to exist; used for cache keys and messages."""
+    location = spec.locations.get(split)
+    key = f"data.{split}"
+    if location is None or location == "":
+        raise CorpusError(f"{key} is not set: give a path prefix (format=text), a file (tsv/jsonl) or a split name (hub)")
+    if spec.format == "text":
+        return [str(_text_file(location, lang, key)) for lang in spec.langs]
+    if spec.format in ("tsv", "jsonl"):
+        path = Path(location)
+        if not path.is_file():
+            raise CorpusError(f"{key}: file {path} does not exist (resolved to {path.absolute()}); fix the path")
+        return [str(path)]
+    local = Path(spec.hub_name)
+    if local.exists():
+        return [str(local)]
+    return [f"hub:{spec.hub_name}/{spec.hub_config}/{location}"]
+
+
+def _text_file(prefix: str, lang: str, key: str) -> Path:
+    candidates = [Path(f"{prefix}.{lang}"), Path(f"{prefix}.{lang}.gz")]
+    for path in candidates:
+        if path.is_file():
+            return path
+    tried = " or ".join(str(p) for p in candidates)
+    raise CorpusError(
+        f"{key}={prefix!r}: no file {tried} (from {Path.cwd()}); {key} is a path prefix, "
+        f"the files are PREFIX.{{src_lang}} and PREFIX.{{tgt_lang}}, optionally gzipped"
+    )
+
+
+def read_pairs(spec: CorpusSpec, split: str, stats: ReadStats) -> Iterator[tuple[list[str], list[str]]]:
+    """Yield chunks ``(lang0_sentences, lang1_sentences)`` of a split, stripped of surrounding whitespace."""
+    inputs = split_inputs(spec, split)
+    stats.sources = inputs
+    if spec.format == "text":
+        yield from _read_text(Path(inputs[0]), Path(inputs[1]), spec.utf8_errors, stats)
+    elif spec.format == "tsv":
+        yield from _read_tsv(Path(inputs[0]), spec, stats)
+    elif spec.format == "jsonl":
+        yield from _read_jsonl(Path(inputs[0]), spec, stats)
+    else:
+        yield from _read_hub(spec, split, stats)
+
+
+def _open_lines(path: Path) -> io.BufferedIOBase:
+    with open(path, "rb") as f:
+        gzipped = f.read(2) == b"\x1f\x8b"
+    return gzip.open(path, "rb") if gzipped else open(path, "rb")
+
+
+def _decode(raw: bytes, path: Path, line_no: int, errors: str, stats: ReadStats) -> str:
+    try:
+        text = raw.decode("utf-8")
+        return text[1:] if line_no == 1 and text.startswith("\ufeff") else text  # drop a byte-order mark
+    except UnicodeDecodeError as e:
+        if errors == "strict":
+            raise CorpusError(
+                f"{path}:{line_no}: invalid UTF-8 (byte {raw[e.start]:#04x} at column {e.start + 1}); "
+                f"convert the file to UTF-8 (e.g. iconv), or set data.utf8_errors=replace to replace bad bytes "
+                f"with U+FFFD"
+            ) from None
+        stats.utf8_replaced_lines += 1
+        return raw.decode("utf-8", errors="replace")
+
+
+def _read_text(src_path: Path, tgt_path: Path, errors: str, stats: ReadStats):
+    with _open_lines(src_path) as src_file, _open_lines(tgt_path) as tgt_file:
+        chunk0, chunk1 = [], []
+        for line_no, (raw0, raw1) in enumerate(zip_longest(src_file, tgt_file), start=1):
+            if raw0 is None or raw1 is None:  # one file ended: count the rest of the other
+                rest = 1 + sum(1 for _ in (tgt_file if raw0 is None else src_file))
+                n0, n1 = (line_no - 1, line_no - 1 + rest) if raw0 is None else (line_no - 1 + rest, line_no - 1)
+                raise CorpusError(
+                    f"line counts differ: {src_path} has {n0} lines, {tgt_path} has {n1}; "
+                    f"parallel files must be aligned line by line"
+                )
+            chunk0.append(_decode(raw0, src_path, line_no, errors, stats).strip())
+            chunk1.append(_decode(raw1, tgt_path, line_no, errors, stats).strip())
+            stats.pairs += 1
+            if len(chunk0) == CHUNK_PAIRS:
+                yield chunk0, chunk1
+                chunk0, chunk1 = [], []
+        if chunk0:
+            yield chunk0, chunk1
+
+
+def _read_tsv(path: Path, spec: CorpusSpec, stats: ReadStats):
+    columns = spec.columns or spec.langs
+    order = [columns.index(lang) for lang in spec.langs]  # column holding langs[0], langs[1]
+    with _open_lines(path) as f:
+        chunk0, chunk1 = [], []
+        for line_no, raw in enumerate(f, start=1):
+            fields = _decode(raw, path, line_no, spec.utf8_errors, stats).rstrip("\r\n").split("\t")
+            if len(fields) != 2:
+                raise CorpusError(
+                    f"{path}:{line_no}: expected 2 tab-separated columns ({columns[0]}, {columns[1]}), "
+                    f"found {len(fields)}"
+                )
+            chunk0.append(fields[order[0]].strip())
+            chunk1.append(fields[order[1]].strip())
+            stats.pairs += 1
+            if len(chunk0) == CHUNK_PAIRS:
+                yield chunk0, chunk1
+                chunk0, chunk1 = [], []
+        if chunk0:
+            yield chunk0, chunk1
+
+
+def _read_jsonl(path: Path, spec: CorpusSpec, stats: ReadStats):
+    with _open_lines(path) as f:
+        chunk0, chunk1 = [], []
+        for line_no, raw in enumerate(f, start=1):
+            text = _decode(raw, path, line_no, spec.utf8_errors, stats).strip()
+            if not text:
+                continue
+            try:
+                record = json.loads(text)
+            except json.JSONDecodeError as e:
+                raise CorpusError(f"{path}:{line_no}: not valid JSON ({e.msg})") from None
+            pair = record.get("translation", record) if isinstance(record, dict) else None
+            if not isinstance(pair, dict) or any(lang not in pair for lang in spec.langs):
+                raise CorpusError(
+                    f"{path}:{line_no}: expected {{{spec.langs[0]!r}: ..., {spec.langs[1]!r}: ...}} "
+                    f"or {{'translation': {{...}}}}, found {text[:80]!r}"
+                )
+            chunk0.append(str(pair[spec.langs[0]]).strip())
+            chunk1.append(str(pair[spec.langs[1]]).strip())
+            stats.pairs += 1
+            if len(chunk0) == CHUNK_PAIRS:
+                yield chunk0, chunk1
+                chunk0, chunk1 = [], []
+        if chunk0:
+            yield chunk0, chunk1
+
+
+def load_hub_split(spec: CorpusSpec, split: str):
+    """The ``datasets.Dataset`` of one split with a ``translation`` column, from a local directory or the Hub."""
+    import datasets
+
+    location = spec.locations[split]
+    local = Path(spec.hub_name)
+    try:
+        if (local / "dataset_dict.json").is_file() or (local / "dataset_info.json").is_file():
+            loaded = datasets.load_from_disk(str(local))
+            return loaded[location] if isinstance(loaded, datasets.DatasetDict) else loaded
+        return datasets.load_dataset(spec.hub_name, spec.hub_config, split=location)
+    except (ConnectionError, OSError, KeyError, ValueError) as e:
+        offline = "offline" in str(e).lower() or "reach" in str(e).lower() or isinstance(e, ConnectionError)
+        hint = (
+            "The Hub cannot be reached (offline?). Download the corpus where there is a connection "
+            "(python -c \"import datasets; datasets.load_dataset(...).save_to_disk('DIR')\") and set "
+            "data.hub_name=DIR, or point the config at local files: data=local data.train=PREFIX "
+            "data.val=PREFIX data.test=PREFIX (reads PREFIX.{src_lang} and PREFIX.{tgt_lang}), "
+            "or data.format=jsonl / tsv with data.train=FILE"
+            if offline
+            else "Check data.hub_name, data.hub_config and the split name"
+        )
+        raise CorpusError(
+            f"could not load data.{split}={location!r} from dataset {spec.hub_name!r} "
+            f"(config {spec.hub_config!r}): {type(e).__name__}: {e}. {hint}"
+        ) from e
+
+
+def _read_hub(spec: CorpusSpec, split: str, stats: ReadStats):
+    dataset = load_hub_split(spec, split)
+    if "translation" not in dataset.column_names:
+        raise CorpusError(
+            f"dataset {spec.hub_name!r} split {spec.locations[split]!r} has columns {dataset.column_names}, "
+            f"expected a 'translation' column of {{lang: sentence}}"
+        )
+    for batch in dataset.select_columns(["translation"]).iter(batch_size=CHUNK_PAIRS):
+        pairs = batch["translation"]
+        missing = [lang for lang in spec.langs if lang not in pairs[0]] if pairs else []
+        if missing:
+            raise CorpusError(
+                f"dataset {spec.hub_name!r} has no language {missing[0]!r} (has {sorted(pairs[0])}); "
+                f"check data.src_lang / data.tgt_lang / data.hub_config"
+            )
+        stats.pairs += len(pairs)
+        yield [(p[spec.langs[0]] or "").strip() for p in pairs], [(p[spec.langs[1]] or "").strip() for p in pairs]
+
+
+def write_split(spec: CorpusSpec, split: str, path: Path) -> ReadStats:
+    """Read a split and write it as an Arrow stream file with one string column per language."""
+    schema = pa.schema([(spec.langs[0], pa.large_string()), (spec.langs[1], pa.large_string())])
+    stats = ReadStats()
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:
+        for chunk0, chunk1 in read_pairs(spec, split, stats):
+            writer.write_batch(pa.record_batch([pa.array(chunk0, pa.large_string()),
+                                                pa.array(chunk1, pa.large_string())], schema=schema))
+    if stats.pairs == 0:
+        raise CorpusError(f"data.{split}: split is empty (read {', '.join(stats.sources)}); give a split with pairs")
+    return stats
+
+
+def both_sides(raw, langs: tuple[str, str], batch_size: int = 10_000) -> Iterator[str]:
+    """Every non-empty sentence of both languages, for training the shared vocabulary."""
+    for batch in raw.iter(batch_size=batch_size):
+        for lang in langs:
+            yield from (s for s in batch[lang] if s)
+
+
+# --------------------------------------------------------------------------------------------------- filtering
+
+
+@dataclass
+class FilterReport:
+    """Pairs dropped from one split, by reason (each pair counted under its first reason)."""
+
+    split: str
+    total: int
+    empty: int = 0
+    too_long: int = 0
+    ratio: int = 0
+
+    @property
+    def kept(self) -> int:
+        return self.total - self.empty - self.too_long - self.ratio
+
+    def __str__(self) -> str:
+        reasons = [(self.empty, "empty"), (self.too_long, "too long"), (self.ratio, "length ratio")]
+        detail = ", ".join(f"{n} {name}" for n, name in reasons if n) or "none dropped"
+        return f"{self.split}: filtered {self.total - self.kept} of {self.total} pairs: {detail}"
+
+
+def filter_pairs(
+    split: str, src_lens: np.ndarray, tgt_lens: np.ndarray, max_positions: int, max_length_ratio: float | None
+) -> tuple[np.ndarray, FilterReport]:
+    """Indices of the pairs to keep, and why the others were dropped.
+
+    Token lengths exclude bos/eos. A pair is dropped when a side is empty; when a side needs more than
+    ``max_positions`` positions (source + eos, bos + target as decoder input); or, if ``max_length_ratio``
+    is set, when the longer side has more than that many times the tokens of the shorter.
+    """
+    src_lens = np.asarray(src_lens, dtype=np.int64)
+    tgt_lens = np.asarray(tgt_lens, dtype=np.int64)
+    empty = (src_lens == 0) | (tgt_lens == 0)
+    too_long = ~empty & (np.maximum(src_lens, tgt_lens) + 1 > max_positions)
+    bad_ratio = np.zeros_like(empty)
+    if max_length_ratio is not None:
+        longer, shorter = np.maximum(src_lens, tgt_lens), np.maximum(np.minimum(src_lens, tgt_lens), 1)
+        bad_ratio = ~empty & ~too_long & (longer > max_length_ratio * shorter)
+    report = FilterReport(split, len(src_lens), int(empty.sum()), int(too_long.sum()), int(bad_ratio.sum()))
+    keep = np.flatnonzero(~(empty | too_long | bad_ratio))
+    return keep, report
+
+
+def file_fingerprint(paths: list[str]) -> list[tuple[str, int, int]]:
+    """(absolute path, size, mtime) of local inputs, for cache keys; hub ids pass through unchanged."""
+    out = []
+    for p in paths:
+        if os.path.exists(p):
+            st = os.stat(p)
+            if os.path.isdir(p):  # a saved dataset: fingerprint its files
+                out.extend(file_fingerprint(sorted(str(f) for f in Path(p).rglob("*") if f.is_file())))
+                continue
+            out.append((os.path.abspath(p), st.st_size, st.st_mtime_ns))
+        else:
+            out.append((p, 0, 0))
+    return out

@@ -1,0 +1,74 @@
+"""Prepare the data without training: vocabulary, tokenized caches, corpus statistics.
+
+    python -m transformer_nmt.prepare                      # bundled Multi30k, en->de
+    python -m transformer_nmt.prepare data=local data.train=corpus/train data.val=... data.test=...
+    python -m transformer_nmt.prepare data=wmt14_en_de
+
+Uses the same ``data`` config as training, so the caches it builds are the ones training reuses.
+"""
+
+from __future__ import annotations
+
+import time
+
+import hydra
+import numpy as np
+from omegaconf import DictConfig
+
+from transformer_nmt.datamodule import TranslationDataModule
+
+
+def split_statistics(dm: TranslationDataModule, split: str) -> dict:
+    """Pairs, tokens and length percentiles of a filtered split, and its batches at ``max_tokens``."""
+    s = dm.splits[split]
+    stats = {"pairs": s.report.total, "kept": s.report.kept, "filter": str(s.report)}
+    for side, lang in (("src", dm.src_lang), ("tgt", dm.tgt_lang)):
+        lengths = s.lengths(lang)
+        stats[side] = {"lang": lang, "tokens": int(lengths.sum()),
+                       "percentiles": dict(zip((50, 90, 99, 100), np.percentile(lengths, (50, 90, 99, 100))))}
+    sampler = dm.batch_sampler(split)
+    batches = sampler.epoch_batches(0)
+    real = sum(int(s.lengths(dm.tgt_lang)[b].sum()) + 2 * len(b) for b in batches)
+    padded = sum(len(b) * int(sampler.widths[b].max()) for b in batches)
+    stats["batches"] = {"count": len(batches), "max_tokens": sampler.max_tokens,
+                        "mean_pairs": float(np.mean([len(b) for b in batches])), "target_fill": real / padded}
+    return stats
+
+
+def format_statistics(dm: TranslationDataModule, elapsed: float) -> str:
+    tok = dm.tokenizer
+    vocab = (f"vocabulary: {tok.vocab_size} pieces ({dm.vocab_options['model_type']}), "
+             f"{'trained' if dm.tokenizer_trained_now else 'reused'}: {dm.tokenizer_path_used}"
+             f"\n  ids: pad={tok.pad_id} unk={tok.unk_id} bos={tok.bos_id} eos={tok.eos_id}")
+    lines = [f"corpus: {dm.spec.format} {dm.src_lang}->{dm.tgt_lang}, cache {dm.cache_dir}", vocab]
+    header = f"{'split':6} {'pairs':>9} {'kept':>9} {'side':4} {'tokens':>11} {'p50':>5} {'p90':>5} {'p99':>5} {'max':>5}"
+    lines.append(header)
+    stats = {split: split_statistics(dm, split) for split in dm.splits}
+    for split, st in stats.items():
+        for side in ("src", "tgt"):
+            p = st[side]["percentiles"]
+            first = f"{split:6} {st['pairs']:9d} {st['kept']:9d}" if side == "src" else " " * 26
+            lines.append(f"{first} {st[side]['lang']:4} {st[side]['tokens']:11d} "
+                         + " ".join(f"{p[q]:5.0f}" for q in (50, 90, 99, 100)))
+    lines.append("filtering (token lengths, bos/eos excluded):")
+    lines += [f"  {dm.splits[split].report}" for split in dm.splits]
+    lines.append("batches per epoch (one process):")
+    for split in dm.splits:
+        b = stats[split]["batches"]
+        lines.append(f"  {split}: {b['count']} batches of <= {b['max_tokens']} tokens per side, "
+                     f"{b['mean_pairs']:.0f} pairs on average, target fill {b['target_fill']:.0%}")
+    tokenized = [s for s in dm.splits if dm.splits[s].tokenized_now]
+    lines.append(f"tokenized now: {', '.join(tokenized) or 'nothing (all splits from cache)'}; {elapsed:.1f}s")
+    return "\n".join(lines)
+
+
+@hydra.main(version_base="1.3", config_path="../../conf", config_name="prepare")
+def main(cfg: DictConfig) -> None:
+    start = time.perf_counter()
+    dm: TranslationDataModule = hydra.utils.instantiate(cfg.data)
+    dm.setup()
+    print(format_statistics(dm, time.perf_counter() - start))
+
+
+if __name__ == "__main__":
+    main()
