@@ -1,5 +1,5 @@
-"""Write notebooks/attention_walkthrough.ipynb from the cells below (the notebook is the source of truth
-once written; this script only regenerates it). Run: python scripts/make_notebooks.py"""
+"""Write notebooks/attention_walkthrough.ipynb and notebooks/attention_maps.ipynb from the cells below.
+Run: python scripts/make_notebooks.py (the notebooks are committed; tests/test_notebooks.py executes them)."""
 
 from pathlib import Path
 
@@ -93,6 +93,63 @@ print("max |blocked - plain| =", (blocked - plain).abs().max().item())
 assert torch.allclose(blocked, plain, atol=1e-5)"""),
 ]
 
+MAPS = [
+    ("md", """# Every head of every layer: attention maps of a trained checkpoint
+
+Loads a checkpoint written by `python -m transformer_nmt.train`, translates one sentence with beam search,
+then runs the model once more on (source, translation) and plots the attention weights of every head:
+encoder self-attention, decoder self-attention and cross-attention. Set `NMT_CKPT` to choose the
+checkpoint; by default the newest `outputs/*/*/checkpoints/last.ckpt`."""),
+    ("code", """import os
+from pathlib import Path
+import matplotlib.pyplot as plt
+import torch
+from transformer_nmt.checkpoint import load_checkpoint
+from transformer_nmt.translate import translate_lines
+
+ckpt = os.environ.get("NMT_CKPT") or str(max(Path("..").glob("outputs/*/*/checkpoints/last.ckpt"),
+                                              key=os.path.getmtime))
+model, tokenizer, meta = load_checkpoint(ckpt)
+print("checkpoint:", ckpt, "| step", meta["global_step"], "|", model.num_parameters(), "parameters")
+sentence = os.environ.get("NMT_SENTENCE", "A little girl climbing into a wooden playhouse.")
+translation = translate_lines(model, tokenizer, [sentence], beam=4)[0][0][0]
+print("source:     ", sentence)
+print("translation:", translation)"""),
+    ("code", """src_ids = tokenizer.encode(sentence) + [tokenizer.eos_id]
+tgt_ids = [tokenizer.bos_id] + tokenizer.encode(translation) + [tokenizer.eos_id]
+src = torch.tensor([src_ids[: model.config.max_positions]])
+tgt = torch.tensor([tgt_ids[: model.config.max_positions]])
+with torch.no_grad():
+    _, attention = model(src, tgt[:, :-1], return_attention=True)
+src_tokens = [tokenizer.id_to_piece(i) for i in src[0].tolist()]
+tgt_in_tokens = [tokenizer.id_to_piece(i) for i in tgt[0, :-1].tolist()]
+axes_labels = {"encoder": (src_tokens, src_tokens), "decoder": (tgt_in_tokens, tgt_in_tokens),
+               "cross": (tgt_in_tokens, src_tokens)}
+for kind, layers in attention.items():
+    print(kind, "attention:", len(layers), "layers x", tuple(layers[0].shape[1:]), "(heads, queries, keys)")"""),
+    ("code", """def plot_kind(kind):
+    layers = attention[kind]
+    n_layers, n_heads = len(layers), layers[0].shape[1]
+    rows, cols = axes_labels[kind]
+    fig, axes = plt.subplots(n_layers, n_heads, figsize=(2.6 * n_heads, 2.6 * n_layers), squeeze=False)
+    for layer, weights in enumerate(layers):
+        for head in range(n_heads):
+            ax = axes[layer][head]
+            ax.imshow(weights[0, head].numpy(), cmap="viridis", vmin=0, vmax=1)
+            ax.set_xticks(range(len(cols)), cols, rotation=90, fontsize=6)
+            ax.set_yticks(range(len(rows)), rows, fontsize=6)
+            ax.set_title(f"layer {layer} head {head}", fontsize=8)
+    fig.suptitle(f"{kind} attention (rows: queries, columns: keys)")
+    fig.tight_layout()
+    plt.show()
+
+for kind in ("encoder", "decoder", "cross"):
+    plot_kind(kind)"""),
+    ("md", """Each row of a map sums to 1 over the keys it may see; decoder self-attention is lower-triangular
+(causal). Cross-attention heads of a trained model tend to follow the alignment between source and target
+words; compare with `python -m transformer_nmt.analyze_heads`, which measures what each head is worth."""),
+]
+
 
 def build(cells):
     nb = new_notebook()
@@ -104,5 +161,6 @@ def build(cells):
 if __name__ == "__main__":
     out = Path(__file__).resolve().parent.parent / "notebooks"
     out.mkdir(exist_ok=True)
-    nbformat.write(build(WALKTHROUGH), out / "attention_walkthrough.ipynb")
-    print("wrote", out / "attention_walkthrough.ipynb")
+    for name, cells in (("attention_walkthrough.ipynb", WALKTHROUGH), ("attention_maps.ipynb", MAPS)):
+        nbformat.write(build(cells), out / name)
+        print("wrote", out / name)

@@ -1,0 +1,111 @@
+"""Checkpoint files: written atomically, read back into a model and its tokenizer.
+
+A checkpoint is a Lightning checkpoint (weights, optimizer, schedule, loop and sampler state) plus
+what a later ``evaluate``/``translate`` needs and nothing else: the TransformerConfig as a plain
+dict and the serialized SentencePiece model (training.py adds both). Everything in it is a plain
+Python container, tensor or bytes, so ``torch.load(path, weights_only=True)`` reads it.
+
+Writing goes to ``PATH.tmp-<pid>`` in the same directory, is flushed to disk, then renamed over
+``PATH`` with ``os.replace`` (atomic on POSIX): a process killed mid-write leaves the previous
+``PATH`` untouched, never a truncated one.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.pytorch.plugins.io import TorchCheckpointIO
+
+from transformer_nmt.model import Transformer, TransformerConfig
+from transformer_nmt.tokenizer import Tokenizer
+from transformer_nmt.training import CKPT_DATA_CONFIG, CKPT_MODEL_CONFIG, CKPT_TOKENIZER
+
+MODEL_PREFIX = "model."  # TranslationModule holds the Transformer as ``self.model``
+
+
+class CheckpointError(ValueError):
+    """A file that is not a usable transformer_nmt checkpoint; the message names the file."""
+
+
+def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
+    """``torch.save`` to a temporary file next to ``path``, fsync, then rename it over ``path``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)  # make the rename itself durable
+    finally:
+        os.close(directory)
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Lightning's checkpoint writer, but a killed writer never leaves a corrupt file (see module doc).
+
+    Lightning's own writer buffers the whole checkpoint and moves it from the system temp directory,
+    which is a copy, not a rename, when that directory is on another file system.
+    """
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options: Any | None = None) -> None:
+        if storage_options is not None:
+            raise TypeError(f"{type(self).__name__} takes no storage_options")
+        atomic_torch_save(checkpoint, path)
+
+
+def read_checkpoint(path: str | os.PathLike) -> dict:
+    """``torch.load(path, weights_only=True)`` with errors that name the file and say what is wrong."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint {path} does not exist (expected e.g. RUN_DIR/checkpoints/last.ckpt)")
+    if path.stat().st_size == 0:
+        raise CheckpointError(f"checkpoint {path} is empty (0 bytes): its writer was interrupted; use another one")
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # truncated zip, foreign pickle, text file, ...
+        raise CheckpointError(f"checkpoint {path} cannot be read by torch.load(weights_only=True): it is truncated, "
+                              f"corrupt or not a checkpoint ({type(error).__name__}: {str(error)[:200]})") from error
+    if not isinstance(checkpoint, dict):
+        raise CheckpointError(f"checkpoint {path} holds a {type(checkpoint).__name__}, not a checkpoint dict")
+    missing = [key for key in ("state_dict", CKPT_MODEL_CONFIG, CKPT_TOKENIZER) if key not in checkpoint]
+    if missing:
+        raise CheckpointError(f"checkpoint {path} is not a transformer_nmt training checkpoint: it lacks {missing} "
+                              f"(write checkpoints with python -m transformer_nmt.train)")
+    return checkpoint
+
+
+def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu"
+                    ) -> tuple[Transformer, Tokenizer, dict]:
+    """A checkpoint -> (Transformer in eval mode, its Tokenizer, meta).
+
+    ``meta``: path, epoch, global_step, the training hyper-parameters (plain dict), the model config
+    and the data config (None if not recorded); nothing else is needed to translate with the checkpoint.
+    """
+    checkpoint = read_checkpoint(path)
+    config = TransformerConfig(**checkpoint[CKPT_MODEL_CONFIG])
+    model = Transformer(config)
+    weights = {key[len(MODEL_PREFIX):]: value for key, value in checkpoint["state_dict"].items()
+               if key.startswith(MODEL_PREFIX)}
+    try:
+        model.load_state_dict(weights)
+    except RuntimeError as error:
+        raise CheckpointError(f"checkpoint {path}: weights do not match its own model config: {error}") from error
+    tokenizer = Tokenizer.from_proto(checkpoint[CKPT_TOKENIZER])
+    if tokenizer.vocab_size != config.vocab_size:
+        raise CheckpointError(f"checkpoint {path}: tokenizer has {tokenizer.vocab_size} pieces but the model "
+                              f"{config.vocab_size}")
+    meta = {"path": str(path), "epoch": checkpoint.get("epoch"), "global_step": checkpoint.get("global_step"),
+            "hyper_parameters": checkpoint.get("hyper_parameters", {}), "model_config": config.to_dict(),
+            "data_config": checkpoint.get(CKPT_DATA_CONFIG)}
+    return model.to(map_location).eval(), tokenizer, meta

@@ -1,0 +1,105 @@
+"""Score a checkpoint with sacreBLEU: detokenized hypotheses to a file, BLEU and chrF to JSON beside it.
+
+    python -m transformer_nmt.evaluate ckpt=RUN/checkpoints/averaged.ckpt split=test
+    python -m transformer_nmt.evaluate ckpt=model.ckpt src=newstest2014.en ref=newstest2014.de
+
+``split=val|test`` reads that split of the data the checkpoint was trained on (its data config travels
+in the checkpoint), every pair, unfiltered; ``src=FILE ref=FILE`` scores any pair of plain-text files
+(``.gz`` too). Beam options as in ``translate`` (beam 4, alpha 0.6, max_len_offset 50). Writes to
+``out=DIR`` (default: ``eval/`` beside the checkpoint) ``NAME.hyp`` (one line per source line),
+``NAME.ref`` and ``NAME.json`` with sacreBLEU's BLEU (cased and lowercased) and chrF and their
+signatures, so ``sacrebleu NAME.ref -i NAME.hyp`` reproduces the score.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import sys
+import time
+from pathlib import Path
+
+import hydra
+from sacrebleu.metrics import BLEU, CHRF
+
+from transformer_nmt.checkpoint import load_checkpoint
+from transformer_nmt.corpus import ReadStats, read_pairs
+from transformer_nmt.translate import OPTIONS as TRANSLATE_OPTIONS
+from transformer_nmt.translate import parse_options, translate_lines
+
+OPTIONS = {**{k: v for k, v in TRANSLATE_OPTIONS.items() if k not in ("input", "output", "n_best")},
+           "split": None, "src": None, "ref": None, "out": None, "name": None}
+
+
+def read_text_lines(path: str | Path) -> list[str]:
+    """Lines of a plain or gzipped UTF-8 file, split on newlines only."""
+    path = Path(path)
+    if not path.is_file():
+        raise SystemExit(f"file {path} does not exist")
+    raw = gzip.open(path, "rb").read() if path.suffix == ".gz" else path.read_bytes()
+    lines = raw.decode("utf-8").split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return [line.removesuffix("\r") for line in lines]
+
+
+def split_pairs(meta: dict, split: str) -> tuple[list[str], list[str]]:
+    """All source and reference sentences (unfiltered) of a split of a checkpoint's own training data;
+    ``meta`` as returned by ``load_checkpoint``."""
+    if meta.get("data_config") is None:
+        raise SystemExit(f"checkpoint {meta['path']} does not record its data config; give src=FILE ref=FILE instead")
+    datamodule = hydra.utils.instantiate(meta["data_config"])
+    sources, references = [], []
+    for src_chunk, tgt_chunk in read_pairs(datamodule.spec, split, ReadStats()):
+        sources.extend(src_chunk)
+        references.extend(tgt_chunk)
+    return sources, references
+
+
+def score(hypotheses: list[str], references: list[str]) -> dict:
+    """sacreBLEU BLEU (cased and lowercased) and chrF, with their signatures."""
+    metrics = {}
+    for name, metric in (("bleu", BLEU()), ("bleu_lowercase", BLEU(lowercase=True)), ("chrf", CHRF())):
+        result = metric.corpus_score(hypotheses, [references])
+        metrics[name] = round(result.score, 4)
+        metrics[f"{name}_signature"] = str(metric.get_signature())
+    return metrics
+
+
+def main(argv: list[str] | None = None) -> dict:
+    options = parse_options(sys.argv[1:] if argv is None else argv, OPTIONS)
+    ckpt = options["ckpt"]
+    model, tokenizer, meta = load_checkpoint(ckpt, map_location=options["device"])
+    if options["split"]:
+        if options["split"] not in ("val", "test"):
+            raise SystemExit(f"split={options['split']!r}: use val or test (or src=FILE ref=FILE)")
+        sources, references = split_pairs(meta, options["split"])
+        name = options["name"] or options["split"]
+    elif options["src"] and options["ref"]:
+        sources, references = read_text_lines(options["src"]), read_text_lines(options["ref"])
+        name = options["name"] or Path(options["src"]).name.removesuffix(".gz")
+    else:
+        raise SystemExit("give split=val|test, or src=FILE ref=FILE")
+    if len(sources) != len(references):
+        raise SystemExit(f"{len(sources)} source lines but {len(references)} reference lines")
+
+    started = time.perf_counter()
+    hypotheses = [hyps[0][0] for hyps in translate_lines(
+        model, tokenizer, sources, options["beam"], options["alpha"], options["max_len_offset"],
+        options["max_tokens"])]
+    seconds = time.perf_counter() - started
+
+    out_dir = Path(options["out"] or Path(ckpt).parent / "eval")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / f"{name}.hyp").write_text("".join(h + "\n" for h in hypotheses), encoding="utf-8")
+    (out_dir / f"{name}.ref").write_text("".join(r + "\n" for r in references), encoding="utf-8")
+    result = {"checkpoint": str(ckpt), "sentences": len(sources), **score(hypotheses, references),
+              "beam": options["beam"], "alpha": options["alpha"], "max_len_offset": options["max_len_offset"],
+              "decode_seconds": round(seconds, 1), "global_step": meta.get("global_step")}
+    (out_dir / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    print(json.dumps(result, indent=2))
+    return result
+
+
+if __name__ == "__main__":
+    main()

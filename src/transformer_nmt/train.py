@@ -1,0 +1,162 @@
+"""``python -m transformer_nmt.train [experiment=...] [key=value ...]``: fit, then test, from a Hydra config.
+
+Builds the datamodule, the LightningModule, callbacks, TensorBoard logger and Trainer from ``conf/``
+(see conf/train.yaml), checks the config before anything expensive, prints a start-up summary, then
+``fit`` and ``test``. Everything the run writes goes under Hydra's run directory.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import hydra
+import lightning.pytorch as pl
+from hydra.core.hydra_config import HydraConfig
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.utilities import rank_zero_only
+from omegaconf import DictConfig, OmegaConf
+
+from transformer_nmt.callbacks import AttentionMaps, LastCheckpoint, TokenProgressBar
+from transformer_nmt.checkpoint import AtomicCheckpointIO
+from transformer_nmt.model import TransformerConfig
+from transformer_nmt.training import TRAIN_DEFAULTS, TranslationModule
+
+log = logging.getLogger(__name__)
+
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+PRECISIONS = ("32", "32-true", "bf16-mixed", "16-mixed")
+MODEL_FIELDS = set(TransformerConfig.__dataclass_fields__) - {"vocab_size"}
+
+
+class ConfigError(ValueError):
+    """A config value that cannot work; the message names the key and what to do."""
+
+
+def validate_config(cfg: DictConfig) -> None:
+    """Fail fast, before data preparation, on settings that cannot work."""
+    model = cfg.model
+    unknown = set(model) - MODEL_FIELDS
+    if "vocab_size" in unknown:
+        raise ConfigError("model.vocab_size is set from the tokenizer at run time: set data.vocab_size instead")
+    if unknown:
+        raise ConfigError(f"unknown model settings {sorted(unknown)}; TransformerConfig has {sorted(MODEL_FIELDS)}")
+    if model.n_heads < 1 or model.d_model % model.n_heads:
+        raise ConfigError(f"model.d_model ({model.d_model}) must be divisible by model.n_heads ({model.n_heads}): "
+                          f"each head gets d_model / n_heads dimensions")
+    if model.get("pad_id", 0) != 0:
+        raise ConfigError(f"model.pad_id must be 0, the tokenizer's pad id (got {model.pad_id})")
+    data_max = cfg.data.get("max_positions")
+    if data_max is not None and model.get("max_positions", 1024) < data_max:
+        raise ConfigError(f"model.max_positions ({model.max_positions}) is below data.max_positions ({data_max}), the "
+                          f"longest sequence a batch may hold: raise model.max_positions or lower data.max_positions")
+    precision = str(cfg.trainer.get("precision", "32-true"))
+    if precision not in PRECISIONS:
+        raise ConfigError(f"trainer.precision={precision!r} is not supported; use one of {PRECISIONS}")
+    if precision == "16-mixed" and cfg.trainer.get("accelerator") == "cpu":
+        raise ConfigError("trainer.precision=16-mixed needs a GPU; on CPU use bf16-mixed or 32-true")
+    unknown = set(cfg.train) - set(TRAIN_DEFAULTS)
+    if unknown:
+        raise ConfigError(f"unknown train settings {sorted(unknown)}; known: {sorted(TRAIN_DEFAULTS)}")
+    if not 0.0 <= cfg.train.label_smoothing < 1.0:
+        raise ConfigError(f"train.label_smoothing must be in [0, 1), got {cfg.train.label_smoothing}")
+    if cfg.train.warmup_steps < 1:
+        raise ConfigError(f"train.warmup_steps must be >= 1, got {cfg.train.warmup_steps}")
+    if cfg.trainer.get("accumulate_grad_batches", 1) < 1:
+        raise ConfigError("trainer.accumulate_grad_batches must be >= 1")
+    if cfg.ckpt_path not in (None, "last") and not Path(cfg.ckpt_path).is_file():
+        raise ConfigError(f"ckpt_path={cfg.ckpt_path}: no such file (use ckpt_path=last to resume this run dir)")
+
+
+def build_module(cfg: DictConfig, tokenizer) -> TranslationModule:
+    model_config = {**OmegaConf.to_container(cfg.model, resolve=True), "vocab_size": tokenizer.vocab_size}
+    train_config = OmegaConf.to_container(cfg.train, resolve=True)
+    data_config = OmegaConf.to_container(cfg.data, resolve=True)
+    return TranslationModule(model_config, train_config, tokenizer=tokenizer, seed=cfg.seed, data_config=data_config)
+
+
+def build_callbacks(cfg: DictConfig, checkpoint_dir: Path) -> list[pl.Callback]:
+    """Best-k checkpoints by validation BLEU (loss when BLEU is off), ``last.ckpt``, maps, progress bar."""
+    bleu = cfg.train.val_bleu_max_sentences != 0
+    best = ModelCheckpoint(  # first ModelCheckpoint: trainer.test(ckpt_path="best") uses it
+        dirpath=checkpoint_dir,
+        filename="step{step:07d}-bleu{val/bleu:.2f}" if bleu else "step{step:07d}-loss{val/loss:.3f}",
+        auto_insert_metric_name=False, monitor="val/bleu" if bleu else "val/loss", mode="max" if bleu else "min",
+        save_top_k=cfg.checkpoint.save_top_k, save_last=False)
+    last = LastCheckpoint(checkpoint_dir, every_n_train_steps=cfg.checkpoint.every_n_train_steps)
+    callbacks = [best, last]
+    if cfg.checkpoint.get("keep_last_validations"):  # the newest N, for checkpoint averaging
+        callbacks.append(ModelCheckpoint(
+            dirpath=checkpoint_dir / "recent", filename="step{step:07d}", auto_insert_metric_name=False,
+            monitor="step", mode="max", save_top_k=cfg.checkpoint.keep_last_validations, save_last=False))
+    maps = cfg.attention_maps
+    if maps.every_n_validations:
+        callbacks.append(AttentionMaps(every_n_validations=maps.every_n_validations, n_probes=maps.n_probes,
+                                       probes=OmegaConf.to_container(maps.probes) if maps.probes else None,
+                                       max_tokens=maps.max_tokens))
+    if cfg.trainer.get("enable_progress_bar", True):
+        callbacks.append(TokenProgressBar())
+    return callbacks
+
+
+def build_trainer(cfg: DictConfig, run_dir: Path, callbacks: list[pl.Callback]) -> pl.Trainer:
+    trainer_args = OmegaConf.to_container(cfg.trainer, resolve=True)
+    logger = TensorBoardLogger(save_dir=str(run_dir), name="tensorboard", version="", default_hp_metric=False)
+    return pl.Trainer(**trainer_args, callbacks=callbacks, logger=logger, plugins=[AtomicCheckpointIO()],
+                      default_root_dir=str(run_dir), use_distributed_sampler=False)
+
+
+def summary(cfg: DictConfig, datamodule, module: TranslationModule, trainer: pl.Trainer) -> str:
+    """Parameters, corpus sizes, tokens per optimizer step, devices, precision."""
+    sizes = ", ".join(f"{split} {len(datamodule.references(split)):,}" for split in datamodule.splits)
+    per_step = datamodule.max_tokens * trainer.accumulate_grad_batches * trainer.world_size
+    c = module.model.config
+    lines = [
+        f"model       {module.model.num_parameters():,} parameters (d_model {c.d_model}, heads {c.n_heads}, "
+        f"layers {c.n_encoder_layers}+{c.n_decoder_layers}, d_ff {c.d_ff}, dropout {c.dropout}, vocab {c.vocab_size})",
+        f"corpus      {datamodule.src_lang}->{datamodule.tgt_lang} pairs after filtering: {sizes}",
+        f"batch       <= {per_step:,} padded tokens per side per optimizer step (data.max_tokens "
+        f"{datamodule.max_tokens} x accumulate {trainer.accumulate_grad_batches} x {trainer.world_size} ranks)",
+        f"devices     {trainer.num_nodes} node(s) x {trainer.num_devices} {type(trainer.accelerator).__name__}, "
+        f"strategy {type(trainer.strategy).__name__}, precision {trainer.precision}",
+        f"schedule    warmup {cfg.train.warmup_steps} steps, lr_factor {cfg.train.lr_factor}, "
+        f"max_steps {trainer.max_steps}, max_epochs {trainer.max_epochs}",
+        f"run dir     {trainer.default_root_dir}",
+    ]
+    return "\n".join(lines)
+
+
+def train(cfg: DictConfig, run_dir: str | Path) -> pl.Trainer:
+    """Fit and test one configuration; returns the trainer (metrics in ``trainer.callback_metrics``)."""
+    run_dir = Path(run_dir)
+    validate_config(cfg)
+    if rank_zero_only.rank == 0:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    pl.seed_everything(cfg.seed, workers=True)
+    datamodule = hydra.utils.instantiate(cfg.data)
+    datamodule.setup("fit")  # builds or reuses the vocabulary: the model's vocab_size comes from it
+    module = build_module(cfg, datamodule.tokenizer)
+    callbacks = build_callbacks(cfg, run_dir / "checkpoints")
+    trainer = build_trainer(cfg, run_dir, callbacks)
+    if rank_zero_only.rank == 0:
+        log.info("\n%s", summary(cfg, datamodule, module, trainer))
+    trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.ckpt_path)
+    if cfg.run_test and "test" in datamodule.splits:
+        best = trainer.checkpoint_callback.best_model_path  # "" when no validation ran
+        trainer.test(module, datamodule=datamodule, ckpt_path=best if best and Path(best).is_file() else None)
+    return trainer
+
+
+@hydra.main(config_path=str(CONF_DIR), config_name="train", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    # Lightning logs through its own handler; send its messages to Hydra's (console and RUN_DIR/train.log).
+    for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
+        logging.getLogger(name).handlers.clear()
+        logging.getLogger(name).propagate = True
+    train(cfg, HydraConfig.get().runtime.output_dir)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,240 @@
+"""Training: the loss (paper section 5.4), the optimizer and its schedule (5.3), and the
+LightningModule that ties them to a ``Transformer``.
+
+The ``Transformer`` it wraps is a plain ``nn.Module``; everything Lightning-specific lives here:
+one training step is teacher-forced cross-entropy with label smoothing over the non-padding target
+tokens; validation adds greedy-decoded corpus BLEU (sacreBLEU) over the first
+``val_bleu_max_sentences`` sentences of the split, gathered from every DDP rank.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from functools import partial
+
+import lightning.pytorch as pl
+import sacrebleu
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from transformer_nmt.decoding import greedy_decode
+from transformer_nmt.model import Transformer, TransformerConfig
+from transformer_nmt.tokenizer import Tokenizer
+
+# Keys this project adds to a Lightning checkpoint, so that it is self-contained (see checkpoint.py).
+CKPT_MODEL_CONFIG = "transformer_config"
+CKPT_TOKENIZER = "tokenizer_model_proto"
+CKPT_DATA_CONFIG = "data_config"  # the data config (plain dict, with _target_) the model was trained on
+
+
+def label_smoothed_cross_entropy(logits: Tensor, labels: Tensor, epsilon: float,
+                                 pad_id: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Section 5.4: cross-entropy against q = (1 - epsilon) * one_hot(label) + epsilon / V.
+
+    This is the uniform label smoothing of Szegedy et al. (2016), which the paper cites, and equals
+    ``F.cross_entropy(..., label_smoothing=epsilon, ignore_index=pad_id, reduction="sum")``.
+    logits (B, T, V), labels (B, T) -> (smoothed loss summed over non-pad tokens, plain NLL summed over
+    the same tokens (for perplexity), number of those tokens); all scalars, computed in float32.
+    """
+    log_probs = F.log_softmax(logits.float(), dim=-1)  # (B, T, V)
+    nll = -log_probs.gather(-1, labels.unsqueeze(-1)).squeeze(-1)  # (B, T)
+    uniform = -log_probs.mean(dim=-1)  # (B, T): cross-entropy against the uniform distribution
+    keep = labels != pad_id  # (B, T)
+    smoothed = (1.0 - epsilon) * nll + epsilon * uniform
+    return smoothed[keep].sum(), nll[keep].sum(), keep.sum()
+
+
+def inverse_sqrt_lr(step: int, d_model: int, warmup_steps: int, factor: float = 1.0) -> float:
+    """Section 5.3: lrate = factor * d_model^-0.5 * min(step^-0.5, step * warmup_steps^-1.5), step >= 1.
+
+    Rises linearly for ``warmup_steps`` optimizer steps, then decays with the inverse square root of
+    the step; the peak, at step = warmup_steps, is factor * (d_model * warmup_steps)^-0.5.
+    """
+    step = max(step, 1)
+    return factor * d_model ** -0.5 * min(step ** -0.5, step * warmup_steps ** -1.5)
+
+
+def _scheduler_factor(scheduler_step: int, d_model: int, warmup_steps: int, factor: float) -> float:
+    # LambdaLR's step counter is 0 before the first optimizer step; the paper counts from 1.
+    return inverse_sqrt_lr(scheduler_step + 1, d_model, warmup_steps, factor)
+
+
+def dropout_seed(seed: int, rank: int, global_step: int, batch_idx: int) -> int:
+    """The seed of the dropout masks of one micro-batch: a pure function of where training is.
+
+    Seeding every micro-batch from (seed, rank, optimizer step, batch index) instead of carrying one
+    generator through the run makes a resumed run draw the same masks as an uninterrupted one, however
+    many random numbers data loading or validation consumed in between; ranks draw different masks.
+    """
+    return hash((seed, rank, global_step, batch_idx)) & 0x7FFF_FFFF_FFFF_FFFF
+
+
+# Optimisation and evaluation settings (the ``train:`` config group); paper values where it has one.
+TRAIN_DEFAULTS = {
+    "label_smoothing": 0.1,  # 5.4
+    "lr_factor": 1.0,  # 5.3 uses 1.0
+    "warmup_steps": 4000,  # 5.3
+    "betas": (0.9, 0.98),  # 5.3
+    "eps": 1e-9,  # 5.3
+    "clip_grad_norm": None,  # max global L2 norm of the gradients; None: no clipping (the paper has none)
+    "val_bleu_max_sentences": None,  # greedy BLEU on the split's first N sentences; 0: no BLEU, None: all
+    "test_bleu_max_sentences": None,
+}
+
+
+class TranslationModule(pl.LightningModule):
+    """Trains a ``Transformer`` with the paper's recipe (sections 5.3, 5.4); logs loss, perplexity,
+    learning rate, gradient norm, throughput, and validation BLEU.
+
+    ``model_config``: TransformerConfig fields, vocab_size included; ``train_config``: keys of
+    ``TRAIN_DEFAULTS`` (missing ones take the default). Both are plain dicts, so checkpoints stay
+    loadable with ``torch.load(weights_only=True)``. ``tokenizer`` decodes hypotheses for BLEU and
+    is embedded in every checkpoint, as is ``data_config`` (so that ``evaluate`` can find the test
+    split); ``seed`` drives the dropout masks (``dropout_seed``).
+    """
+
+    def __init__(self, model_config: dict, train_config: dict | None = None, tokenizer: Tokenizer | None = None,
+                 seed: int = 0, data_config: dict | None = None):
+        super().__init__()
+        unknown = set(train_config or {}) - set(TRAIN_DEFAULTS)
+        if unknown:
+            raise ValueError(f"unknown train.* settings {sorted(unknown)}; known: {sorted(TRAIN_DEFAULTS)}")
+        self.save_hyperparameters(ignore=["tokenizer", "data_config"])  # plain containers only
+        self.data_config = data_config
+        self.model = Transformer(TransformerConfig(**model_config))
+        self.tokenizer = tokenizer
+        self.optim = {**TRAIN_DEFAULTS, **(train_config or {})}
+        self.seed = seed
+        self.bleu_limits = {"val": self.optim["val_bleu_max_sentences"], "test": self.optim["test_bleu_max_sentences"]}
+        self._step_tokens = torch.zeros(2, dtype=torch.long)  # (source, target) tokens since the last step
+        self._step_started = None  # time.perf_counter() at the last optimizer step
+        self._eval = {}  # per evaluation: loss sums and decoded sentences
+
+    # --- optimisation ------------------------------------------------------------------------
+    def configure_optimizers(self):
+        """Section 5.3: Adam(beta1 0.9, beta2 0.98, eps 1e-9), lr from ``inverse_sqrt_lr`` per optimizer step."""
+        o = self.optim
+        optimizer = torch.optim.Adam(self.parameters(), lr=1.0, betas=tuple(o["betas"]), eps=o["eps"])
+        schedule = partial(_scheduler_factor, d_model=self.model.config.d_model,
+                           warmup_steps=o["warmup_steps"], factor=o["lr_factor"])
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+        # interval "step": Lightning steps it once per optimizer step, i.e. after accumulation.
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def on_train_batch_start(self, batch, batch_idx):
+        torch.manual_seed(dropout_seed(self.seed, self.global_rank, self.global_step, batch_idx))
+
+    def training_step(self, batch, batch_idx):
+        src, tgt = batch["src"], batch["tgt"]  # (B, S), (B, T)
+        tgt_in, labels = tgt[:, :-1], tgt[:, 1:]  # teacher forcing: predict token t+1 from tokens <= t
+        logits = self.model(src, tgt_in)  # (B, T-1, V)
+        pad = self.model.config.pad_id
+        loss_sum, nll_sum, n_tokens = label_smoothed_cross_entropy(logits, labels, self.optim["label_smoothing"], pad)
+        n = n_tokens.clamp(min=1)
+        counts = torch.stack([(src != pad).sum(), n_tokens])  # (2,) stays on the device: no sync per batch
+        self._step_tokens = self._step_tokens.to(counts.device) + counts
+        self.log("train/loss", loss_sum / n, prog_bar=True)
+        self.log("train/ppl", torch.exp(nll_sum.detach() / n))
+        return loss_sum / n
+
+    def on_before_optimizer_step(self, optimizer):
+        """Once per optimizer step, after gradients are all-reduced (and unscaled under 16-mixed)."""
+        clip = self.optim.get("clip_grad_norm")
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.parameters(), max_norm=clip if clip else math.inf)
+        tokens = self.trainer.strategy.reduce(self._step_tokens.float(), reduce_op="sum")  # over all ranks
+        now = time.perf_counter()
+        metrics = {"train/lr": optimizer.param_groups[0]["lr"], "train/grad_norm": grad_norm,
+                   "train/src_tokens_per_step": tokens[0], "train/tgt_tokens_per_step": tokens[1]}
+        if self._step_started is not None:
+            seconds = now - self._step_started
+            metrics["train/src_tokens_per_sec"] = tokens[0] / seconds
+            metrics["train/tgt_tokens_per_sec"] = tokens[1] / seconds
+        if self.device.type == "cuda":
+            metrics["train/peak_memory_gib"] = torch.cuda.max_memory_allocated(self.device) / 2 ** 30
+        self.log_dict(metrics)
+        self._step_tokens = torch.zeros_like(self._step_tokens)
+        self._step_started = now
+
+    # --- evaluation --------------------------------------------------------------------------
+    def validation_step(self, batch, batch_idx):
+        self._eval_step(batch, "val")
+
+    def test_step(self, batch, batch_idx):
+        self._eval_step(batch, "test")
+
+    def on_validation_epoch_start(self):
+        self._eval = {"sums": torch.zeros(3, dtype=torch.float64), "hypotheses": {}}
+        self._step_started = None  # do not count validation time against training throughput
+
+    def on_test_epoch_start(self):
+        self._eval = {"sums": torch.zeros(3, dtype=torch.float64), "hypotheses": {}}
+
+    def on_validation_epoch_end(self):
+        self._log_evaluation("val")
+
+    def on_test_epoch_end(self):
+        self._log_evaluation("test")
+
+    def _eval_step(self, batch, split: str) -> None:
+        src, tgt = batch["src"], batch["tgt"]
+        pad = self.model.config.pad_id
+        logits = self.model(src, tgt[:, :-1])
+        loss_sum, nll_sum, n_tokens = label_smoothed_cross_entropy(
+            logits, tgt[:, 1:], self.optim["label_smoothing"], pad)
+        self._eval["sums"] += torch.tensor([float(loss_sum), float(nll_sum), float(n_tokens)], dtype=torch.float64)
+        limit = self.bleu_limits[split]  # BLEU over the sentences with index < limit: the split's first ones
+        if self.tokenizer is None or limit == 0:
+            return
+        rows = torch.arange(len(src), device=src.device)
+        if limit is not None:
+            rows = (batch["index"] < limit).nonzero().squeeze(1)  # (b,)
+        if len(rows):
+            tok = self.tokenizer
+            hypotheses = greedy_decode(self.model, src[rows], bos_id=tok.bos_id, eos_id=tok.eos_id)
+            for index, ids in zip(batch["index"][rows].tolist(), hypotheses):
+                self._eval["hypotheses"][index] = tok.decode(ids)
+
+    def _log_evaluation(self, split: str) -> None:
+        sums = self.trainer.strategy.reduce(self._eval["sums"].to(self.device), reduce_op="sum")
+        n = sums[2].clamp(min=1)
+        metrics = {f"{split}/loss": (sums[0] / n).float(), f"{split}/ppl": torch.exp(sums[1] / n).float()}
+        bleu = self._corpus_bleu(split)
+        if bleu is not None:
+            metrics[f"{split}/bleu"] = torch.tensor(bleu)
+        # Every rank holds the same values already; sync_dist only keeps Lightning's bookkeeping uniform.
+        self.log_dict(metrics, prog_bar=True, sync_dist=True)
+        self._eval = {}
+
+    def _corpus_bleu(self, split: str) -> float | None:
+        """sacreBLEU over the hypotheses of all ranks against the datamodule's raw references;
+        None when BLEU is off (limit 0, or no tokenizer or references to decode against)."""
+        datamodule = getattr(self.trainer, "datamodule", None)
+        if self.bleu_limits[split] == 0 or self.tokenizer is None or not hasattr(datamodule, "references"):
+            return None
+        hypotheses = self._eval["hypotheses"]
+        if self.trainer.world_size > 1:
+            gathered = [None] * self.trainer.world_size
+            torch.distributed.all_gather_object(gathered, hypotheses)
+            hypotheses = {k: v for part in gathered for k, v in part.items()}
+        if not hypotheses:  # e.g. limit_val_batches left out every sentence below the limit
+            return 0.0
+        references = datamodule.references(split)
+        indices = sorted(hypotheses)
+        return sacrebleu.corpus_bleu([hypotheses[i] for i in indices], [[references[i] for i in indices]]).score
+
+    # --- checkpoints -------------------------------------------------------------------------
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        """Make the checkpoint self-contained: model config, SentencePiece model and data config ride along."""
+        checkpoint[CKPT_MODEL_CONFIG] = self.model.config.to_dict()
+        if self.data_config is not None:
+            checkpoint[CKPT_DATA_CONFIG] = self.data_config
+        if self.tokenizer is not None:
+            checkpoint[CKPT_TOKENIZER] = self.tokenizer.model_proto
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        if self.tokenizer is None and CKPT_TOKENIZER in checkpoint:
+            self.tokenizer = Tokenizer.from_proto(checkpoint[CKPT_TOKENIZER])
+        if self.data_config is None:
+            self.data_config = checkpoint.get(CKPT_DATA_CONFIG)

@@ -1,0 +1,85 @@
+"""Two-process DDP on CPU (gloo) in bf16-mixed: ranks see different batches, end with identical weights,
+and agree on the validation BLEU computed over the hypotheses of both."""
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import torch
+
+from test_train_app import write_tiny_corpus
+from transformer_nmt.datamodule import TranslationDataModule
+
+STEPS = 4
+
+# Lightning's "ddp" strategy re-launches this script once per extra rank, with the same arguments.
+SCRIPT = textwrap.dedent(f"""
+    import json, sys
+    from pathlib import Path
+    import lightning.pytorch as pl
+    import torch
+    from transformer_nmt.checkpoint import AtomicCheckpointIO
+    from transformer_nmt.datamodule import TranslationDataModule
+    from transformer_nmt.training import TranslationModule
+
+    corpus, out = Path(sys.argv[1]), Path(sys.argv[2])
+    pl.seed_everything(0, workers=True)
+    datamodule = TranslationDataModule(train=f"{{corpus}}/train", val=f"{{corpus}}/val", test=None,
+                                       cache_dir=f"{{corpus}}/cache", vocab_size=256, max_tokens=512, num_proc=1)
+    datamodule.setup("fit")
+    model_config = dict(vocab_size=datamodule.tokenizer.vocab_size, d_model=32, n_heads=2, n_encoder_layers=1,
+                        n_decoder_layers=1, d_ff=64, dropout=0.1)
+    module = TranslationModule(model_config, dict(warmup_steps=10, val_bleu_max_sentences=24),
+                               tokenizer=datamodule.tokenizer, seed=0)
+
+    class Record(pl.Callback):
+        batches = []
+
+        def on_train_start(self, trainer, pl_module):
+            self.initial = {{k: v.detach().clone() for k, v in pl_module.model.state_dict().items()}}
+
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            self.batches.append(batch["index"].tolist())
+
+        def on_train_end(self, trainer, pl_module):
+            rank = trainer.global_rank
+            torch.save({{"initial": self.initial, "final": pl_module.model.state_dict()}}, out / f"weights{{rank}}.pt")
+            metrics = {{k: float(v) for k, v in trainer.callback_metrics.items()}}
+            (out / f"rank{{rank}}.json").write_text(json.dumps({{"batches": self.batches, "metrics": metrics,
+                                                               "world_size": trainer.world_size}}))
+
+    trainer = pl.Trainer(accelerator="cpu", devices=2, strategy="ddp", precision="bf16-mixed", max_steps={STEPS},
+                         val_check_interval={STEPS}, num_sanity_val_steps=0, logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                         use_distributed_sampler=False, plugins=[AtomicCheckpointIO()], callbacks=[Record()])
+    trainer.fit(module, datamodule=datamodule)
+""")
+
+
+def test_two_cpu_processes_in_bf16_see_different_batches_and_end_with_identical_weights(tmp_path):
+    corpus = write_tiny_corpus(tmp_path / "corpus")
+    TranslationDataModule(train=f"{corpus}/train", val=f"{corpus}/val", test=None, cache_dir=f"{corpus}/cache",
+                          vocab_size=256, max_tokens=512, num_proc=1).setup("fit")  # build caches once, here
+    script = tmp_path / "ddp_train.py"
+    script.write_text(SCRIPT)
+    out = tmp_path / "out"
+    out.mkdir()
+    result = subprocess.run([sys.executable, str(script), str(corpus), str(out)], capture_output=True, text=True,
+                            timeout=240)
+    assert result.returncode == 0, result.stderr[-4000:]
+
+    ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+    assert [r["world_size"] for r in ranks] == [2, 2]
+    assert len(ranks[0]["batches"]) == len(ranks[1]["batches"]) == STEPS
+    seen = [{i for batch in r["batches"] for i in batch} for r in ranks]
+    assert not seen[0] & seen[1], "the two ranks trained on the same pairs"
+
+    weights = [torch.load(out / f"weights{r}.pt", weights_only=True) for r in range(2)]
+    for name, final in weights[0]["final"].items():
+        assert torch.equal(final, weights[1]["final"][name]), f"{name} differs between ranks"
+    assert any(not torch.equal(weights[0]["final"][k], weights[0]["initial"][k]) for k in weights[0]["final"])
+
+    metrics = [r["metrics"] for r in ranks]
+    assert "val/bleu" in metrics[0] and metrics[0]["val/bleu"] == metrics[1]["val/bleu"]
+    assert metrics[0]["val/loss"] == metrics[1]["val/loss"]

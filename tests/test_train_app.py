@@ -1,0 +1,142 @@
+"""The training app: configs compose and are validated, and `experiment=smoke` runs end to end.
+
+Also holds the helpers the other training tests import: a tiny corpus cut from the bundled
+Multi30k and a composed config that trains a tiny model on it in seconds.
+"""
+
+import gzip
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from transformer_nmt.train import CONF_DIR, ConfigError, train, validate_config
+
+REPO = Path(__file__).resolve().parents[1]
+MULTI30K = REPO / "data" / "multi30k"
+
+
+def write_tiny_corpus(directory: Path, n_train: int = 120, n_eval: int = 24) -> Path:
+    """The first pairs of Multi30k as plain-text PREFIX.en / PREFIX.de files; returns ``directory``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for split, source, n in (("train", "train", n_train), ("val", "val", n_eval), ("test", "test_2016_flickr", n_eval)):
+        for lang in ("en", "de"):
+            with gzip.open(MULTI30K / f"{source}.{lang}.gz", "rt", encoding="utf-8") as f:
+                lines = [next(f) for _ in range(n)]
+            (directory / f"{split}.{lang}").write_text("".join(lines), encoding="utf-8")
+    return directory
+
+
+def tiny_config(corpus: Path, *overrides: str):
+    """conf/train.yaml with the tiny model on the tiny corpus, quiet, on one CPU; ``overrides`` on top."""
+    base = [
+        "model=tiny", "data=local", f"data.train={corpus}/train", f"data.val={corpus}/val", f"data.test={corpus}/test",
+        f"data.cache_dir={corpus}/cache", "data.vocab_size=256", "data.max_tokens=512", "data.num_proc=1",
+        "trainer=cpu", "trainer.enable_progress_bar=false", "trainer.max_epochs=-1", "trainer.log_every_n_steps=1",
+        "train.warmup_steps=20", "train.lr_factor=1.0", "train.val_bleu_max_sentences=8",
+        "train.test_bleu_max_sentences=8", "run_test=false", "attention_maps.every_n_validations=0",
+    ]
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        return compose("train", overrides=base + list(overrides))
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """One intra-op thread: the machine's cores are shared, and oversubscribed OpenMP threads crawl."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def compose_train(*overrides: str):
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        return compose("train", overrides=list(overrides))
+
+
+# --- configs ----------------------------------------------------------------------------------
+
+
+def test_base_and_big_are_the_papers_models():
+    base = compose_train("model=base").model
+    assert (base.n_encoder_layers, base.n_decoder_layers, base.d_model, base.n_heads, base.d_ff, base.dropout) == (
+        6, 6, 512, 8, 2048, 0.1)
+    big = compose_train("model=big").model
+    assert (big.n_encoder_layers, big.d_model, big.n_heads, big.d_ff, big.dropout) == (6, 1024, 16, 4096, 0.3)
+    train = compose_train().train
+    assert (train.label_smoothing, list(train.betas), train.eps, train.warmup_steps) == (0.1, [0.9, 0.98], 1e-9, 4000)
+
+
+@pytest.mark.parametrize("experiment", ["smoke", "multi30k_cpu", "wmt14_base"])
+@pytest.mark.parametrize("trainer", ["cpu", "gpu", "ddp", "multinode"])
+def test_every_experiment_and_trainer_composes_and_validates(experiment, trainer):
+    cfg = compose_train(f"experiment={experiment}", f"trainer={trainer}")
+    validate_config(cfg)
+    assert cfg.name == experiment
+
+
+def test_paper_recipe():
+    cfg = compose_train("experiment=wmt14_base")
+    assert cfg.model.d_model == 512 and cfg.train.lr_factor == 1.0 and cfg.train.warmup_steps == 4000
+    assert cfg.data.max_tokens == 25000 and cfg.trainer.max_steps == 100000 and cfg.trainer.precision == "bf16-mixed"
+
+
+@pytest.mark.parametrize("override, message", [
+    ("model.n_heads=3", r"model.d_model \(64\) must be divisible by model.n_heads \(3\)"),
+    ("trainer.precision=fp8", "trainer.precision='fp8' is not supported"),
+    ("trainer.precision=16-mixed", "16-mixed needs a GPU"),
+    ("+model.vocab_size=100", "set data.vocab_size instead"),
+    ("+model.heads=8", r"unknown model settings \['heads'\]"),
+    ("+train.lr=0.1", r"unknown train settings \['lr'\]"),
+    ("ckpt_path=/nonexistent/last.ckpt", "no such file"),
+])
+def test_bad_configs_fail_with_the_key_named(override, message):
+    cfg = compose_train("experiment=smoke", override)
+    with pytest.raises(ConfigError, match=message):
+        validate_config(cfg)
+
+
+def test_missing_data_file_is_named(tmp_path):
+    cfg = tiny_config(tmp_path, f"data.train={tmp_path}/nowhere/train")
+    with pytest.raises(Exception, match="nowhere/train"):
+        train(cfg, tmp_path / "run")
+
+
+# --- the app, end to end ----------------------------------------------------------------------
+
+
+def test_smoke_experiment_runs_and_writes_everything_under_the_run_dir(tmp_path):
+    """The acceptance command (on the bundled Multi30k): checkpoints, TensorBoard maps, config, log."""
+    run_dir = tmp_path / "run"
+    start = time.perf_counter()
+    result = subprocess.run([sys.executable, "-m", "transformer_nmt.train", "experiment=smoke",
+                             f"hydra.run.dir={run_dir}", "trainer.enable_progress_bar=false"],
+                            cwd=REPO, capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    seconds = time.perf_counter() - start
+    assert result.returncode == 0, result.stderr[-4000:]
+    print(f"experiment=smoke took {seconds:.1f} s")
+
+    assert (run_dir / "config.yaml").is_file() and (run_dir / ".hydra" / "config.yaml").is_file()
+    log = (run_dir / "train.log").read_text()
+    assert "parameters" in log and "padded tokens per side per optimizer step" in log and "precision" in log
+    checkpoints = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    assert "last.ckpt" in checkpoints and any(name.startswith("step") for name in checkpoints), checkpoints
+    last = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
+    assert last["global_step"] == 40
+
+    events = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"images": 0, "scalars": 0})
+    events.Reload()
+    images = [t for t in events.Tags()["images"] if t.startswith("attention/")]
+    cfg = compose_train("experiment=smoke").model
+    assert len(images) == cfg.n_heads * (cfg.n_encoder_layers + 2 * cfg.n_decoder_layers)
+    scalars = set(events.Tags()["scalars"])
+    for tag in ("train/loss", "train/ppl", "train/lr", "train/grad_norm", "train/tgt_tokens_per_sec",
+                "train/tgt_tokens_per_step", "val/loss", "val/ppl", "val/bleu", "test/bleu"):
+        assert tag in scalars, tag

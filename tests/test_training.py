@@ -1,0 +1,145 @@
+"""The training recipe: label-smoothed loss (5.4), the learning-rate schedule (5.3), what a
+LightningModule step logs, and self-contained checkpoints."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from test_train_app import one_thread, tiny_config, write_tiny_corpus  # noqa: F401 (fixture)
+from transformer_nmt.checkpoint import load_checkpoint, read_checkpoint
+from transformer_nmt.model import Transformer
+from transformer_nmt.train import train
+from transformer_nmt.training import (CKPT_DATA_CONFIG, CKPT_MODEL_CONFIG, CKPT_TOKENIZER, TranslationModule,
+                                      dropout_seed, inverse_sqrt_lr, label_smoothed_cross_entropy)
+
+# --- loss -------------------------------------------------------------------------------------
+
+
+def random_batch(vocab=11, pad=0, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(3, 5, vocab, generator=g)
+    labels = torch.randint(1, vocab, (3, 5), generator=g)
+    labels[0, 3:] = pad
+    labels[2, 1:] = pad
+    return logits, labels
+
+
+@pytest.mark.parametrize("epsilon", [0.0, 0.1, 0.3])
+def test_label_smoothing_is_torchs_uniform_smoothing_over_non_pad_tokens(epsilon):
+    logits, labels = random_batch()
+    loss, nll, n = label_smoothed_cross_entropy(logits, labels, epsilon, pad_id=0)
+    expected = F.cross_entropy(logits.transpose(1, 2), labels, ignore_index=0, label_smoothing=epsilon,
+                               reduction="sum")
+    assert n == (labels != 0).sum() == 9
+    torch.testing.assert_close(loss, expected)
+    torch.testing.assert_close(nll, F.cross_entropy(logits.transpose(1, 2), labels, ignore_index=0, reduction="sum"))
+
+
+def test_padding_positions_do_not_change_the_loss():
+    logits, labels = random_batch()
+    changed = logits.clone()
+    changed[labels == 0] = 100.0 * torch.randn_like(changed[labels == 0])
+    assert torch.equal(label_smoothed_cross_entropy(logits, labels, 0.1, 0)[0],
+                       label_smoothed_cross_entropy(changed, labels, 0.1, 0)[0])
+
+
+def test_smoothing_penalises_overconfidence():
+    """With epsilon > 0 the best logits are not one-hot: a near-one-hot prediction costs more than a softer one."""
+    labels = torch.tensor([[1]])
+    sharp = torch.full((1, 1, 4), -30.0)
+    sharp[0, 0, 1] = 30.0
+    soft = torch.zeros(1, 1, 4)
+    soft[0, 0, 1] = math.log(0.925 / 0.025)  # q = 0.925 on the label, 0.025 elsewhere: the smoothed target
+    loss_soft = label_smoothed_cross_entropy(soft, labels, 0.1, 0)[0]
+    assert loss_soft < label_smoothed_cross_entropy(sharp, labels, 0.1, 0)[0]
+
+
+# --- schedule ---------------------------------------------------------------------------------
+
+
+def test_inverse_sqrt_schedule_warms_up_linearly_then_decays():
+    d, warmup = 512, 4000
+    peak = inverse_sqrt_lr(warmup, d, warmup)
+    assert peak == pytest.approx((d * warmup) ** -0.5)  # the paper's formula at step = warmup: 7.0e-4
+    assert inverse_sqrt_lr(1000, d, warmup) == pytest.approx(peak / 4)  # linear rise
+    assert inverse_sqrt_lr(16000, d, warmup) == pytest.approx(peak / 2)  # 1/sqrt(step) decay
+    assert max(inverse_sqrt_lr(s, d, warmup) for s in range(1, 20000, 7)) <= peak
+    assert inverse_sqrt_lr(100, d, warmup, factor=2.0) == pytest.approx(2 * inverse_sqrt_lr(100, d, warmup))
+
+
+def test_dropout_seeds_depend_on_rank_and_position_only():
+    assert dropout_seed(1, 0, 5, 5) == dropout_seed(1, 0, 5, 5)
+    seeds = {dropout_seed(1, r, s, b) for r in range(2) for s in range(10) for b in range(10)}
+    assert len(seeds) == 200
+
+
+# --- the LightningModule in a Trainer ---------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    return write_tiny_corpus(tmp_path_factory.mktemp("corpus"))
+
+
+@pytest.fixture(scope="module")
+def accumulated_run(corpus, tmp_path_factory):
+    """3 optimizer steps of 2 accumulated batches each, with a validation (BLEU) at the end."""
+    run_dir = tmp_path_factory.mktemp("run")
+    trainer = train(tiny_config(corpus, "trainer.max_steps=3", "trainer.accumulate_grad_batches=2",
+                                "trainer.val_check_interval=6", "train.clip_grad_norm=1.0",
+                                "checkpoint.every_n_train_steps=3"), run_dir)
+    return trainer, run_dir
+
+
+def test_lr_schedule_steps_once_per_optimizer_step_under_accumulation(accumulated_run):
+    trainer, _ = accumulated_run
+    module = trainer.lightning_module
+    assert trainer.global_step == 3
+    assert trainer.fit_loop.epoch_loop.batch_progress.total.completed == 6  # micro-batches
+    scheduler = trainer.lr_scheduler_configs[0].scheduler
+    assert scheduler.last_epoch == 3
+    optimizer = trainer.optimizers[0]
+    assert optimizer.defaults["betas"] == (0.9, 0.98) and optimizer.defaults["eps"] == 1e-9
+    assert optimizer.state[module.model.src_embed.weight]["step"] == 3
+    d_model, warmup = module.model.config.d_model, module.optim["warmup_steps"]
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(inverse_sqrt_lr(4, d_model, warmup))  # the next step's
+    assert float(trainer.callback_metrics["train/lr"]) == pytest.approx(inverse_sqrt_lr(3, d_model, warmup))
+
+
+def test_a_step_logs_loss_perplexity_lr_grad_norm_and_throughput(accumulated_run):
+    metrics = accumulated_run[0].callback_metrics
+    for key in ("train/loss", "train/ppl", "train/lr", "train/grad_norm", "train/src_tokens_per_step",
+                "train/tgt_tokens_per_step", "train/tgt_tokens_per_sec", "val/loss", "val/ppl", "val/bleu"):
+        assert key in metrics, key
+    assert 0 < float(metrics["train/tgt_tokens_per_step"]) <= 2 * 512  # two batches of <= max_tokens
+    assert float(metrics["val/ppl"]) == pytest.approx(math.exp(float(metrics["val/loss"])), rel=0.2)  # eps 0.1
+    assert 0.0 <= float(metrics["val/bleu"]) <= 100.0
+
+
+def test_checkpoints_are_self_contained_and_load_with_weights_only(accumulated_run):
+    trainer, run_dir = accumulated_run
+    path = run_dir / "checkpoints" / "last.ckpt"
+    raw = torch.load(path, weights_only=True)  # plain containers, tensors and bytes only
+    assert isinstance(raw[CKPT_TOKENIZER], bytes) and isinstance(raw[CKPT_MODEL_CONFIG], dict)
+    assert raw[CKPT_DATA_CONFIG]["_target_"] == "transformer_nmt.datamodule.TranslationDataModule"
+    assert type(raw["hyper_parameters"]["model_config"]) is dict
+    assert read_checkpoint(path)["global_step"] == 3
+
+    model, tokenizer, meta = load_checkpoint(path)
+    assert isinstance(model, Transformer) and not model.training
+    assert meta["global_step"] == 3 and meta["model_config"]["d_model"] == 64
+    module = trainer.lightning_module
+    assert tokenizer.model_proto == module.tokenizer.model_proto
+    for name, value in model.state_dict().items():
+        assert torch.equal(value, module.model.state_dict()[name].cpu()), name
+
+
+def test_the_module_wraps_a_plain_transformer():
+    module = TranslationModule({"vocab_size": 20, "d_model": 16, "n_heads": 2, "n_encoder_layers": 1,
+                                "n_decoder_layers": 1, "d_ff": 32})
+    assert type(module.model) is Transformer
+    assert not any("lightning" in type(m).__module__ for m in module.model.modules())
+    with pytest.raises(ValueError, match=r"unknown train.\* settings \['lr'\]"):
+        TranslationModule({"vocab_size": 20, "d_model": 16, "n_heads": 2}, {"lr": 1.0})
