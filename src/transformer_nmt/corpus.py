@@ -109,13 +109,27 @@ def read_pairs(spec: CorpusSpec, split: str, stats: ReadStats) -> Iterator[tuple
     inputs = split_inputs(spec, split)
     stats.sources = inputs
     if spec.format == "text":
-        yield from _read_text(Path(inputs[0]), Path(inputs[1]), spec.utf8_errors, stats)
+        yield from _chunks(_read_text(Path(inputs[0]), Path(inputs[1]), spec.utf8_errors, stats), stats)
     elif spec.format == "tsv":
-        yield from _read_tsv(Path(inputs[0]), spec, stats)
+        yield from _chunks(_read_tsv(Path(inputs[0]), spec, stats), stats)
     elif spec.format == "jsonl":
-        yield from _read_jsonl(Path(inputs[0]), spec, stats)
+        yield from _chunks(_read_jsonl(Path(inputs[0]), spec, stats), stats)
     else:
         yield from _read_hub(spec, split, stats)
+
+
+def _chunks(pairs: Iterator[tuple[str, str]], stats: ReadStats) -> Iterator[tuple[list[str], list[str]]]:
+    """Group a stream of (sentence, sentence) pairs into chunks of CHUNK_PAIRS, counting them."""
+    chunk0, chunk1 = [], []
+    for sentence0, sentence1 in pairs:
+        chunk0.append(sentence0)
+        chunk1.append(sentence1)
+        stats.pairs += 1
+        if len(chunk0) == CHUNK_PAIRS:
+            yield chunk0, chunk1
+            chunk0, chunk1 = [], []
+    if chunk0:
+        yield chunk0, chunk1
 
 
 def _open_lines(path: Path) -> io.BufferedIOBase:
@@ -141,7 +155,6 @@ def _decode(raw: bytes, path: Path, line_no: int, errors: str, stats: ReadStats)
 
 def _read_text(src_path: Path, tgt_path: Path, errors: str, stats: ReadStats):
     with _open_lines(src_path) as src_file, _open_lines(tgt_path) as tgt_file:
-        chunk0, chunk1 = [], []
         for line_no, (raw0, raw1) in enumerate(zip_longest(src_file, tgt_file), start=1):
             if raw0 is None or raw1 is None:  # one file ended: count the rest of the other
                 rest = 1 + sum(1 for _ in (tgt_file if raw0 is None else src_file))
@@ -150,21 +163,14 @@ def _read_text(src_path: Path, tgt_path: Path, errors: str, stats: ReadStats):
                     f"line counts differ: {src_path} has {n0} lines, {tgt_path} has {n1}; "
                     f"parallel files must be aligned line by line"
                 )
-            chunk0.append(_decode(raw0, src_path, line_no, errors, stats).strip())
-            chunk1.append(_decode(raw1, tgt_path, line_no, errors, stats).strip())
-            stats.pairs += 1
-            if len(chunk0) == CHUNK_PAIRS:
-                yield chunk0, chunk1
-                chunk0, chunk1 = [], []
-        if chunk0:
-            yield chunk0, chunk1
+            yield (_decode(raw0, src_path, line_no, errors, stats).strip(),
+                   _decode(raw1, tgt_path, line_no, errors, stats).strip())
 
 
 def _read_tsv(path: Path, spec: CorpusSpec, stats: ReadStats):
     columns = spec.columns or spec.langs
     order = [columns.index(lang) for lang in spec.langs]  # column holding langs[0], langs[1]
     with _open_lines(path) as f:
-        chunk0, chunk1 = [], []
         for line_no, raw in enumerate(f, start=1):
             fields = _decode(raw, path, line_no, spec.utf8_errors, stats).rstrip("\r\n").split("\t")
             if len(fields) != 2:
@@ -172,19 +178,11 @@ def _read_tsv(path: Path, spec: CorpusSpec, stats: ReadStats):
                     f"{path}:{line_no}: expected 2 tab-separated columns ({columns[0]}, {columns[1]}), "
                     f"found {len(fields)}"
                 )
-            chunk0.append(fields[order[0]].strip())
-            chunk1.append(fields[order[1]].strip())
-            stats.pairs += 1
-            if len(chunk0) == CHUNK_PAIRS:
-                yield chunk0, chunk1
-                chunk0, chunk1 = [], []
-        if chunk0:
-            yield chunk0, chunk1
+            yield fields[order[0]].strip(), fields[order[1]].strip()
 
 
 def _read_jsonl(path: Path, spec: CorpusSpec, stats: ReadStats):
     with _open_lines(path) as f:
-        chunk0, chunk1 = [], []
         for line_no, raw in enumerate(f, start=1):
             text = _decode(raw, path, line_no, spec.utf8_errors, stats).strip()
             if not text:
@@ -199,14 +197,7 @@ def _read_jsonl(path: Path, spec: CorpusSpec, stats: ReadStats):
                     f"{path}:{line_no}: expected {{{spec.langs[0]!r}: ..., {spec.langs[1]!r}: ...}} "
                     f"or {{'translation': {{...}}}}, found {text[:80]!r}"
                 )
-            chunk0.append(str(pair[spec.langs[0]]).strip())
-            chunk1.append(str(pair[spec.langs[1]]).strip())
-            stats.pairs += 1
-            if len(chunk0) == CHUNK_PAIRS:
-                yield chunk0, chunk1
-                chunk0, chunk1 = [], []
-        if chunk0:
-            yield chunk0, chunk1
+            yield str(pair[spec.langs[0]]).strip(), str(pair[spec.langs[1]]).strip()
 
 
 def load_hub_split(spec: CorpusSpec, split: str):
