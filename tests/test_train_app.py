@@ -5,6 +5,9 @@ Multi30k and a composed config that trains a tiny model on it in seconds.
 """
 
 import gzip
+import itertools
+import json
+import math
 import os
 import subprocess
 import sys
@@ -73,18 +76,37 @@ def test_base_and_big_are_the_papers_models():
     assert (train.label_smoothing, list(train.betas), train.eps, train.warmup_steps) == (0.1, [0.9, 0.98], 1e-9, 4000)
 
 
-@pytest.mark.parametrize("experiment", ["smoke", "multi30k_cpu", "wmt14_base"])
+@pytest.mark.parametrize("experiment", ["smoke", "multi30k_cpu", "wmt14_base", "ablation_heads", "ablation_scaling"])
 @pytest.mark.parametrize("trainer", ["cpu", "gpu", "ddp", "multinode"])
 def test_every_experiment_and_trainer_composes_and_validates(experiment, trainer):
     cfg = compose_train(f"experiment={experiment}", f"trainer={trainer}")
     validate_config(cfg)
-    assert cfg.name == experiment
+    assert cfg.name.startswith(experiment)
 
 
 def test_paper_recipe():
     cfg = compose_train("experiment=wmt14_base")
     assert cfg.model.d_model == 512 and cfg.train.lr_factor == 1.0 and cfg.train.warmup_steps == 4000
     assert cfg.data.max_tokens == 25000 and cfg.trainer.max_steps == 100000 and cfg.trainer.precision == "bf16-mixed"
+
+
+@pytest.mark.parametrize("experiment, grid", [
+    ("ablation_heads", {"model.n_heads": [1, 2, 4, 8, 16]}),
+    ("ablation_scaling", {"model.d_model": [128, 256], "ablation.n_layers": [2, 3], "model.d_ff": [512, 1024]}),
+])
+def test_ablation_sweeps_are_in_the_experiment_and_every_point_validates(experiment, grid):
+    """`-m experiment=NAME` alone runs the grid: hydra.sweeper.params holds it; d_k = d_model / h."""
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        params = compose("train", overrides=[f"experiment={experiment}"], return_hydra_config=True).hydra.sweeper.params
+    assert {key: [int(v) for v in values.split(",")] for key, values in params.items()} == grid
+    for point in itertools.product(*grid.values()):
+        cfg = compose_train(f"experiment={experiment}", *(f"{k}={v}" for k, v in zip(grid, point)))
+        validate_config(cfg)
+        assert cfg.model.n_encoder_layers == cfg.model.n_decoder_layers
+        assert cfg.train.val_bleu_max_sentences is None and cfg.trainer.precision == "bf16-mixed"
+        assert cfg.trainer.check_val_every_n_epoch == cfg.trainer.max_epochs  # validated once, at the end
+        if "ablation.n_layers" in grid:
+            assert cfg.model.n_encoder_layers == point[list(grid).index("ablation.n_layers")]
 
 
 @pytest.mark.parametrize("override, message", [
@@ -140,3 +162,16 @@ def test_smoke_experiment_runs_and_writes_everything_under_the_run_dir(tmp_path)
     for tag in ("train/loss", "train/ppl", "train/lr", "train/grad_norm", "train/tgt_tokens_per_sec",
                 "train/tgt_tokens_per_step", "val/loss", "val/ppl", "val/bleu", "test/bleu"):
         assert tag in scalars, tag
+
+    results = json.loads((run_dir / "results.json").read_text())  # the run's summary (Table 3 columns)
+    assert "experiment=smoke" in results["overrides"]
+    assert (results["n_heads"], results["d_model"], results["d_k"], results["n_layers"], results["d_ff"]) == (
+        cfg.n_heads, cfg.d_model, cfg.d_model // cfg.n_heads, cfg.n_encoder_layers, cfg.d_ff)
+    assert results["steps"] == 40 and results["parameters"] > 0
+    val_ppl = events.Scalars("val/ppl")[-1].value  # the last validation's
+    assert math.isclose(results["val_ppl"], val_ppl, rel_tol=1e-3) and results["val_ppl"] > 1
+    assert results["val_bleu"] == pytest.approx(events.Scalars("val/bleu")[-1].value, abs=1e-3)
+    assert results["test_bleu"] == pytest.approx(events.Scalars("test/bleu")[-1].value, abs=1e-3)
+    per_step = [e.value for e in events.Scalars("train/tgt_tokens_per_sec")]
+    assert min(per_step) * 0.5 < results["train_tgt_tokens_per_sec"] < max(per_step) * 2
+    assert 0 < results["wall_seconds"] < seconds

@@ -2,12 +2,16 @@
 
 Builds the datamodule, the LightningModule, callbacks, TensorBoard logger and Trainer from ``conf/``
 (see conf/train.yaml), checks the config before anything expensive, prints a start-up summary, then
-``fit`` and ``test``. Everything the run writes goes under Hydra's run directory.
+``fit`` and ``test``, and writes a summary of the run to ``results.json``. Everything the run writes goes
+under Hydra's run directory.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import hydra
@@ -28,6 +32,7 @@ log = logging.getLogger(__name__)
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 PRECISIONS = ("32", "32-true", "bf16-mixed", "16-mixed")
 MODEL_FIELDS = set(TransformerConfig.__dataclass_fields__) - {"vocab_size"}
+RESULTS_FILE = "results.json"
 
 
 class ConfigError(ValueError):
@@ -127,8 +132,34 @@ def summary(cfg: DictConfig, datamodule, module: TranslationModule, trainer: pl.
     return "\n".join(lines)
 
 
-def train(cfg: DictConfig, run_dir: str | Path) -> pl.Trainer:
-    """Fit and test one configuration; returns the trainer (metrics in ``trainer.callback_metrics``)."""
+def run_results(module: TranslationModule, trainer: pl.Trainer, metrics: dict, overrides: Sequence[str],
+                wall_seconds: float) -> dict:
+    """The summary of one run that ``results.json`` holds: the model's Table 3 columns (h, d_k, d_model,
+    N, d_ff, parameters), the last validation's perplexity and BLEU, test BLEU when the run tested,
+    mean training throughput (target tokens/s) and wall time (the whole run: data, fit, test)."""
+    c = module.model.config
+
+    def metric(key: str) -> float | None:
+        return round(float(metrics[key]), 4) if key in metrics else None
+
+    tokens_per_sec = module.train_tokens_per_sec()
+    return {
+        "overrides": list(overrides),
+        "n_heads": c.n_heads, "d_model": c.d_model, "d_k": c.d_model // c.n_heads,
+        "n_layers": c.n_encoder_layers, "n_decoder_layers": c.n_decoder_layers, "d_ff": c.d_ff, "dropout": c.dropout,
+        "parameters": module.model.num_parameters(),
+        "val_loss": metric("val/loss"), "val_ppl": metric("val/ppl"), "val_bleu": metric("val/bleu"),
+        "test_bleu": metric("test/bleu"),
+        "train_tgt_tokens_per_sec": round(tokens_per_sec, 1) if tokens_per_sec is not None else None,
+        "steps": trainer.global_step,
+        "wall_seconds": round(wall_seconds, 1),
+    }
+
+
+def train(cfg: DictConfig, run_dir: str | Path, overrides: Sequence[str] = ()) -> pl.Trainer:
+    """Fit and test one configuration, write ``run_dir/results.json`` (see ``run_results``; ``overrides``:
+    the command line's, recorded there); returns the trainer (metrics in ``trainer.callback_metrics``)."""
+    started = time.perf_counter()
     run_dir = Path(run_dir)
     validate_config(cfg)
     if rank_zero_only.rank == 0:
@@ -143,9 +174,14 @@ def train(cfg: DictConfig, run_dir: str | Path) -> pl.Trainer:
     if rank_zero_only.rank == 0:
         log.info("\n%s", summary(cfg, datamodule, module, trainer))
     trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.ckpt_path)
+    metrics = dict(trainer.callback_metrics)  # the last validation's: trainer.test starts from empty metrics
     if cfg.run_test and "test" in datamodule.splits:
         best = trainer.checkpoint_callback.best_model_path  # "" when no validation ran
         trainer.test(module, datamodule=datamodule, ckpt_path=best if best and Path(best).is_file() else None)
+        metrics.update(trainer.callback_metrics)
+    if rank_zero_only.rank == 0:
+        results = run_results(module, trainer, metrics, overrides, time.perf_counter() - started)
+        (run_dir / RESULTS_FILE).write_text(json.dumps(results, indent=2) + "\n")
     return trainer
 
 
@@ -155,7 +191,8 @@ def main(cfg: DictConfig) -> None:
     for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
         logging.getLogger(name).handlers.clear()
         logging.getLogger(name).propagate = True
-    train(cfg, HydraConfig.get().runtime.output_dir)
+    hydra_config = HydraConfig.get()
+    train(cfg, hydra_config.runtime.output_dir, overrides=hydra_config.overrides.task)
 
 
 if __name__ == "__main__":

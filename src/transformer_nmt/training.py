@@ -110,6 +110,7 @@ class TranslationModule(pl.LightningModule):
         self.bleu_limits = {"val": self.optim["val_bleu_max_sentences"], "test": self.optim["test_bleu_max_sentences"]}
         self._step_tokens = torch.zeros(2, dtype=torch.long)  # (source, target) tokens since the last step
         self._step_started = None  # time.perf_counter() at the last optimizer step
+        self._timed = {"tokens": torch.zeros((), dtype=torch.float64), "seconds": 0.0}  # over the timed steps
         self._eval = {}  # per evaluation: loss sums and decoded sentences
 
     # --- optimisation ------------------------------------------------------------------------
@@ -151,11 +152,21 @@ class TranslationModule(pl.LightningModule):
             seconds = now - self._step_started
             metrics["train/src_tokens_per_sec"] = tokens[0] / seconds
             metrics["train/tgt_tokens_per_sec"] = tokens[1] / seconds
+            self._timed["tokens"] = self._timed["tokens"].to(tokens.device) + tokens[1].double()
+            self._timed["seconds"] += seconds
         if self.device.type == "cuda":
             metrics["train/peak_memory_gib"] = torch.cuda.max_memory_allocated(self.device) / 2 ** 30
         self.log_dict(metrics)
         self._step_tokens = torch.zeros_like(self._step_tokens)
         self._step_started = now
+
+    def train_tokens_per_sec(self) -> float | None:
+        """Mean training throughput of this process's fit: target tokens (all ranks) per second over the
+        timed optimizer steps (all but the first of the fit and the first after each validation); None
+        before two steps."""
+        if not self._timed["seconds"]:
+            return None
+        return float(self._timed["tokens"]) / self._timed["seconds"]
 
     # --- evaluation --------------------------------------------------------------------------
     def validation_step(self, batch, batch_idx):
