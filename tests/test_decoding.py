@@ -112,13 +112,13 @@ def test_n_best_are_sorted_and_distinct():
 
 def test_output_length_is_bounded_by_source_length_plus_offset():
     model = random_model(0)
-    with torch.no_grad():  # make eos impossible, so every sentence runs to its limit
-        model.src_embed.weight[EOS].fill_(-100.0)
     src = random_sources(0)
+    unreachable_eos = model.config.vocab_size  # no token id can equal it: every sentence runs to its limit
     lengths = (src != PAD).sum(1).tolist()
-    assert [len(h) for h in greedy_decode(model, src, max_len_offset=3)] == [n + 3 for n in lengths]
-    assert [len(h[0].tokens) for h in beam_search(model, src, beam_size=3, max_len_offset=3)] == \
-        [n + 3 for n in lengths]
+    greedy = greedy_decode(model, src, eos_id=unreachable_eos, max_len_offset=3)
+    beam = beam_search(model, src, beam_size=3, max_len_offset=3, eos_id=unreachable_eos)
+    assert [len(h) for h in greedy] == [n + 3 for n in lengths]
+    assert [len(h[0].tokens) for h in beam] == [n + 3 for n in lengths]
 
 
 def test_length_penalty_formula():

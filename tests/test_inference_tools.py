@@ -171,3 +171,12 @@ def test_analyze_heads_masks_every_head_once_and_writes_its_reports(tmp_path, ch
     for name in ("head_importance.csv", "head_importance.md", "head_importance.png", "pruning.csv", "pruning.png"):
         assert (tmp_path / "heads" / name).stat().st_size > 0
     assert len((tmp_path / "heads" / "head_importance.csv").read_text().splitlines()) == 1 + 6
+
+
+def test_lone_carriage_return_does_not_split_a_line_and_bad_utf8_names_the_line(tmp_path, checkpoint):
+    (tmp_path / "in.txt").write_bytes(b"A dog\rruns.\nA cat.\n")
+    translate_main([f"ckpt={checkpoint}", f"input={tmp_path / 'in.txt'}", f"output={tmp_path / 'out.txt'}", "beam=1"])
+    assert (tmp_path / "out.txt").read_bytes().count(b"\n") == 2
+    (tmp_path / "bad.txt").write_bytes(b"fine\nbad \xff byte\n")
+    with pytest.raises(SystemExit, match=r"bad.txt:2: not valid UTF-8"):
+        translate_main([f"ckpt={checkpoint}", f"input={tmp_path / 'bad.txt'}"])

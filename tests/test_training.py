@@ -143,3 +143,54 @@ def test_the_module_wraps_a_plain_transformer():
     assert not any("lightning" in type(m).__module__ for m in module.model.modules())
     with pytest.raises(ValueError, match=r"unknown train.\* settings \['lr'\]"):
         TranslationModule({"vocab_size": 20, "d_model": 16, "n_heads": 2}, {"lr": 1.0})
+
+
+def test_accumulated_gradient_is_the_per_token_mean_over_the_whole_optimizer_step(corpus, tmp_path):
+    """Two micro-batches of different token counts: the update must weigh every token alike, i.e. equal
+    the gradient of (summed token loss of both) / (their target tokens), not the mean of two means."""
+    import copy
+
+    import lightning.pytorch as pl
+
+    from transformer_nmt.datamodule import TranslationDataModule
+    from transformer_nmt.training import TranslationModule, label_smoothed_cross_entropy
+
+    datamodule = TranslationDataModule(train=f"{corpus}/train", val=f"{corpus}/val", test=None,
+                                       cache_dir=str(tmp_path / "cache"), vocab_size=256, max_tokens=300, num_proc=1)
+    datamodule.setup("fit")
+    config = dict(vocab_size=datamodule.tokenizer.vocab_size, d_model=16, n_heads=2, n_encoder_layers=1,
+                  n_decoder_layers=1, d_ff=32, dropout=0.0)
+
+    class Recording(TranslationModule):
+        def on_train_batch_start(self, batch, batch_idx):
+            self.seen = getattr(self, "seen", []) + [copy.deepcopy(batch)]
+            super().on_train_batch_start(batch, batch_idx)
+
+        def on_before_optimizer_step(self, optimizer):
+            super().on_before_optimizer_step(optimizer)
+            self.grads = {n: p.grad.clone() for n, p in self.model.named_parameters()}
+
+    torch.manual_seed(0)
+    module = Recording(config, dict(label_smoothing=0.1, val_bleu_max_sentences=0), tokenizer=datamodule.tokenizer)
+    reference = copy.deepcopy(module.model)
+    trainer = pl.Trainer(accelerator="cpu", max_steps=1, accumulate_grad_batches=2, logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                         limit_val_batches=0, use_distributed_sampler=False)
+    trainer.fit(module, datamodule=datamodule)
+
+    counts = [int((b["tgt"][:, 1:] != 0).sum()) for b in module.seen]
+    assert len(counts) == 2 and counts[0] != counts[1]  # unequal micro-batches: the case that matters
+    total = 0.0
+    for batch in module.seen:
+        logits = reference(batch["src"], batch["tgt"][:, :-1])
+        total = total + label_smoothed_cross_entropy(logits, batch["tgt"][:, 1:], 0.1, 0)[0]
+    (total / sum(counts)).backward()
+    for name, param in reference.named_parameters():
+        torch.testing.assert_close(module.grads[name], param.grad, atol=1e-6, rtol=1e-4)
+
+
+def test_resume_from_last_without_a_checkpoint_names_the_run_dir_option(corpus, tmp_path):
+    from transformer_nmt.train import ConfigError
+
+    with pytest.raises(ConfigError, match="no last.ckpt in .*hydra.run.dir"):
+        train(tiny_config(corpus, "ckpt_path=last"), tmp_path / "fresh_run")

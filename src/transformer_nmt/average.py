@@ -32,7 +32,7 @@ def average_checkpoints(paths: list[str | Path]) -> dict:
     for path, checkpoint in zip(paths, checkpoints):
         if checkpoint["state_dict"].keys() != reference.keys() or any(
                 checkpoint["state_dict"][k].shape != v.shape for k, v in reference.items()):
-            raise CheckpointError(f"checkpoint {path} has other parameters than {paths[0]}: "
+            raise CheckpointError(f"checkpoint {path} has other parameters than the newest input: "
                                   f"only checkpoints of one model can be averaged")
     averaged = {}
     for key, value in reference.items():

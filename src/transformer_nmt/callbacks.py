@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from lightning.pytorch.callbacks import Callback, TQDMProgressBar
+from lightning.pytorch.callbacks import Callback, Checkpoint, TQDMProgressBar
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_warn
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -137,12 +137,13 @@ class AttentionMaps(Callback):
         writer.flush()
 
 
-class LastCheckpoint(Callback):
+class LastCheckpoint(Checkpoint):
     """``RUN_DIR/checkpoints/last.ckpt``: after every validation, every ``every_n_train_steps`` optimizer
     steps (None: not by steps; set it for mid-epoch resume) and at the end of training.
 
-    Placed after the best-k ModelCheckpoint, the copy written after a validation also holds that callback's
-    newest bookkeeping, so a run resumed from it keeps ranking checkpoints correctly. (Lightning's own
+    A ``Checkpoint`` callback, so Lightning runs it in the checkpoint group, in list order: placed after the
+    best-k and recent ModelCheckpoints, the copy written after a validation also holds their newest
+    bookkeeping, so a run resumed from it keeps ranking checkpoints correctly. (Lightning's own
     ``save_last`` writes only when a top-k checkpoint is written, or once at the end of training.)
     ``ckpt_path=last`` finds the file through the ModelCheckpoint that shares the directory.
     """

@@ -13,7 +13,6 @@ signatures, so ``sacrebleu NAME.ref -i NAME.hyp`` reproduces the score.
 
 from __future__ import annotations
 
-import gzip
 import json
 import sys
 import time
@@ -25,22 +24,10 @@ from sacrebleu.metrics import BLEU, CHRF
 from transformer_nmt.checkpoint import load_checkpoint
 from transformer_nmt.corpus import ReadStats, read_pairs
 from transformer_nmt.translate import OPTIONS as TRANSLATE_OPTIONS
-from transformer_nmt.translate import parse_options, translate_lines
+from transformer_nmt.translate import parse_options, read_lines, translate_lines
 
 OPTIONS = {**{k: v for k, v in TRANSLATE_OPTIONS.items() if k not in ("input", "output", "n_best")},
            "split": None, "src": None, "ref": None, "out": None, "name": None}
-
-
-def read_text_lines(path: str | Path) -> list[str]:
-    """Lines of a plain or gzipped UTF-8 file, split on newlines only."""
-    path = Path(path)
-    if not path.is_file():
-        raise SystemExit(f"file {path} does not exist")
-    raw = gzip.open(path, "rb").read() if path.suffix == ".gz" else path.read_bytes()
-    lines = raw.decode("utf-8").split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
-    return [line.removesuffix("\r") for line in lines]
 
 
 def split_pairs(meta: dict, split: str) -> tuple[list[str], list[str]]:
@@ -76,7 +63,7 @@ def main(argv: list[str] | None = None) -> dict:
         sources, references = split_pairs(meta, options["split"])
         name = options["name"] or options["split"]
     elif options["src"] and options["ref"]:
-        sources, references = read_text_lines(options["src"]), read_text_lines(options["ref"])
+        sources, references = read_lines(options["src"]), read_lines(options["ref"])
         name = options["name"] or Path(options["src"]).name.removesuffix(".gz")
     else:
         raise SystemExit("give split=val|test, or src=FILE ref=FILE")

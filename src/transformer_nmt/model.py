@@ -189,7 +189,7 @@ class Transformer(nn.Module):
                 nn.init.xavier_uniform_(param)
             elif name.endswith("bias") and "norm" not in name:
                 nn.init.zeros_(param)
-        for embed in {self.src_embed, self.tgt_embed}:
+        for embed in dict.fromkeys([self.src_embed, self.tgt_embed]):  # once each, in a fixed order
             # Shared with the output layer: N(0, d^-1/2) keeps logits O(1) (as in tensor2tensor).
             nn.init.normal_(embed.weight, mean=0.0, std=self.config.d_model ** -0.5)
             with torch.no_grad():

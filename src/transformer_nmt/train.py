@@ -90,11 +90,12 @@ def build_callbacks(cfg: DictConfig, checkpoint_dir: Path) -> list[pl.Callback]:
         auto_insert_metric_name=False, monitor="val/bleu" if bleu else "val/loss", mode="max" if bleu else "min",
         save_top_k=cfg.checkpoint.save_top_k, save_last=False)
     last = LastCheckpoint(checkpoint_dir, every_n_train_steps=cfg.checkpoint.every_n_train_steps)
-    callbacks = [best, last]
+    callbacks = [best]
     if cfg.checkpoint.get("keep_last_validations"):  # the newest N, for checkpoint averaging
         callbacks.append(ModelCheckpoint(
             dirpath=checkpoint_dir / "recent", filename="step{step:07d}", auto_insert_metric_name=False,
             monitor="step", mode="max", save_top_k=cfg.checkpoint.keep_last_validations, save_last=False))
+    callbacks.append(last)  # after the others: last.ckpt holds their newest state
     maps = cfg.attention_maps
     if maps.every_n_validations:
         callbacks.append(AttentionMaps(every_n_validations=maps.every_n_validations, n_probes=maps.n_probes,
@@ -114,7 +115,7 @@ def build_trainer(cfg: DictConfig, run_dir: Path, callbacks: list[pl.Callback]) 
 
 def summary(cfg: DictConfig, datamodule, module: TranslationModule, trainer: pl.Trainer) -> str:
     """Parameters, corpus sizes, tokens per optimizer step, devices, precision."""
-    sizes = ", ".join(f"{split} {len(datamodule.references(split)):,}" for split in datamodule.splits)
+    sizes = ", ".join(f"{name} {split.report.kept:,}" for name, split in datamodule.splits.items())
     per_step = datamodule.max_tokens * trainer.accumulate_grad_batches * trainer.world_size
     c = module.model.config
     lines = [
@@ -173,6 +174,9 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: Sequence[str] = ()) -
     trainer = build_trainer(cfg, run_dir, callbacks)
     if rank_zero_only.rank == 0:
         log.info("\n%s", summary(cfg, datamodule, module, trainer))
+    if cfg.ckpt_path == "last" and not list((run_dir / "checkpoints").glob("last*.ckpt")):
+        raise ConfigError(f"ckpt_path=last: no last.ckpt in {run_dir / 'checkpoints'}; to resume a run, pass its "
+                          f"directory as hydra.run.dir=outputs/NAME/DATE_TIME")
     trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.ckpt_path)
     metrics = dict(trainer.callback_metrics)  # the last validation's: trainer.test starts from empty metrics
     if cfg.run_test and "test" in datamodule.splits:

@@ -27,6 +27,7 @@ from transformer_nmt.tokenizer import Tokenizer
 CKPT_MODEL_CONFIG = "transformer_config"
 CKPT_TOKENIZER = "tokenizer_model_proto"
 CKPT_DATA_CONFIG = "data_config"  # the data config (plain dict, with _target_) the model was trained on
+LOSS_SCALE_TOKENS = 1000.0  # backward runs on (summed token loss) / this; see training_step
 
 
 def label_smoothed_cross_entropy(logits: Tensor, labels: Tensor, epsilon: float,
@@ -136,15 +137,23 @@ class TranslationModule(pl.LightningModule):
         n = n_tokens.clamp(min=1)
         counts = torch.stack([(src != pad).sum(), n_tokens])  # (2,) stays on the device: no sync per batch
         self._step_tokens = self._step_tokens.to(counts.device) + counts
-        self.log("train/loss", loss_sum / n, prog_bar=True)
+        self.log("train/loss", loss_sum.detach() / n, prog_bar=True)
         self.log("train/ppl", torch.exp(nll_sum.detach() / n))
-        return loss_sum / n
+        # Every token of an optimizer step weighs the same, whatever the micro-batch it came in: backward
+        # runs on the loss summed over tokens (over a fixed LOSS_SCALE_TOKENS, to keep fp16 magnitudes
+        # ordinary), and on_before_optimizer_step turns the summed gradients into the per-token mean.
+        return loss_sum / LOSS_SCALE_TOKENS
 
     def on_before_optimizer_step(self, optimizer):
         """Once per optimizer step, after gradients are all-reduced (and unscaled under 16-mixed)."""
+        tokens = self.trainer.strategy.reduce(self._step_tokens.float(), reduce_op="sum")  # over all ranks
+        # Lightning divided each micro-batch's loss by accumulate_grad_batches and DDP averaged the ranks:
+        # undo both and divide by the step's target tokens -> gradient of the per-token mean loss.
+        grads = [p.grad for p in self.parameters() if p.grad is not None]
+        scale = self.trainer.accumulate_grad_batches * self.trainer.world_size * LOSS_SCALE_TOKENS
+        torch._foreach_mul_(grads, scale / tokens[1].clamp(min=1))
         clip = self.optim.get("clip_grad_norm")
         grad_norm = torch.nn.utils.clip_grad_norm_(self.parameters(), max_norm=clip if clip else math.inf)
-        tokens = self.trainer.strategy.reduce(self._step_tokens.float(), reduce_op="sum")  # over all ranks
         now = time.perf_counter()
         metrics = {"train/lr": optimizer.param_groups[0]["lr"], "train/grad_norm": grad_norm,
                    "train/src_tokens_per_step": tokens[0], "train/tgt_tokens_per_step": tokens[1]}
@@ -213,7 +222,7 @@ class TranslationModule(pl.LightningModule):
         metrics = {f"{split}/loss": (sums[0] / n).float(), f"{split}/ppl": torch.exp(sums[1] / n).float()}
         bleu = self._corpus_bleu(split)
         if bleu is not None:
-            metrics[f"{split}/bleu"] = torch.tensor(bleu)
+            metrics[f"{split}/bleu"] = torch.tensor(bleu, device=self.device)  # NCCL reduces device tensors only
         # Every rank holds the same values already; sync_dist only keeps Lightning's bookkeeping uniform.
         self.log_dict(metrics, prog_bar=True, sync_dist=True)
         self._eval = {}

@@ -14,6 +14,7 @@ the model's ``max_positions`` is cut to fit, with a warning naming the line, and
 
 from __future__ import annotations
 
+import gzip
 import sys
 import warnings
 from contextlib import nullcontext
@@ -100,14 +101,27 @@ def parse_options(argv: list[str], defaults: dict) -> dict:
     return options
 
 
-def read_lines(path: str | None) -> list[str]:
-    """Lines of a file (or stdin) split on "\n" only (str.splitlines would also split on form feeds and
-    Unicode separators, changing the line count); a final line without newline is kept."""
-    text = sys.stdin.read() if path is None else Path(path).read_text(encoding="utf-8")
-    lines = text.split("\n")
-    if lines and lines[-1] == "":
+def read_lines(path: str | Path | None) -> list[str]:
+    """Lines of a UTF-8 file (``.gz`` too) or of stdin, split on "\n" only: universal newlines or
+    str.splitlines would also split on a lone "\r" or Unicode separators and change the line count. A final
+    line without newline is kept; invalid UTF-8 is an error naming the file and line."""
+    name = "<stdin>" if path is None else str(path)
+    if path is None:
+        raw = sys.stdin.buffer.read()
+    elif not Path(path).is_file():
+        raise SystemExit(f"file {path} does not exist")
+    else:
+        raw = gzip.open(path, "rb").read() if name.endswith(".gz") else Path(path).read_bytes()
+    lines = raw.split(b"\n")
+    if lines and lines[-1] == b"":
         lines.pop()  # the newline that ends the last line
-    return [line.removesuffix("\r") for line in lines]
+    decoded = []
+    for number, line in enumerate(lines, start=1):
+        try:
+            decoded.append(line.decode("utf-8").removesuffix("\r"))
+        except UnicodeDecodeError as error:
+            raise SystemExit(f"{name}:{number}: not valid UTF-8 ({error.reason} at byte {error.start})") from None
+    return decoded
 
 
 def main(argv: list[str] | None = None) -> None:
