@@ -82,4 +82,6 @@ def test_two_cpu_processes_in_bf16_see_different_batches_and_end_with_identical_
 
     metrics = [r["metrics"] for r in ranks]
     assert "val/bleu" in metrics[0] and metrics[0]["val/bleu"] == metrics[1]["val/bleu"]
+    # BLEU is over the hypotheses of both ranks: all 24 sentences below the limit, not one rank's share.
+    assert metrics[0]["val/bleu_sentences"] == metrics[1]["val/bleu_sentences"] == 24
     assert metrics[0]["val/loss"] == metrics[1]["val/loss"]

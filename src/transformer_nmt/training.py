@@ -221,15 +221,16 @@ class TranslationModule(pl.LightningModule):
         n = sums[2].clamp(min=1)
         metrics = {f"{split}/loss": (sums[0] / n).float(), f"{split}/ppl": torch.exp(sums[1] / n).float()}
         bleu = self._corpus_bleu(split)
-        if bleu is not None:
-            metrics[f"{split}/bleu"] = torch.tensor(bleu, device=self.device)  # NCCL reduces device tensors only
+        if bleu is not None:  # NCCL reduces device tensors only
+            metrics[f"{split}/bleu"] = torch.tensor(bleu[0], device=self.device)
+            metrics[f"{split}/bleu_sentences"] = torch.tensor(float(bleu[1]), device=self.device)
         # Every rank holds the same values already; sync_dist only keeps Lightning's bookkeeping uniform.
         self.log_dict(metrics, prog_bar=True, sync_dist=True)
         self._eval = {}
 
-    def _corpus_bleu(self, split: str) -> float | None:
-        """sacreBLEU over the hypotheses of all ranks against the datamodule's raw references;
-        None when BLEU is off (limit 0, or no tokenizer or references to decode against)."""
+    def _corpus_bleu(self, split: str) -> tuple[float, int] | None:
+        """(sacreBLEU, number of sentences) over the hypotheses of all ranks against the datamodule's raw
+        references; None when BLEU is off (limit 0, or no tokenizer or references to decode against)."""
         datamodule = getattr(self.trainer, "datamodule", None)
         if self.bleu_limits[split] == 0 or self.tokenizer is None or not hasattr(datamodule, "references"):
             return None
@@ -239,10 +240,11 @@ class TranslationModule(pl.LightningModule):
             torch.distributed.all_gather_object(gathered, hypotheses)
             hypotheses = {k: v for part in gathered for k, v in part.items()}
         if not hypotheses:  # e.g. limit_val_batches left out every sentence below the limit
-            return 0.0
+            return 0.0, 0
         references = datamodule.references(split)
         indices = sorted(hypotheses)
-        return sacrebleu.corpus_bleu([hypotheses[i] for i in indices], [[references[i] for i in indices]]).score
+        bleu = sacrebleu.corpus_bleu([hypotheses[i] for i in indices], [[references[i] for i in indices]])
+        return bleu.score, len(indices)
 
     # --- checkpoints -------------------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict) -> None:
