@@ -31,10 +31,10 @@ import torch.nn.functional as F  # noqa: E402
 from sacrebleu.metrics import BLEU  # noqa: E402
 
 from transformer_nmt.checkpoint import load_checkpoint  # noqa: E402
-from transformer_nmt.evaluate import split_pairs  # noqa: E402
+from transformer_nmt.evaluate import evaluation_pairs  # noqa: E402
 from transformer_nmt.model import Transformer  # noqa: E402
 from transformer_nmt.tokenizer import Tokenizer  # noqa: E402
-from transformer_nmt.translate import encode_sources, parse_options, read_lines, token_batches, translate_lines  # noqa: E402
+from transformer_nmt.translate import encode_sources, parse_options, token_batches, translate_lines  # noqa: E402
 
 KINDS = ("encoder", "decoder", "cross")
 OPTIONS = {"ckpt": None, "split": None, "src": None, "ref": None, "out": None, "max_sentences": 300, "beam": 1,
@@ -172,16 +172,7 @@ def main(argv: list[str] | None = None) -> dict:
     options = parse_options(sys.argv[1:] if argv is None else argv, OPTIONS)
     ckpt = options["ckpt"]
     model, tokenizer, meta = load_checkpoint(ckpt, map_location=options["device"])
-    if options["split"]:
-        if options["split"] not in ("val", "test"):
-            raise SystemExit(f"split={options['split']!r}: use val or test (or src=FILE ref=FILE)")
-        sources, references = split_pairs(meta, options["split"])
-    elif options["src"] and options["ref"]:
-        sources, references = read_lines(options["src"]), read_lines(options["ref"])
-    else:
-        raise SystemExit("give split=val|test, or src=FILE ref=FILE")
-    if len(sources) != len(references):
-        raise SystemExit(f"{len(sources)} source lines but {len(references)} reference lines")
+    sources, references, _ = evaluation_pairs(options, meta)
     n = options["max_sentences"]
     sources, references = (sources[:n], references[:n]) if n else (sources, references)
     out_dir = Path(options["out"] or Path(ckpt).parent / "heads")

@@ -43,6 +43,24 @@ def split_pairs(meta: dict, split: str) -> tuple[list[str], list[str]]:
     return sources, references
 
 
+def evaluation_pairs(options: dict, meta: dict) -> tuple[list[str], list[str], str]:
+    """(sources, references, default output name) from ``split=val|test`` (the checkpoint's own data,
+    ``meta`` from ``load_checkpoint``) or from ``src=FILE ref=FILE``; errors say which options to give."""
+    if options["split"]:
+        if options["split"] not in ("val", "test"):
+            raise SystemExit(f"split={options['split']!r}: use val or test (or src=FILE ref=FILE)")
+        sources, references = split_pairs(meta, options["split"])
+        name = options["split"]
+    elif options["src"] and options["ref"]:
+        sources, references = read_lines(options["src"]), read_lines(options["ref"])
+        name = Path(options["src"]).name.removesuffix(".gz")
+    else:
+        raise SystemExit("give split=val|test, or src=FILE ref=FILE")
+    if len(sources) != len(references):
+        raise SystemExit(f"{len(sources)} source lines but {len(references)} reference lines")
+    return sources, references, name
+
+
 def score(hypotheses: list[str], references: list[str]) -> dict:
     """sacreBLEU BLEU (cased and lowercased) and chrF, with their signatures."""
     metrics = {}
@@ -57,18 +75,8 @@ def main(argv: list[str] | None = None) -> dict:
     options = parse_options(sys.argv[1:] if argv is None else argv, OPTIONS)
     ckpt = options["ckpt"]
     model, tokenizer, meta = load_checkpoint(ckpt, map_location=options["device"])
-    if options["split"]:
-        if options["split"] not in ("val", "test"):
-            raise SystemExit(f"split={options['split']!r}: use val or test (or src=FILE ref=FILE)")
-        sources, references = split_pairs(meta, options["split"])
-        name = options["name"] or options["split"]
-    elif options["src"] and options["ref"]:
-        sources, references = read_lines(options["src"]), read_lines(options["ref"])
-        name = options["name"] or Path(options["src"]).name.removesuffix(".gz")
-    else:
-        raise SystemExit("give split=val|test, or src=FILE ref=FILE")
-    if len(sources) != len(references):
-        raise SystemExit(f"{len(sources)} source lines but {len(references)} reference lines")
+    sources, references, default_name = evaluation_pairs(options, meta)
+    name = options["name"] or default_name
 
     started = time.perf_counter()
     hypotheses = [hyps[0][0] for hyps in translate_lines(
