@@ -142,11 +142,3 @@ def beam_search(model: Transformer, src: Tensor, beam_size: int = 4, alpha: floa
         sentences = sentences[live]
 
     return [sorted(hyps, key=lambda h: h.score, reverse=True)[:n_best] for hyps in finished]
-
-
-def translate_ids(model: Transformer, src: Tensor, beam_size: int = 4, alpha: float = 0.6,
-                  max_len_offset: int = 50) -> list[list[int]]:
-    """Best hypothesis per sentence: greedy for ``beam_size`` 1, beam search otherwise."""
-    if beam_size == 1:
-        return greedy_decode(model, src, max_len_offset=max_len_offset)
-    return [hyps[0].tokens for hyps in beam_search(model, src, beam_size, alpha, max_len_offset)]
