@@ -44,8 +44,9 @@ def reference_greedy(model, src_row, max_len):
 
 
 @torch.no_grad()
-def reference_beam(model, src_row, k, alpha, max_len):
-    """One sentence, no cache, no batching: the beam search rule written as plainly as possible."""
+def reference_beam(model, src_row, k, alpha, max_len, stop="bound", n_best=1):
+    """One sentence, no cache, no batching: the beam search rule written as plainly as possible.
+    Returns the n_best finished (tokens, normalised score), best first."""
     src = src_row[src_row != PAD].unsqueeze(0)
     beams = [([], 0.0)]  # (generated tokens, sum of log-probs)
     finished = []
@@ -63,14 +64,20 @@ def reference_beam(model, src_row, k, alpha, max_len):
         for rank, (score, tokens, t) in enumerate(candidates[: 2 * k]):
             if t == EOS and rank >= k:
                 continue
-            if t == EOS or at_limit:
-                if len(finished) < k:
-                    finished.append((tokens + ([] if t == EOS else [t]), score / length_penalty(step + 1, alpha)))
+            if t == EOS or at_limit:  # |Y| = step + 1: the tokens and the eos
+                finished.append((tokens + ([] if t == EOS else [t]), score / length_penalty(step + 1, alpha)))
             elif len(beams) < k:
                 beams.append((tokens + [t], score))
-        if len(finished) >= k or at_limit:
+        finished = sorted(finished, key=lambda f: -f[1])[:k]
+        if at_limit:
             break
-    return max(finished, key=lambda f: f[1])
+        if stop == "k_finished" and len(finished) == k:
+            break
+        # No live beam can end above beams[0]'s score divided by the largest length penalty.
+        if stop == "bound" and len(finished) >= n_best and \
+                finished[n_best - 1][1] >= beams[0][1] / length_penalty(max_len, alpha):
+            break
+    return finished[:n_best]
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -89,15 +96,26 @@ def test_beam_size_one_equals_greedy(seed):
     assert [hyps[0].tokens for hyps in beam] == greedy
 
 
+@pytest.mark.parametrize("stop", ["bound", "k_finished"])
 @pytest.mark.parametrize("seed, k, alpha", [(0, 4, 0.6), (1, 3, 1.0), (2, 4, 0.0), (3, 2, 0.6)])
-def test_cached_batched_beam_search_equals_slow_reference(seed, k, alpha):
+def test_cached_batched_beam_search_equals_slow_reference(seed, k, alpha, stop):
     model, src = random_model(seed), random_sources(seed)
     lengths = (src != PAD).sum(1)
-    results = beam_search(model, src, beam_size=k, alpha=alpha, max_len_offset=4)
+    results = beam_search(model, src, beam_size=k, alpha=alpha, max_len_offset=4, stop=stop)
     for i, hyps in enumerate(results):
-        tokens, score = reference_beam(model, src[i], k, alpha, int(lengths[i]) + 4)
+        [(tokens, score)] = reference_beam(model, src[i], k, alpha, int(lengths[i]) + 4, stop)
         assert hyps[0].tokens == tokens
         assert hyps[0].score == pytest.approx(score, abs=1e-4)
+
+
+def test_n_best_equal_slow_reference():
+    model, src = random_model(5), random_sources(5)
+    lengths = (src != PAD).sum(1)
+    results = beam_search(model, src, beam_size=4, n_best=3, max_len_offset=4)
+    for i, hyps in enumerate(results):
+        reference = reference_beam(model, src[i], 4, 0.6, int(lengths[i]) + 4, n_best=3)
+        assert [h.tokens for h in hyps] == [tokens for tokens, _ in reference]
+        assert [h.score for h in hyps] == pytest.approx([score for _, score in reference], abs=1e-4)
 
 
 def test_n_best_are_sorted_and_distinct():
