@@ -1,12 +1,14 @@
 """Greedy and beam search: beam 1 is greedy; the cached batched search equals a slow reference."""
 
+import math
+
 import pytest
 import torch
 
 from transformer_nmt.decoding import beam_search, greedy_decode, length_penalty
-from transformer_nmt.model import Transformer, TransformerConfig
+from transformer_nmt.model import DecoderCache, Transformer, TransformerConfig
 
-BOS, EOS, PAD = 2, 3, 0
+PAD, UNK, BOS, EOS = 0, 1, 2, 3
 
 
 def random_model(seed, vocab=12, **overrides):
@@ -142,3 +144,63 @@ def test_output_length_is_bounded_by_source_length_plus_offset():
 def test_length_penalty_formula():
     assert length_penalty(7, 0.6) == pytest.approx(2.0 ** 0.6)
     assert length_penalty(10, 0.0) == 1.0
+
+
+class MarkovTable:
+    """A toy 'model' whose next-token distribution depends on the last token only: probs[last] (V,)."""
+
+    def __init__(self, probs):
+        self.log_probs = torch.tensor(probs).clamp_min(1e-9).log()  # (V, V)
+        self.config = TransformerConfig(vocab_size=len(probs), max_positions=40)
+
+    def encode(self, src):
+        return torch.zeros(*src.shape, 1)  # (B, S, 1)
+
+    def new_cache(self):
+        return DecoderCache(n_layers=1)  # stays empty: the table needs no history
+
+    def decode(self, tgt_in, memory, src, cache=None):
+        return self.log_probs[tgt_in].clone()  # (B, T, V)
+
+    def __call__(self, src, tgt_in):
+        return self.decode(tgt_in, None, src)
+
+
+def early_eos_table():
+    """bos -> a .6 | eos .4;  a -> c .7 | eos .3;  c -> d .99;  d -> eos .99. Greedy says "a c d"."""
+    a, c, d, V = 4, 5, 6, 8
+    probs = [[0.0] * V for _ in range(V)]
+    probs[BOS][a], probs[BOS][EOS] = 0.6, 0.4
+    probs[a][c], probs[a][EOS] = 0.7, 0.3
+    probs[c][d], probs[c][EOS] = 0.99, 0.01
+    probs[d][EOS], probs[d][a] = 0.99, 0.01
+    for row in (PAD, UNK, EOS, 7):
+        probs[row][EOS] = 1.0
+    return MarkovTable(probs), [a, c, d]
+
+
+def test_old_rule_stops_at_two_short_hypotheses_bound_finds_the_better_long_one():
+    model, acd = early_eos_table()
+    src = torch.tensor([[4, 5, EOS]])
+    # k = 2: the empty output (eos at step 1) and "a" (eos at step 2) are the two first to finish.
+    [[old]] = beam_search(model, src, beam_size=2, alpha=0.6, max_len_offset=5, stop="k_finished")
+    [[new]] = beam_search(model, src, beam_size=2, alpha=0.6, max_len_offset=5, stop="bound")
+    assert old.tokens == [] and old.score == pytest.approx(math.log(0.4))
+    # "a c d eos": 4 tokens, eos counted in |Y|.
+    expected = math.log(0.6 * 0.7 * 0.99 * 0.99) / length_penalty(4, 0.6)
+    assert new.tokens == acd and new.score == pytest.approx(expected, abs=1e-5)
+    assert new.score > old.score
+    assert greedy_decode(model, src, max_len_offset=5) == [acd]
+    [(tokens, score)] = reference_beam(model, src[0], 2, 0.6, 3 + 5)
+    assert (tokens, score) == (acd, pytest.approx(expected, abs=1e-5))
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_bound_rule_never_scores_below_k_finished_rule(seed):
+    """The bound rule stops only when no live beam can beat its best, and keeps the k best finished:
+    its best hypothesis scores at least as well as that of the k-finished rule, for every sentence."""
+    model, src = random_model(seed, vocab=16), random_sources(seed, vocab=16, B=8)
+    old = beam_search(model, src, beam_size=3, max_len_offset=6, stop="k_finished")
+    new = beam_search(model, src, beam_size=3, max_len_offset=6, stop="bound")
+    for o, n in zip(old, new):
+        assert n[0].score >= o[0].score - 1e-6

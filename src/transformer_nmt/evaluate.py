@@ -7,8 +7,8 @@
 in the checkpoint), every pair, unfiltered; ``src=FILE ref=FILE`` scores any pair of plain-text files
 (``.gz`` too). Beam options as in ``translate`` (beam 4, alpha 0.6, max_len_offset 50). Writes to
 ``out=DIR`` (default: ``eval/`` beside the checkpoint) ``NAME.hyp`` (one line per source line),
-``NAME.ref`` and ``NAME.json`` with sacreBLEU's BLEU (cased and lowercased) and chrF and their
-signatures, so ``sacrebleu NAME.ref -i NAME.hyp`` reproduces the score.
+``NAME.ref`` and ``NAME.json`` with sacreBLEU's BLEU (cased and lowercased, with the length ratio and
+brevity penalty) and chrF and their signatures, so ``sacrebleu NAME.ref -i NAME.hyp`` reproduces the score.
 """
 
 from __future__ import annotations
@@ -62,11 +62,14 @@ def evaluation_pairs(options: dict, meta: dict) -> tuple[list[str], list[str], s
 
 
 def score(hypotheses: list[str], references: list[str]) -> dict:
-    """sacreBLEU BLEU (cased and lowercased) and chrF, with their signatures."""
+    """sacreBLEU BLEU (cased and lowercased) and chrF, with their signatures; beside the cased BLEU its
+    length ratio (hypothesis / reference tokens) and brevity penalty."""
     metrics = {}
     for name, metric in (("bleu", BLEU()), ("bleu_lowercase", BLEU(lowercase=True)), ("chrf", CHRF())):
         result = metric.corpus_score(hypotheses, [references])
         metrics[name] = round(result.score, 4)
+        if name == "bleu":
+            metrics["length_ratio"], metrics["bp"] = round(result.sys_len / result.ref_len, 4), round(result.bp, 4)
         metrics[f"{name}_signature"] = str(metric.get_signature())
     return metrics
 
