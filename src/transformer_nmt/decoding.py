@@ -82,9 +82,9 @@ class Hypothesis:
 
 
 def reorder_beams(cache: DecoderCache, beam_rows: Tensor, sentence_rows: Tensor | None) -> None:
-    """Self-attention keys/values follow each beam to its new row ``beam_rows`` (b*k,). Cross-attention
-    keys/values are the same for every beam of a sentence, so they move only when sentences leave
-    the batch (``sentence_rows``: the rows kept; None: none leave)."""
+    """Self-attention keys/values follow each new beam from its origin row ``beam_rows`` (b*k,).
+    Cross-attention keys/values are the same for every beam of a sentence, so they move only when the
+    sentences change (``sentence_rows``, a row of each new beam's sentence; None: no change)."""
     for layer in cache.layers:
         layer.self_attn.reorder(beam_rows)
         if sentence_rows is not None:
@@ -120,26 +120,23 @@ def beam_search(model: Transformer, src: Tensor, beam_size: int = 4, alpha: floa
     max_steps = int(limits.max())
     out_scores = torch.full((B, k), float("-inf"), device=device)  # finished, of sentences done
     out_tokens = torch.full((B, k, max_steps), eos_id, dtype=torch.long, device=device)  # eos-filled
-    # Encode once, then give each of the k beams of a sentence its own row: (B*k, S, d_model).
-    memory = model.encode(src).repeat_interleave(k, dim=0)
-    src = src.repeat_interleave(k, dim=0)  # (B*k, S), the source padding mask
+    memory = model.encode(src)  # (B, S, d_model), once per sentence
     cache = model.new_cache()
     sentences = torch.arange(B, device=device)  # original index of each sentence still searching
-    beam_offsets = torch.arange(k, device=device)  # (k,)
-    alive_scores = torch.full((B, k), float("-inf"), device=device)  # sum of log-probs
-    alive_scores[:, 0] = 0.0  # only beam 0 is live at step 0
-    alive_tokens = torch.empty(B, k, 0, dtype=torch.long, device=device)  # (b, k, step)
+    # Step 0 has one live beam per sentence (bos); from step 1 on, k. Beam j of sentence i is row i*width + j.
+    alive_scores = torch.zeros(B, 1, device=device)  # (b, width) sums of log-probs
+    alive_tokens = torch.empty(B, 1, 0, dtype=torch.long, device=device)  # (b, width, step)
     fin_scores = torch.full((B, k), float("-inf"), device=device)  # best k finished, normalised, sorted
     fin_tokens = torch.empty(B, k, 0, dtype=torch.long, device=device)  # (b, k, step), eos-filled
-    last = torch.full((B * k, 1), bos_id, dtype=torch.long, device=device)
+    last = torch.full((B, 1), bos_id, dtype=torch.long, device=device)
     rank = torch.arange(2 * k, device=device)  # (2k,)
 
     for step in range(max_steps):
-        b = sentences.numel()
-        logits = forbid_special(model.decode(last, memory, src, cache=cache)[:, -1], bos_id, model)  # (b*k, V)
+        b, width = alive_scores.shape
+        logits = forbid_special(model.decode(last, memory, src, cache=cache)[:, -1], bos_id, model)  # (b*width, V)
         log_probs = torch.log_softmax(logits.float(), dim=-1)
         vocab = log_probs.shape[-1]
-        candidates = (alive_scores.view(b * k, 1) + log_probs).view(b, k * vocab)  # (b, k*V)
+        candidates = (alive_scores.view(b * width, 1) + log_probs).view(b, width * vocab)  # (b, width*V)
         top_scores, top_ids = candidates.topk(2 * k, dim=1)  # (b, 2k), best first
         origins, tokens = top_ids // vocab, top_ids % vocab  # beam of origin, new token
         # Each candidate's tokens: its origin's prefix + the new token. (b, 2k, step+1)
@@ -160,7 +157,7 @@ def beam_search(model: Transformer, src: Tensor, beam_size: int = 4, alpha: floa
         pick = torch.argsort(is_eos.to(torch.uint8), dim=1, stable=True)[:, :k]  # (b, k)
         alive_scores = top_scores.gather(1, pick)
         alive_tokens = sequences.gather(1, pick.unsqueeze(-1).expand(b, k, step + 1))
-        beam_rows = (torch.arange(b, device=device) * k).unsqueeze(1) + origins.gather(1, pick)  # (b, k)
+        beam_rows = (torch.arange(b, device=device) * width).unsqueeze(1) + origins.gather(1, pick)  # (b, k)
 
         if stop == "bound":
             best_reachable = alive_scores[:, 0] / length_penalty(limits.float(), alpha)  # (b,)
@@ -169,17 +166,20 @@ def beam_search(model: Transformer, src: Tensor, beam_size: int = 4, alpha: floa
             done = at_limit | (fin_scores[:, -1] > float("-inf"))
         n_done = int(done.sum())  # the one host read per step: who leaves the batch, and when to stop
         sentence_rows = None
-        if n_done:  # sentences that are done hand in their finished hypotheses and leave the batch
-            keep, gone = first_done_last(done, n_done)
-            out_scores[sentences[gone]] = fin_scores[gone]
-            out_tokens[sentences[gone], :, : step + 1] = fin_tokens[gone]
-            if n_done == b:
-                break
-            sentence_rows = (keep.unsqueeze(1) * k + beam_offsets).view(-1)  # (b'*k,)
+        if n_done or width == 1:  # sentences leave the batch, or (step 0) each gets k rows
+            keep = torch.arange(b, device=device)
+            if n_done:  # sentences that are done hand in their finished hypotheses and leave
+                keep, gone = first_done_last(done, n_done)
+                out_scores[sentences[gone]] = fin_scores[gone]
+                out_tokens[sentences[gone], :, : step + 1] = fin_tokens[gone]
+                if n_done == b:
+                    break
+                sentences, limits, beam_rows = sentences[keep], limits[keep], beam_rows[keep]
+                alive_scores, alive_tokens = alive_scores[keep], alive_tokens[keep]
+                fin_scores, fin_tokens = fin_scores[keep], fin_tokens[keep]
+            # All beams of a sentence share its memory: any of its rows will do for each new beam.
+            sentence_rows = (keep * width).repeat_interleave(k)  # (b'*k,)
             memory, src = memory[sentence_rows], src[sentence_rows]
-            sentences, limits, beam_rows = sentences[keep], limits[keep], beam_rows[keep]
-            alive_scores, alive_tokens = alive_scores[keep], alive_tokens[keep]
-            fin_scores, fin_tokens = fin_scores[keep], fin_tokens[keep]
         reorder_beams(cache, beam_rows.view(-1), sentence_rows)
         last = alive_tokens[:, :, -1].reshape(-1, 1)  # (b'*k, 1)
 
