@@ -1,12 +1,12 @@
 """Decoding speed: greedy and beam-4 translation of the 1,000 Multi30k test sentences, before (the
 per-sentence search this project had, copied below) and after (decoding.py), side by side in one run.
 
-    python scripts/benchmark_decode.py ckpt=RUN/checkpoints/averaged.ckpt [max_tokens=4096] [limit=1000] [beam=4]
+    python scripts/benchmark_decode.py ckpt=RUN/checkpoints/averaged.ckpt [max_tokens=4096] [limit=1000] [beam=4] [rounds=1]
 
 With ``ckpt=random`` (the default) a random tiny model is built with tests/tiny_checkpoint.py (speed only: its output is
 noise). One thread; sentences are batched by tokens as ``translate`` does; every batch is decoded by each
-engine in turn (the order rotates from batch to batch), and "x before" is the median over batches of
-before-time / engine-time. An engine is a named function from a list of source lines to translations:
+engine in turn (the order rotates from batch to batch; ``rounds`` passes over the batches), and "x before"
+is the median over batches of before-time / engine-time. An engine is a named function from a list of source lines to translations:
 add rows by appending to ``engines()``. "same as before" counts outputs identical to the engine's baseline.
 """
 
@@ -30,7 +30,7 @@ from transformer_nmt.tokenizer import Tokenizer
 from transformer_nmt.translate import encode_sources, parse_options, read_lines, token_batches
 
 ROOT = Path(__file__).resolve().parent.parent
-OPTIONS = {"ckpt": "random", "src": None, "ref": None, "max_tokens": 4096, "limit": 1000, "beam": 4}
+OPTIONS = {"ckpt": "random", "src": None, "ref": None, "max_tokens": 4096, "limit": 1000, "beam": 4, "rounds": 1}
 
 
 # --- before: the search as it was (commit b8dae0a), one Python loop over sentences per step ------------------
@@ -169,7 +169,7 @@ def main(argv: list[str]) -> None:
     names = list(table)
     seconds = {name: [] for name in names}
     outputs = {name: [""] * len(sources) for name in names}
-    for n, batch in enumerate(batches):
+    for n, batch in enumerate(batches * options["rounds"]):
         lines = [sources[i] for i in batch]
         for name in names[n % len(names):] + names[: n % len(names)]:  # rotate the order
             started = time.perf_counter()
@@ -177,15 +177,15 @@ def main(argv: list[str]) -> None:
             seconds[name].append(time.perf_counter() - started)
             for i, text in zip(batch, translations):
                 outputs[name][i] = text
-        print(f"batch {n + 1}/{len(batches)} ({len(batch)} sentences)", file=sys.stderr)
+        print(f"batch {n + 1}/{len(batches) * options['rounds']} ({len(batch)} sentences)", file=sys.stderr)
 
-    print(f"{len(sources)} sentences, {len(batches)} batches of <= {options['max_tokens']} source tokens, "
+    print(f"{len(sources)} sentences, {options['rounds']} x {len(batches)} batches of <= {options['max_tokens']} source tokens, "
           f"1 thread, torch {torch.__version__}, model d_model {model.config.d_model}, "
           f"{model.config.n_encoder_layers}+{model.config.n_decoder_layers} layers, vocab {model.config.vocab_size}\n")
     print("| engine | sentences/s | target tokens/s | x before | same as before | BLEU | length ratio | BP |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for name in names:
-        baseline, total = table[name][0], sum(seconds[name])
+        baseline, total = table[name][0], sum(seconds[name]) / options["rounds"]  # seconds per pass
         tokens = sum(len(ids) for ids in tokenizer.encode_batch(outputs[name]))
         speedup = same = "-"
         if baseline:
