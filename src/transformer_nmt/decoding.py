@@ -54,15 +54,15 @@ def greedy_decode(model: Transformer, src: Tensor, bos_id: int = BOS_ID, eos_id:
     """Pick the most likely token at each step. src (B, S) -> token ids per sentence (no bos/eos)."""
     B, device = src.shape[0], src.device
     limits = max_output_lengths(model, src, max_len_offset)  # (B,)
-    out = torch.full((B, int(limits.max())), eos_id, dtype=torch.long, device=device)  # (B, T)
+    out = torch.full((int(limits.max()), B), eos_id, dtype=torch.long, device=device)  # (T, B)
     memory = model.encode(src)  # (B, S, d_model)
     cache = model.new_cache()
     rows = torch.arange(B, device=device)  # original index of each row still decoding
     last = torch.full((B, 1), bos_id, dtype=torch.long, device=device)
-    for step in range(out.shape[1]):
+    for step in range(out.shape[0]):
         logits = forbid_special(model.decode(last, memory, src, cache=cache)[:, -1], bos_id, model)  # (b, V)
         next_tokens = logits.argmax(dim=-1)  # (b,)
-        out[rows, step] = next_tokens
+        out[step].index_copy_(0, rows, next_tokens)
         done = (next_tokens == eos_id) | (step + 1 >= limits)  # (b,)
         n_done = int(done.sum())  # the one host read per step
         if n_done == done.numel():
@@ -72,7 +72,7 @@ def greedy_decode(model: Transformer, src: Tensor, bos_id: int = BOS_ID, eos_id:
             rows, memory, src, limits, next_tokens = rows[keep], memory[keep], src[keep], limits[keep], next_tokens[keep]
             cache.reorder(keep)
         last = next_tokens.unsqueeze(1)  # (b, 1)
-    return until_eos(out.tolist(), eos_id)
+    return until_eos(out.t().tolist(), eos_id)
 
 
 @dataclass
