@@ -169,8 +169,8 @@ def test_equals_torch_sdpa_with_padding_and_causal_masks():
 def copy_to_torch_mha(ours: MultiHeadAttention) -> nn.MultiheadAttention:
     ref = nn.MultiheadAttention(ours.d_model, ours.n_heads, batch_first=True)
     with torch.no_grad():
-        ref.in_proj_weight.copy_(torch.cat([ours.q_proj.weight, ours.k_proj.weight, ours.v_proj.weight]))
-        ref.in_proj_bias.copy_(torch.cat([ours.q_proj.bias, ours.k_proj.bias, ours.v_proj.bias]))
+        ref.in_proj_weight.copy_(ours.in_proj.weight)  # both stack [W_Q; W_K; W_V]
+        ref.in_proj_bias.copy_(ours.in_proj.bias)
         ref.out_proj.weight.copy_(ours.out_proj.weight)
         ref.out_proj.bias.copy_(ours.out_proj.bias)
     return ref
@@ -203,10 +203,8 @@ def test_equals_torch_multihead_attention_outputs_weights_and_gradients(masking)
     torch.testing.assert_close(x_ours.grad, x_ref.grad, **TOL)
     if masking == "padding":
         torch.testing.assert_close(m_ours.grad, m_ref.grad, **TOL)
-    in_grad = torch.cat([ours.q_proj.weight.grad, ours.k_proj.weight.grad, ours.v_proj.weight.grad])
-    torch.testing.assert_close(in_grad, ref.in_proj_weight.grad, **TOL)
-    in_bias_grad = torch.cat([ours.q_proj.bias.grad, ours.k_proj.bias.grad, ours.v_proj.bias.grad])
-    torch.testing.assert_close(in_bias_grad, ref.in_proj_bias.grad, **TOL)
+    torch.testing.assert_close(ours.in_proj.weight.grad, ref.in_proj_weight.grad, **TOL)
+    torch.testing.assert_close(ours.in_proj.bias.grad, ref.in_proj_bias.grad, **TOL)
     torch.testing.assert_close(ours.out_proj.weight.grad, ref.out_proj.weight.grad, **TOL)
 
 
