@@ -241,6 +241,7 @@ class Transformer(nn.Module):
         """
         offset = len(cache) if cache is not None else 0
         T = tgt_in.shape[1]
+        # Section 3.2.3: position i attends to positions <= i.
         if offset == 0:  # the whole prefix at once (training): causal, no mask built
             self_mask, is_causal = None, True
         elif T == 1:  # one new step after the cache: it may see every key so far
