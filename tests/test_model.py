@@ -174,8 +174,11 @@ def test_sdpa_receives_no_mask_for_causal_self_attention_and_key_masks_elsewhere
         model.decode(tgt[:, :1], memory, src, cache=cache)  # first step: 1 query, 1 key
         model.decode(tgt[:, 1:2], memory, src, cache=cache)  # later steps: 1 query sees every cached key
         model.decode(tgt[:, 2:4], memory, src, cache=cache)  # 2 steps at once: an explicit (2, 4) mask
-    step = lambda t, lk, **kw: [dict(lq=t, lk=lk, **kw), dict(lq=t, lk=S, **key_mask)] * 3  # noqa: E731
-    assert calls == ([dict(encoder)] * 2 + step(1, 1, is_causal=True, mask=None) + step(1, 2, is_causal=False, mask=None)
+
+    def step(lq, lk, **self_attn):  # one decoder pass: per layer, self-attention then cross-attention
+        return [dict(lq=lq, lk=lk, **self_attn), dict(lq=lq, lk=S, **key_mask)] * 3
+
+    assert calls == ([encoder] * 2 + step(1, 1, is_causal=True, mask=None) + step(1, 2, is_causal=False, mask=None)
                      + step(2, 4, is_causal=False, mask=((2, 4), torch.bool)))
     calls.clear()
     with torch.no_grad():
