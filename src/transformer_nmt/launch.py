@@ -6,24 +6,28 @@ so its name comes from the job's identity, not from each process's clock (``run_
 ``${run_name:...}`` resolver of ``hydra.run.dir``): an explicit ``run_id=``, else ``slurm-$SLURM_JOB_ID``,
 else ``torchrun-$TORCHELASTIC_RUN_ID`` (torchrun's ``--rdzv_id``), else, for a single process only, the
 launch time. ``ckpt_path=auto`` then resumes from the newest checkpoint in that directory, if any
-(``resume_checkpoint``), which is what a restarted or requeued job needs.
+(``resume_checkpoint``), which is what a restarted or requeued job needs (``SlurmRequeue``).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
+import subprocess
 import time
 from pathlib import Path
 
-from lightning.fabric.plugins.environments import SLURMEnvironment, TorchElasticEnvironment
+from lightning.pytorch.callbacks import Checkpoint
 from omegaconf import OmegaConf
 
 from transformer_nmt.checkpoint import checkpoint_step
 
+log = logging.getLogger(__name__)
+
 TIME_FORMAT = "%Y-%m-%d_%H-%M-%S"
 LAST = "checkpoints/last.ckpt"  # under the run dir; written by callbacks.LastCheckpoint
-HPC = "hpc_ckpt_*.ckpt"  # under the run dir; written by Lightning on SLURM's requeue signal
+HPC = "hpc_ckpt_*.ckpt"  # under the run dir; written by Lightning's own SLURM auto-requeue, if it ran
 
 
 class LaunchError(ValueError):
@@ -84,11 +88,49 @@ def resume_checkpoint(ckpt_path: str | None, run_dir: Path) -> tuple[Path | None
     return path, f"from {path}, step {steps[path]} (ckpt_path={ckpt_path})"
 
 
-def slurm_requeue(requeue_signal: str = "SIGUSR1") -> SLURMEnvironment | None:
-    """Under SLURM (and not torchrun): Lightning's SLURM environment with auto-requeue. On the signal
-    (``sbatch --signal=USR1@90``) Lightning writes ``RUN_DIR/hpc_ckpt_N.ckpt`` and runs ``scontrol requeue
-    $SLURM_JOB_ID``; the requeued job has the same id, hence the same run dir, and resumes from it
-    (``ckpt_path=auto``). None elsewhere: Lightning picks the cluster environment itself."""
-    if TorchElasticEnvironment.detect() or not SLURMEnvironment.detect():
-        return None
-    return SLURMEnvironment(auto_requeue=True, requeue_signal=signal.Signals[requeue_signal])
+class SlurmRequeue(Checkpoint):
+    """Under SLURM: on ``requeue_signal`` (``sbatch --signal=USR1@90`` sends it 90 s before the time limit),
+    finish the optimizer step in progress, write ``checkpoints/last.ckpt``, ``scontrol requeue $SLURM_JOB_ID``
+    and stop. The requeued job keeps its id, hence its run dir, and resumes from that checkpoint exactly.
+
+    Lightning's own auto-requeue (``SLURMEnvironment(auto_requeue=True)``) writes its checkpoint from inside
+    the signal handler, wherever training is: the resumed run then differs from an uninterrupted one. Installed
+    at ``setup``, before Lightning's, this handler only takes note; Lightning then leaves the signal alone.
+    A ``Checkpoint`` callback, listed after the others: it runs after them, so the file holds their state.
+    """
+
+    def __init__(self, requeue_signal: str = "SIGUSR1"):
+        self.signal = signal.Signals[requeue_signal]
+        self.received = False
+        self._step = None
+
+    def setup(self, trainer, pl_module, stage) -> None:
+        if stage == "fit" and os.environ.get("SLURM_JOB_ID"):
+            signal.signal(self.signal, self._note)
+
+    def teardown(self, trainer, pl_module, stage) -> None:
+        if signal.getsignal(self.signal) == self._note:
+            signal.signal(self.signal, signal.SIG_DFL)
+
+    def _note(self, signum, frame) -> None:
+        self.received = True
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self._step = trainer.global_step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.global_step == self._step:  # inside gradient accumulation: not a step boundary
+            return
+        if not trainer.strategy.reduce_boolean_decision(self.received, all=False):  # any rank got it
+            return
+        path = Path(trainer.default_root_dir) / LAST
+        trainer.save_checkpoint(path)
+        job = os.environ["SLURM_JOB_ID"]
+        if trainer.is_global_zero:
+            result = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True)
+            if result.returncode:
+                log.error("scontrol requeue %s failed (%s): %s", job, result.returncode, result.stderr.strip())
+            else:
+                log.info("%s at step %d: wrote %s and requeued SLURM job %s; it resumes from there",
+                         self.signal.name, trainer.global_step, path, job)
+        raise SystemExit(0)

@@ -117,10 +117,9 @@ def build_callbacks(cfg: DictConfig, checkpoint_dir: Path) -> list[pl.Callback]:
 
 def build_trainer(cfg: DictConfig, run_dir: Path, callbacks: list[pl.Callback]) -> pl.Trainer:
     trainer_args = OmegaConf.to_container(cfg.trainer, resolve=True)
-    plugins = [hydra.utils.instantiate(p) for p in trainer_args.pop("plugins", None) or []]  # None: not here
+    callbacks = callbacks + [hydra.utils.instantiate(c) for c in trainer_args.pop("callbacks", None) or []]
     logger = TensorBoardLogger(save_dir=str(run_dir), name="tensorboard", version="", default_hp_metric=False)
-    return pl.Trainer(**trainer_args, callbacks=callbacks, logger=logger,
-                      plugins=[p for p in plugins if p is not None] + [AtomicCheckpointIO()],
+    return pl.Trainer(**trainer_args, callbacks=callbacks, logger=logger, plugins=[AtomicCheckpointIO()],
                       default_root_dir=str(run_dir), use_distributed_sampler=False)
 
 
