@@ -56,7 +56,7 @@ def test_several_processes_without_a_job_identity_are_told_what_to_pass(monkeypa
 
 def fake_checkpoint(path, step):
     path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save({"global_step": step, "state_dict": {}, CKPT_MODEL_CONFIG: {}, CKPT_TOKENIZER: b""}, path)
+    torch.save({"global_step": step, "state_dict": {}, CKPT_MODEL_CONFIG: {}, CKPT_TOKENIZER: b"spm"}, path)
     return path
 
 
