@@ -10,6 +10,7 @@ from sacrebleu.metrics import BLEU
 
 from transformer_nmt.checkpoint import load_checkpoint
 from transformer_nmt.decoding import greedy_decode
+from transformer_nmt.evaluate import main as evaluate_main
 from transformer_nmt.export import export_model
 from transformer_nmt.export import main as export_main
 from transformer_nmt.model import Transformer, TransformerConfig
@@ -145,6 +146,18 @@ def test_translate_keeps_its_guarantees_with_ctranslate2(tmp_path, monkeypatch, 
     assert len(list((tmp_path / "cache" / "transformer_nmt" / "ctranslate2").iterdir())) == 1
 
 
+def test_evaluate_with_ctranslate2_matches_native(tmp_path, trained, exported, validation):
+    path = trained[0]
+    for name, lines in (("src.en", validation[0][:20]), ("ref.de", validation[1][:20])):
+        (tmp_path / name).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    files = [f"src={tmp_path / 'src.en'}", f"ref={tmp_path / 'ref.de'}", "beam=1"]
+    native = evaluate_main([f"ckpt={path}", *files, f"out={tmp_path / 'native'}"])
+    ct2 = evaluate_main([f"model_dir={exported[0]}", "engine=ctranslate2", *files, f"out={tmp_path / 'ct2'}"])
+    assert ct2["engine"] == "ctranslate2" and ct2["sentences"] == 20
+    assert (tmp_path / "ct2" / "src.en.hyp").read_text() == (tmp_path / "native" / "src.en.hyp").read_text()
+    assert ct2["bleu"] == native["bleu"]
+
+
 def test_translate_stdin_with_ctranslate2_in_a_subprocess(tmp_path, trained):
     """The acceptance command: echo "A dog runs." | python -m transformer_nmt.translate ckpt=... engine=ctranslate2"""
     result = subprocess.run([sys.executable, "-m", "transformer_nmt.translate", f"ckpt={trained[0]}",
@@ -166,6 +179,8 @@ def test_errors_name_the_option(tmp_path, trained, exported, monkeypatch):
         translate_main([f"ckpt={path}", "engine=onnx"])
     with pytest.raises(SystemExit, match="model_dir= is an option of engine=ctranslate2"):
         translate_main([f"model_dir={exported[0]}"])
+    with pytest.raises(SystemExit, match="not both"):
+        translate_main([f"ckpt={path}", f"model_dir={exported[0]}", "engine=ctranslate2"])
     with pytest.raises(SystemExit, match=f"model_dir={tmp_path} is not a model directory"):
         translate_main([f"model_dir={tmp_path}", "engine=ctranslate2"])
     with pytest.raises(SystemExit, match="compute_type='int3'"):

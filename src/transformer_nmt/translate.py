@@ -137,6 +137,8 @@ def load_model(options: dict) -> tuple[Transformer | CTranslate2Model, Tokenizer
             torch.set_num_threads(options["threads"])
         return load_checkpoint(options["ckpt"], map_location=options["device"])
     if options["engine"] == "ctranslate2":
+        if options["ckpt"] and options["model_dir"]:
+            raise SystemExit("give ckpt=PATH (exported to a cache) or model_dir=DIR (an export), not both")
         model_dir = options["model_dir"] or cached_export(options["ckpt"])
         model = CTranslate2Model(model_dir, options["device"], options["compute_type"], options["threads"])
         meta = {**model.info, "path": options["ckpt"] or str(model_dir)}
