@@ -71,15 +71,14 @@ def _array(tensor: torch.Tensor) -> np.ndarray:
     return tensor.detach().to("cpu", torch.float32).numpy().copy()
 
 
-def _set_linear(spec, *linears, out_scale: torch.Tensor | None = None) -> None:
-    """Fill a LinearSpec from one nn.Linear, or from several fused along the output axis (Q|K|V).
-    ``out_scale`` (d_in,) multiplies the input columns (folds per-head gates into W_O)."""
-    weight = torch.cat([linear.weight for linear in linears])  # (sum d_out, d_in)
-    if out_scale is not None:
-        weight = weight * out_scale
-    spec.weight = _array(weight)
-    if linears[0].bias is not None:
-        spec.bias = _array(torch.cat([linear.bias for linear in linears]))
+def _set_linear(spec, linear: torch.nn.Linear, rows: slice = slice(None), column_scale: torch.Tensor | None = None
+                ) -> None:
+    """Fill a LinearSpec from output rows ``rows`` of ``linear``; ``column_scale`` (d_in,) multiplies the
+    input columns (folds per-head gates into W_O)."""
+    weight = linear.weight[rows]  # (d_out, d_in)
+    spec.weight = _array(weight if column_scale is None else weight * column_scale)
+    if linear.bias is not None:
+        spec.bias = _array(linear.bias[rows])
 
 
 def _set_layer_norm(spec, norm: torch.nn.LayerNorm) -> None:
@@ -87,16 +86,16 @@ def _set_layer_norm(spec, norm: torch.nn.LayerNorm) -> None:
 
 
 def _set_attention(spec, attention, norm: torch.nn.LayerNorm, self_attention: bool) -> None:
-    """Self-attention: linear[0] = Q|K|V, linear[1] = W_O. Cross-attention: Q, K|V, W_O."""
-    q, k, v = attention.q_proj, attention.k_proj, attention.v_proj
+    """``in_proj`` stacks [W_Q; W_K; W_V]. Self-attention: linear[0] = Q|K|V, linear[1] = W_O;
+    cross-attention: linear[0] = Q, linear[1] = K|V, linear[2] = W_O."""
     if self_attention:
-        _set_linear(spec.linear[0], q, k, v)
+        _set_linear(spec.linear[0], attention.in_proj)
     else:
-        _set_linear(spec.linear[0], q)
-        _set_linear(spec.linear[1], k, v)
+        _set_linear(spec.linear[0], attention.in_proj, slice(0, attention.d_model))
+        _set_linear(spec.linear[1], attention.in_proj, slice(attention.d_model, None))
     gates = attention.head_gates
     column_scale = None if gates is None else gates.to(torch.float32).cpu().repeat_interleave(attention.d_k)
-    _set_linear(spec.linear[-1], attention.out_proj, out_scale=column_scale)
+    _set_linear(spec.linear[-1], attention.out_proj, column_scale=column_scale)
     _set_layer_norm(spec.layer_norm, norm)
 
 
