@@ -4,7 +4,11 @@ entropy scalar, rendered off the training thread."""
 import io
 import logging
 import math
+import os
+import subprocess
+import sys
 import threading
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -167,3 +171,33 @@ def test_rendering_runs_off_the_training_thread_and_its_errors_reach_it(tmp_path
     with pytest.raises(RuntimeError, match="rendering the attention maps failed"):
         maps.wait()
     writer.close()
+
+
+DDP_SCRIPT = """
+import sys
+from pathlib import Path
+sys.path.insert(0, {tests!r})
+from test_train_app import tiny_config
+from transformer_nmt.train import train
+
+corpus, out = Path(sys.argv[1]), Path(sys.argv[2])
+train(tiny_config(corpus, "trainer.devices=2", "trainer.strategy=ddp", "trainer.max_steps=2",
+                  "trainer.val_check_interval=2", "train.val_bleu_max_sentences=0", "attention_maps.every_n_validations=1",
+                  "attention_maps.n_probes=1"),
+      out)
+"""
+
+
+def test_under_ddp_rank_0_alone_writes_the_maps_and_their_cost(corpus, tmp_path):
+    script = tmp_path / "ddp_maps.py"
+    script.write_text(DDP_SCRIPT.format(tests=str(Path(__file__).parent)))
+    # Lightning's "ddp" strategy re-launches the script for rank 1; the corpus caches exist already (fixture).
+    result = subprocess.run([sys.executable, str(script), str(corpus), str(tmp_path / "run")], capture_output=True,
+                            text=True, timeout=240, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stderr[-4000:]
+    events = read_events(tmp_path / "run" / "tensorboard")
+    images = [t for t in events.Tags()["tensors"] if t.startswith("attention/")]
+    assert len(images) == 2 * (2 + 2 * 2)  # tiny model: 2 heads, 2 + 2 layers
+    assert all([(step, len(samples)) for step, samples in image_samples(events, tag)] == [(2, 1)] for tag in images)
+    assert [e.step for e in events.Scalars("attention_maps/seconds")] == [2]
+    assert [e.step for e in events.Scalars("attention_maps/render_seconds")] == [2]
