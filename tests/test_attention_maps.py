@@ -182,9 +182,8 @@ from transformer_nmt.train import train
 
 corpus, out = Path(sys.argv[1]), Path(sys.argv[2])
 train(tiny_config(corpus, "trainer.devices=2", "trainer.strategy=ddp", "trainer.max_steps=2",
-                  "trainer.val_check_interval=2", "train.val_bleu_max_sentences=0", "attention_maps.every_n_validations=1",
-                  "attention_maps.n_probes=1"),
-      out)
+                  "trainer.val_check_interval=2", "train.val_bleu_max_sentences=0",
+                  "attention_maps.every_n_validations=1", "attention_maps.n_probes=1"), out)
 """
 
 
