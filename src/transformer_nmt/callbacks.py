@@ -215,7 +215,8 @@ class AttentionMaps(Callback):
                                      for layer in range(n_layers) for head in range(n_heads)], self.inches, self.dpi)
                     for i, (weights, keys, queries) in enumerate(per_probe)]
             for layer in range(n_layers):
-                entropy = torch.stack([attention_entropy(w[layer : layer + 1]) for w, _, _ in per_probe]).mean(0)  # (h,)
+                entropy = torch.stack([attention_entropy(w[layer : layer + 1])  # (h,) per probe
+                                       for w, _, _ in per_probe]).mean(0)
                 for head in range(n_heads):
                     name = f"{tag_kind}/layer_{layer}/head_{head}"
                     samples = [probe_pngs[layer * n_heads + head] for probe_pngs in pngs]
