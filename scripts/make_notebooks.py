@@ -259,8 +259,15 @@ if __name__ == "__main__":
         for name, cells in NOTEBOOK_CELLS.items():
             notebook = execute(build(cells), Path(tmp))
             for cell in notebook.cells:
+                outputs = []  # consecutive prints joined: the kernel splits them by timing
                 for out in cell.get("outputs", []):
-                    if out.get("output_type") == "stream":
+                    if out.output_type == "stream":
                         out.text = normalise(out.text, Path(tmp))
+                        if outputs and outputs[-1].output_type == "stream" and outputs[-1].name == out.name:
+                            outputs[-1].text += out.text
+                            continue
+                    outputs.append(out)
+                if cell.cell_type == "code":
+                    cell.outputs = outputs
             nbformat.write(notebook, NOTEBOOKS / name)
             print(f"wrote {NOTEBOOKS / name} ({(NOTEBOOKS / name).stat().st_size / 1e3:.0f} kB)")
