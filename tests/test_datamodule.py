@@ -306,3 +306,24 @@ def test_cleaned_lines_are_counted_in_the_report_and_filters_are_memory_mapped(d
     s = again.splits["train"]
     assert isinstance(s.keep, np.memmap) and isinstance(s.widths, np.memmap)  # shared by the ranks of a node
     assert s.widths.tolist() == pair_widths(s.lengths("en"), s.lengths("de")).tolist()
+
+
+def test_loader_state_resumes_on_another_number_of_ranks(data_ready):
+    """Two ranks consume 2 batches each and checkpoint (rank 0's state); one process finishes the epoch."""
+    consumed = []
+    for rank in range(2):
+        data_ready.trainer = SimpleNamespace(world_size=2, global_rank=rank)
+        try:
+            loader = data_ready.train_dataloader()
+            it = iter(loader)
+            consumed += [next(it)["index"].tolist() for _ in range(2)]
+            state = loader.state_dict() if rank == 0 else state
+        finally:
+            data_ready.trainer = None
+    assert (state["num_replicas"], state["batches_yielded"]) == (2, 2)
+    resumed = data_ready.train_dataloader()
+    resumed.load_state_dict(state)
+    rest = [b["index"].tolist() for b in resumed]
+    seen = sorted(i for b in consumed + rest for i in b)
+    assert seen == list(range(data_ready.splits["train"].report.kept))
+    assert resumed.state_dict()["epoch"] == 1 and resumed.state_dict()["dealt_before"] == []
