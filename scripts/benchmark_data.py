@@ -135,19 +135,19 @@ def run_wmt_stage(args) -> dict:
     dm = wmt_datamodule(args)
     anon = AnonPeak()
     anon.start()
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     if args.stage in ("read", "vocabulary", "tokenize"):
         raw = {split: dm._raw_split(split) for split in ("train", "val")}
         if args.stage != "read":
             dm.tokenizer = dm._tokenizer(raw["train"])
         if args.stage == "tokenize":
-            start = time.perf_counter()  # the vocabulary loads from the cache: not this stage's time
+            start, cpu_start = time.perf_counter(), time.process_time()  # not the vocabulary's loading
             for split in raw:
                 dm._tokenized_split(split, *raw[split])
         extra = {}
     else:
         dm.setup()
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         if args.stage == "first batch":
             batch = next(iter(dm.train_dataloader()))
             extra = {"batch": list(batch["src"].shape)}
@@ -156,9 +156,11 @@ def run_wmt_stage(args) -> dict:
             sampler = TokenBucketBatchSampler(dm.splits["train"].widths, max_tokens, seed=1, num_replicas=ranks)
             extra = {"batches per rank": len(sampler)}  # plans epoch 0: all ranks' batches, keeps rank 0's
     seconds = time.perf_counter() - start
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)  # tokenization's workers, once joined
+    cpu = time.process_time() - cpu_start + children.ru_utime + children.ru_stime
     anon.running = False
     anon.join()
-    return {"stage": args.stage, "pairs": args.n, "seconds": seconds, "rss_mb": peak_rss_mb(),
+    return {"stage": args.stage, "pairs": args.n, "seconds": seconds, "cpu_seconds": cpu, "rss_mb": peak_rss_mb(),
             "worker_rss_mb": peak_rss_mb(resource.RUSAGE_CHILDREN), "anon_mb": anon.peak, **extra}
 
 
@@ -238,7 +240,8 @@ def wmt_scale(args) -> None:
                     row = {**json.loads(result.stdout.strip().splitlines()[-1]), "warmth": warmth,
                            "cache_mb": du_mb(cache)}
                     rows.append(row)
-                    print(f"{warmth:4} {stage:20} {n:>9,} pairs {row['seconds']:7.2f} s  peak RSS {row['rss_mb']:6.0f} MB"
+                    print(f"{warmth:4} {stage:20} {n:>9,} pairs {row['seconds']:7.2f} s ({row['cpu_seconds']:7.2f} CPU-s)  "
+                          f"peak RSS {row['rss_mb']:6.0f} MB"
                           f"  workers {row['worker_rss_mb']:5.0f} MB  anon {row['anon_mb']:6.0f} MB  "
                           f"cache {row['cache_mb']:6.0f} MB  {row.get('batches per rank', row.get('batch', ''))}",
                           flush=True)
@@ -252,13 +255,14 @@ def wmt_scale(args) -> None:
             for path in Path(work).glob(f"wmt{n}*"):
                 path.unlink()
 
-    print("\n| stage | pairs | cache | seconds | peak RSS (MB) | worker peak RSS (MB) | peak anon. (MB) | cache on disk (MB) |")
-    print("| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |")
+    print("\n| stage | pairs | cache | seconds | CPU-seconds | peak RSS (MB) | worker peak RSS (MB) | peak anon. (MB) "
+          "| cache on disk (MB) |")
+    print("| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in rows:
-        print(f"| {r['stage']} | {r['pairs']:,} | {r['warmth']} | {r['seconds']:.2f} | {r['rss_mb']:.0f} | "
+        print(f"| {r['stage']} | {r['pairs']:,} | {r['warmth']} | {r['seconds']:.2f} | {r['cpu_seconds']:.2f} | {r['rss_mb']:.0f} | "
               f"{r['worker_rss_mb']:.0f} | {r['anon_mb']:.0f} | {r['cache_mb']:.0f} |")
     for s in starts:
-        print(f"| train to step 1, {s['devices']} process(es) | {s['pairs']:,} | warm | {s['seconds']:.1f} | "
+        print(f"| train to step 1, {s['devices']} process(es) | {s['pairs']:,} | warm | {s['seconds']:.1f} | - | "
               + " / ".join(f"{r['hwm']:.0f}" for r in s["ranks"]) + " | - | "
               + " / ".join(f"{r['anon']:.0f}" for r in s["ranks"]) + " | - |")
     by = {(r["stage"], r["pairs"], r["warmth"]): r for r in rows}
