@@ -3,6 +3,7 @@
     python scripts/benchmark_data.py                       # N = 100k and 1M pairs
     python scripts/benchmark_data.py --pairs 100000 --num-proc 2 --vocab-size 8000
     python scripts/benchmark_data.py --wmt --pairs 1000000 4500000 [--ddp]   # WMT scale, see wmt_scale()
+    python scripts/benchmark_data.py --plans --pairs 4500000                 # the epoch plan alone
 
 For each N, three phases each run in a fresh process so that its peak RSS is its own: reading the
 text files into Arrow, training the SentencePiece vocabulary (on a sample of ``--input-sentence-size``
@@ -214,6 +215,27 @@ def train_start(args, prefix: str, cache: str, work: str, devices: int) -> dict:
     return {"seconds": seconds, "ranks": ranks}
 
 
+def plans_only(args) -> None:
+    """The epoch plan alone on token lengths drawn as a WMT-like corpus would give them (median 27 tokens,
+    log-normal; target the source's times N(1.05, 0.15)): three epochs at each setting, wall and CPU time."""
+    import numpy as np
+
+    from transformer_nmt.batching import TokenBucketBatchSampler, pair_widths
+
+    rng = np.random.default_rng(0)
+    for n in args.pairs:
+        src = np.clip(rng.lognormal(np.log(27), 0.55, n), 1, 1023).astype(np.int32)
+        widths = pair_widths(src, np.clip(src * rng.normal(1.05, 0.15, n), 1, 1022).astype(np.int32))
+        for max_tokens, ranks in ((25000, 1), (3125, 8)):
+            for epoch in range(3):
+                sampler = TokenBucketBatchSampler(widths, max_tokens, seed=1, num_replicas=ranks)
+                sampler.set_epoch(epoch)
+                start, cpu = time.perf_counter(), time.process_time()
+                batches = len(sampler)
+                print(f"plan {n:>9,} pairs, {max_tokens:>6,} tokens x {ranks} ranks, epoch {epoch}: {batches:,} batches "
+                      f"per rank, {time.perf_counter() - start:.2f} s ({time.process_time() - cpu:.2f} CPU-s)", flush=True)
+
+
 def wmt_scale(args) -> None:
     """Each stage in a fresh process, first on an empty cache (cold), then again on the cache it left (warm).
     Then the warm start of ``train`` to its first optimizer step; with --ddp, the same with 2 gloo processes."""
@@ -329,6 +351,7 @@ def main() -> None:
     parser.add_argument("--workdir", default=None, help="where the synthetic corpora go (default: a temp dir)")
     parser.add_argument("--wmt", action="store_true", help="WMT scale: synthetic WMT-like corpora, the paper's data "
                         "settings (37k vocabulary, 25,000 tokens), stage by stage, cold and warm cache")
+    parser.add_argument("--plans", action="store_true", help="only the epoch plan, on WMT-like token lengths")
     parser.add_argument("--ddp", action="store_true", help="with --wmt: also a 2-process gloo run at the smallest "
                         "size, RSS per rank")
     parser.add_argument("--phase", choices=["read", "vocab", "tokenize"], help=argparse.SUPPRESS)
@@ -344,6 +367,9 @@ def main() -> None:
         return
     if args.stage:
         print(json.dumps(run_wmt_stage(args)))
+        return
+    if args.plans:
+        plans_only(args)
         return
     if args.wmt:
         wmt_scale(args)
