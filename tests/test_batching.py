@@ -1,10 +1,16 @@
-"""Token-bucket batching: the max_tokens bound, one pass per epoch, determinism, DDP ranks, resume."""
+"""Token-bucket batching: the max_tokens bound, one pass per epoch, determinism, DDP ranks, resume, and the
+same batches as the original O(n x batches) planner (kept here as the reference)."""
 
 import numpy as np
 import pytest
 import torch
 
-from transformer_nmt.batching import TokenBucketBatchSampler, pad_pairs, pair_widths
+from transformer_nmt.batching import TokenBucketBatchSampler as _Sampler
+from transformer_nmt.batching import pad_pairs, pair_widths
+
+
+def TokenBucketBatchSampler(src, tgt, *args, **kwargs):
+    return _Sampler(pair_widths(src, tgt), *args, **kwargs)
 
 
 def random_lengths(n=3000, seed=0):
@@ -103,3 +109,144 @@ def test_pad_pairs_adds_bos_eos_and_padding():
     assert batch["tgt"].tolist() == [[2, 9, 3], [2, 10, 3]]
     assert batch["index"].tolist() == [4, 2]
     assert batch["src"].dtype == torch.long
+
+
+# ----------------------------------------------------------------------- the original planner, as the reference
+
+
+def reference_pack_sorted(widths, max_tokens):
+    """The planner before it was made O(n): rescans every remaining pair for each batch."""
+    n = len(widths)
+    runs, start = [], 0
+    while start < n:
+        counts = np.arange(1, n - start + 1)
+        fits = counts * widths[start:] <= max_tokens
+        end = start + max(1, int(np.searchsorted(~fits, True)))
+        runs.append(np.arange(start, end))
+        start = end
+    return runs
+
+
+def reference_epoch_batches(widths, max_tokens, seed, epoch, replicas, shuffle=True):
+    widths = np.asarray(widths, dtype=np.int64)
+    rng = np.random.default_rng([seed, epoch])
+    if shuffle:
+        order = rng.permutation(len(widths))
+        order = order[np.argsort(widths[order], kind="stable")]
+    else:
+        order = np.argsort(widths, kind="stable")
+    batches = [order[run] for run in reference_pack_sorted(widths[order], max_tokens)]
+    short = -len(batches) % replicas
+    while short and any(len(b) > 1 for b in batches):
+        largest = max(range(len(batches)), key=lambda i: len(batches[i]))
+        b = batches.pop(largest)
+        half = len(b) // 2
+        batches[largest:largest] = [b[:half], b[half:]]
+        short -= 1
+    if short:
+        batches = batches + [batches[i % len(batches)] for i in range(short)]
+    if shuffle:
+        batches = [batches[i] for i in rng.permutation(len(batches))]
+    return batches
+
+
+@pytest.mark.parametrize("corpus_seed", [0, 1, 2])
+def test_batches_identical_to_the_reference_planner(corpus_seed):
+    rng = np.random.default_rng(corpus_seed)
+    n = int(rng.integers(500, 4000))
+    src = np.clip(rng.lognormal(2.8, 0.7, n).astype(int), 0, 250)  # long-tailed like WMT; a few empty sides
+    tgt = np.clip((src * rng.normal(1.1, 0.3, n)).astype(int), 0, 250)
+    widths = pair_widths(src, tgt)
+    for max_tokens in (int(widths.max()), 300, 1000, 3125):
+        for replicas in (1, 2, 3, 8):
+            for shuffle in (True, False):
+                reference = reference_epoch_batches(widths, max_tokens, 5, corpus_seed, replicas, shuffle)
+                for r in range(replicas):
+                    sampler = _Sampler(widths, max_tokens, shuffle=shuffle, seed=5, num_replicas=replicas, rank=r)
+                    sampler.set_epoch(corpus_seed)
+                    assert list(sampler) == [b.tolist() for b in reference[r::replicas]], (max_tokens, replicas, r)
+
+
+def test_tiny_corpora_identical_to_the_reference_planner():
+    for widths in ([5], [3, 3, 3], [2, 9], [4, 4, 4, 4, 4, 4, 4]):
+        for replicas in (1, 2, 5):
+            reference = reference_epoch_batches(widths, 9, 0, 0, replicas)
+            ours = _Sampler(np.array(widths), 9, seed=0, num_replicas=replicas).epoch_batches(0)
+            assert [b.tolist() for b in ours] == [b.tolist() for b in reference]
+
+
+# ----------------------------------------------------------------------- resuming with another number of ranks
+
+
+def consume(samplers, steps):
+    """Each rank takes ``steps`` batches (in lockstep, as under DDP); returns them and rank 0's state."""
+    iterators = [iter(s) for s in samplers]
+    taken = [next(it) for _ in range(steps) for it in iterators]
+    return taken, samplers[0].state_dict()
+
+
+@pytest.mark.parametrize("before, after", [(3, 2), (2, 5), (4, 1), (1, 3)])
+def test_resuming_with_another_world_size_deals_the_rest_of_the_epoch(before, after):
+    src, tgt = random_lengths(n=2500, seed=4)
+    widths = pair_widths(src, tgt)
+    old = [_Sampler(widths, 1500, seed=9, num_replicas=before, rank=r) for r in range(before)]
+    for s in old:
+        s.set_epoch(1)
+    first, state = consume(old, 4)
+    assert (state["num_replicas"], state["batches_yielded"], state["epoch"]) == (before, 4, 1)
+    new = [_Sampler(widths, 1500, seed=9, num_replicas=after, rank=r) for r in range(after)]
+    for s in new:
+        s.load_state_dict(state)
+        s.set_epoch(1)  # Lightning sets the epoch again on restart
+    rest = [list(s) for s in new]
+    assert len({len(r) for r in rest}) == 1  # every new rank has as many batches
+    seen = [i for b in first for i in b] + [i for r in rest for b in r for i in b]
+    assert sorted(seen) == list(range(len(src)))  # every pair of the epoch exactly once
+    remaining = {tuple(b.tolist()) for b in old[0].epoch_batches(1)[4 * before:]}
+    whole = sum(tuple(b) in remaining for r in rest for b in r)
+    assert whole >= len(remaining) - after  # the old plan's batches, at most after - 1 split in two
+    for batch in (b for r in rest for b in r):
+        assert len(batch) * widths[batch].max() <= 1500
+    assert all(s.epoch == 2 and s.dealt_before == [] for s in new)  # the next epoch is whole again
+    assert sorted(i for s in new for b in s for i in b) == list(range(len(src)))
+
+
+def test_world_size_changes_twice_in_one_epoch_and_the_state_round_trips():
+    src, tgt = random_lengths(n=3000, seed=6)
+    widths = pair_widths(src, tgt)
+    first, state = consume([_Sampler(widths, 1200, seed=2, num_replicas=4, rank=r) for r in range(4)], 3)
+    middle_samplers = [_Sampler(widths, 1200, seed=2, num_replicas=2, rank=r) for r in range(2)]
+    for s in middle_samplers:
+        s.load_state_dict(state)
+    middle, state = consume(middle_samplers, 5)
+    assert state["dealt_before"] == [[4, 3]] and (state["num_replicas"], state["batches_yielded"]) == (2, 5)
+    last_samplers = [_Sampler(widths, 1200, seed=2, num_replicas=3, rank=r) for r in range(3)]
+    for s in last_samplers:
+        s.load_state_dict(state)
+    assert last_samplers[0].state_dict() == {**state, "num_replicas": 3, "batches_yielded": 0,
+                                             "dealt_before": [[4, 3], [2, 5]]}
+    last = [b for s in last_samplers for b in s]
+    assert sorted(i for b in first + middle + last for i in b) == list(range(len(src)))
+
+
+def test_same_world_size_resume_keeps_one_count():
+    src, tgt = random_lengths()
+    samplers = [_Sampler(pair_widths(src, tgt), 1500, seed=1, num_replicas=2, rank=r) for r in range(2)]
+    _, state = consume(samplers, 3)
+    resumed = _Sampler(pair_widths(src, tgt), 1500, seed=1, num_replicas=2, rank=0)
+    resumed.load_state_dict(state)
+    next(iter(resumed))
+    assert resumed.state_dict() == {"epoch": 0, "batches_yielded": 4, "num_replicas": 2, "dealt_before": [],
+                                    "seed": 1}
+    assert len(resumed) == len(samplers[0])  # the epoch's length as Lightning counts it, resumed or not
+
+
+def test_next_epoch_planned_in_the_background_gives_the_same_batches(monkeypatch):
+    src, tgt = random_lengths()
+    plain = TokenBucketBatchSampler(src, tgt, 1500, seed=3)
+    expected = [list(plain), list(plain)]
+    monkeypatch.setattr(_Sampler, "plan_ahead_seconds", -1.0)  # always plan ahead
+    ahead = TokenBucketBatchSampler(src, tgt, 1500, seed=3)
+    first = list(ahead)
+    assert ahead._ahead is not None and ahead._ahead[0] == (1, ())  # epoch 1 was planned while 0 ran
+    assert [first, list(ahead)] == expected

@@ -167,3 +167,44 @@ def test_byte_order_mark_and_crlf_are_dropped(tmp_path):
 def test_columns_must_name_both_languages():
     with pytest.raises(CorpusError, match=r"data.columns=\['en', 'fr'\] must name the two languages"):
         CorpusSpec("tsv", ("en", "de"), {"train": "x.tsv"}, columns=("en", "fr"))
+
+
+@pytest.mark.parametrize("char, name", [("\x00", "NUL"), ("\x1b", "ESC"), ("\r", "a carriage return"),
+                                        ("\x07", "a control character")])
+def test_control_character_names_file_and_line(tmp_path, char, name):
+    write_lines(tmp_path / "train.en", EN)
+    write_lines(tmp_path / "train.de", [DE[0], f"Zwei{char}Männer reden.", DE[2]])
+    with pytest.raises(CorpusError, match=rf"train.de:2: U\+{ord(char):04X} \({name}\) at column 5; .*"
+                                          r"data.control_chars=replace"):
+        read(spec("text", tmp_path / "train"), tmp_path)
+
+
+def test_control_characters_in_tsv_jsonl_and_hub_rows_are_caught(tmp_path):
+    (tmp_path / "train.tsv").write_text("a\tb\nc\x00\td\n")
+    with pytest.raises(CorpusError, match=r"train.tsv:2: U\+0000 \(NUL\) at column 2"):
+        read(spec("tsv", tmp_path / "train.tsv"), tmp_path)
+    (tmp_path / "train.jsonl").write_text('{"en": "a", "de": "b"}\n{"en": "x\\u001by", "de": "z"}\n')
+    with pytest.raises(CorpusError, match=r"train.jsonl:2: U\+001B \(ESC\)"):
+        read(spec("jsonl", tmp_path / "train.jsonl"), tmp_path)
+    rows = {"translation": [{"de": "gut", "en": "good"}, {"de": "zwei\nZeilen", "en": "two lines"}]}
+    datasets.DatasetDict({"train": datasets.Dataset.from_dict(rows)}).save_to_disk(str(tmp_path / "hub"))
+    with pytest.raises(CorpusError, match=r"dataset .*hub split train row 1: U\+000A \(a line feed\)"):
+        read(CorpusSpec("hub", ("en", "de"), {"train": "train"}, hub_name=str(tmp_path / "hub")), tmp_path)
+
+
+def test_control_characters_replace_policy_counts_sentences(tmp_path):
+    write_lines(tmp_path / "train.en", ["a\x00b", "tab\tstays", "c"])
+    write_lines(tmp_path / "train.de", ["x\x1b\x1by", "ok", "z\x0cw"])
+    stats = write_split(spec("text", tmp_path / "train", control_chars="replace"), "train", tmp_path / "o.arrow")
+    ds = datasets.Dataset.from_file(str(tmp_path / "o.arrow"))
+    assert ds["en"] == ["a b", "tab\tstays", "c"] and ds["de"] == ["x  y", "ok", "z w"]
+    assert stats.control_replaced_sentences == 3
+
+
+def test_filter_report_lists_what_reading_cleaned():
+    from transformer_nmt.corpus import FilterReport
+
+    report = FilterReport("train", 10, ratio=1, utf8_replaced_lines=2, control_replaced_sentences=3)
+    assert str(report) == ("train: filtered 1 of 10 pairs: 1 length ratio; cleaned: 2 lines with invalid UTF-8 "
+                           "replaced by U+FFFD; 3 sentences with control characters replaced by spaces")
+    assert str(FilterReport("val", 4)) == "val: filtered 0 of 4 pairs: none dropped"

@@ -6,10 +6,12 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 
 import transformer_nmt.datamodule as datamodule_module
+from transformer_nmt.batching import pair_widths
 from transformer_nmt.datamodule import TranslationDataModule
 from transformer_nmt.tokenizer import Tokenizer
 
@@ -184,7 +186,7 @@ def test_lightning_resumes_mid_epoch_where_it_stopped(data_ready, tmp_path):
     uninterrupted = _fit(data_ready, 6, checkpoint_dir=tmp_path)  # checkpoints after steps 3 and 6
     step3 = torch.load(tmp_path / "epoch=0-step=3.ckpt", weights_only=False)
     assert step3["loops"]["fit_loop"]["state_dict"]["combined_loader"] == \
-        [{"epoch": 0, "batches_yielded": 3, "seed": data_ready.seed}]
+        [{"epoch": 0, "batches_yielded": 3, "num_replicas": 1, "dealt_before": [], "seed": data_ready.seed}]
     resumed = _fit(data_ready, 6, ckpt_path=tmp_path / "epoch=0-step=3.ckpt")
     assert uninterrupted[3:] == resumed
 
@@ -262,3 +264,66 @@ def test_given_tokenizer_path_is_used_instead_of_training(data_ready, data_slice
     dm.setup()
     assert dm.tokenizer.model_proto == data_ready.tokenizer.model_proto
     assert not any(s.tokenized_now for s in dm.splits.values())  # same model bytes: same token cache
+
+
+def test_every_data_option_has_one_default_in_local_yaml(data_slice):
+    """The signature reads conf/data/local.yaml; the other data configs are diffs over it."""
+    import inspect
+
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    local = OmegaConf.load(ROOT / "conf" / "data" / "local.yaml")
+    signature = inspect.signature(TranslationDataModule).parameters
+    assert set(signature) == set(local) - {"_target_"}
+    for name, parameter in signature.items():
+        if name in ("train", "val", "test"):
+            assert parameter.default is inspect.Parameter.empty and OmegaConf.is_missing(local, name)
+        else:
+            assert parameter.default == local[name], name
+    for data_config in ("multi30k", "wmt14_en_de"):
+        text = (ROOT / "conf" / "data" / f"{data_config}.yaml").read_text()
+        assert "defaults:\n  - local\n" in text and "_target_" not in text and "num_proc" not in text
+    with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "conf")):
+        multi30k = compose("prepare").data
+    assert set(multi30k) == set(local) and multi30k.num_proc == 2
+
+
+def test_cleaned_lines_are_counted_in_the_report_and_filters_are_memory_mapped(data_slice, tmp_path):
+    lines = (data_slice / "train.de").read_text(encoding="utf-8").splitlines(keepends=True)
+    lines[3] = lines[3].replace(" ", "\x1b", 1)
+    (tmp_path / "train.de").write_text("".join(lines), encoding="utf-8")
+    (tmp_path / "train.en").write_text((data_slice / "train.en").read_text(encoding="utf-8"), encoding="utf-8")
+    with pytest.raises(ValueError, match=r"train.de:4: U\+001B \(ESC\)"):
+        make(data_slice, tmp_path / "cache", train=str(tmp_path / "train")).setup()
+    dm = make(data_slice, tmp_path / "cache", train=str(tmp_path / "train"), control_chars="replace")
+    dm.setup()
+    assert dm.splits["train"].report.control_replaced_sentences == 1
+    assert "1 sentences with control characters replaced by spaces" in str(dm.splits["train"].report)
+    again = make(data_slice, tmp_path / "cache", train=str(tmp_path / "train"), control_chars="replace")
+    again.setup()
+    assert str(again.splits["train"].report) == str(dm.splits["train"].report)  # from the cache, count and all
+    s = again.splits["train"]
+    assert isinstance(s.keep, np.memmap) and isinstance(s.widths, np.memmap)  # shared by the ranks of a node
+    assert s.widths.tolist() == pair_widths(s.lengths("en"), s.lengths("de")).tolist()
+
+
+def test_loader_state_resumes_on_another_number_of_ranks(data_ready):
+    """Two ranks consume 2 batches each and checkpoint (rank 0's state); one process finishes the epoch."""
+    consumed = []
+    for rank in range(2):
+        data_ready.trainer = SimpleNamespace(world_size=2, global_rank=rank)
+        try:
+            loader = data_ready.train_dataloader()
+            it = iter(loader)
+            consumed += [next(it)["index"].tolist() for _ in range(2)]
+            state = loader.state_dict() if rank == 0 else state
+        finally:
+            data_ready.trainer = None
+    assert (state["num_replicas"], state["batches_yielded"]) == (2, 2)
+    resumed = data_ready.train_dataloader()
+    resumed.load_state_dict(state)
+    rest = [b["index"].tolist() for b in resumed]
+    seen = sorted(i for b in consumed + rest for i in b)
+    assert seen == list(range(data_ready.splits["train"].report.kept))
+    assert resumed.state_dict()["epoch"] == 1 and resumed.state_dict()["dealt_before"] == []

@@ -9,7 +9,9 @@ and n*T <= max_tokens. ``pad_pairs`` turns a batch of token ids into the padded 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 import torch
@@ -19,45 +21,106 @@ from transformer_nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 def pair_widths(src_lens: np.ndarray, tgt_lens: np.ndarray) -> np.ndarray:
     """Padded width each pair needs: max(source + eos, bos + target + eos)."""
-    return np.maximum(np.asarray(src_lens, dtype=np.int64) + 1, np.asarray(tgt_lens, dtype=np.int64) + 2)
+    return np.maximum(np.asarray(src_lens, dtype=np.int32) + 1, np.asarray(tgt_lens, dtype=np.int32) + 2)
 
 
-def pack_sorted(widths: np.ndarray, max_tokens: int) -> list[np.ndarray]:
-    """Greedily cut positions 0..n-1 of ascending ``widths`` into runs with count * last width <= max_tokens.
+def pack_sorted(widths: np.ndarray, max_tokens: int) -> np.ndarray:
+    """Greedily cut positions 0..n-1 of ascending ``widths`` into runs with count * last width <= max_tokens,
+    each as long as it can be; returns the end (exclusive) of every run.
 
-    Widths ascend, so a run's padded width is its last width and ``count * width`` grows along the run:
-    the longest admissible run from ``start`` is found by binary search.
+    Widths ascend, so a run's padded width is its last width. Pairs of one width w fill runs of
+    max_tokens // w exactly, all at once; only the run that crosses into wider pairs is extended group by
+    group. The loop runs about once per distinct width: O(n) after the sort, whatever the number of runs.
     """
     n = len(widths)
-    runs, start = [], 0
+    group_end = np.append(np.flatnonzero(np.diff(widths)) + 1, n).tolist()  # end of each run of equal widths
+    ends, start, g = [], 0, 0
     while start < n:
-        counts = np.arange(1, n - start + 1)  # run length if it ended at each position
-        fits = counts * widths[start:] <= max_tokens  # True...True False...False
-        end = start + max(1, int(np.searchsorted(~fits, True)))
-        runs.append(np.arange(start, end))
+        while group_end[g] <= start:
+            g += 1
+        capacity = max(1, max_tokens // int(widths[start]))
+        full = (group_end[g] - start) // capacity  # runs that pairs of this width fill alone
+        ends.append(start + capacity * np.arange(1, full + 1))
+        start += capacity * full
+        if start == group_end[g]:
+            continue
+        end = group_end[g]  # the rest of this width, then as many wider pairs as fit
+        for h in range(g + 1, len(group_end)):
+            reach = start + max_tokens // int(widths[group_end[h] - 1])  # longest run ending at width h
+            if reach <= group_end[h - 1]:
+                break
+            end = min(reach, group_end[h])
+            if end < group_end[h]:
+                break
+        ends.append(np.array([end]))
         start = end
-    return runs
+    return np.concatenate(ends) if ends else np.zeros(0, dtype=np.int64)
+
+
+def equalize(batches: list[np.ndarray], replicas: int) -> tuple[list[np.ndarray], int]:
+    """Make the number of batches a multiple of ``replicas``, splitting the largest in two before repeating.
+
+    Returns the batches and how many were repeated (only when there are fewer pairs than ranks).
+    """
+    short = -len(batches) % replicas
+    while short and any(len(b) > 1 for b in batches):
+        largest = max(range(len(batches)), key=lambda i: len(batches[i]))
+        b = batches.pop(largest)
+        half = len(b) // 2
+        batches[largest:largest] = [b[:half], b[half:]]
+        short -= 1
+    if short:  # fewer pairs than ranks: repeat batches (counted)
+        batches = batches + [batches[i % len(batches)] for i in range(short)]
+    return batches, short
+
+
+def _sort_keys(widths: np.ndarray) -> np.ndarray:
+    """Widths as uint16 when they fit: numpy's stable sort is then a radix sort, O(n)."""
+    return widths.astype(np.uint16) if widths.max(initial=0) < 2**16 else widths
+
+
+def plan_epoch(widths: np.ndarray, max_tokens: int, seed: int, epoch: int, replicas: int,
+               shuffle: bool = True) -> tuple[list[np.ndarray], int]:
+    """All batches of an epoch over ``replicas`` ranks, in deal order, and how many are repeats (see
+    ``equalize``). Sorted by width with ties in random order, packed, equalized, then shuffled."""
+    rng = np.random.default_rng([seed, epoch])
+    if shuffle:
+        order = rng.permutation(len(widths))
+        order = order[np.argsort(_sort_keys(widths[order]), kind="stable")]  # by width, ties in random order
+    else:
+        order = np.argsort(_sort_keys(widths), kind="stable")
+    batches = np.split(order, pack_sorted(widths[order], max_tokens)[:-1]) if len(order) else []
+    batches, repeated = equalize(batches, replicas)
+    if shuffle:
+        batches = [batches[i] for i in rng.permutation(len(batches))]
+    return batches, repeated
 
 
 class TokenBucketBatchSampler:
     """Length-bucketed batches of pair indices, bounded by ``max_tokens`` padded tokens per side.
 
+    - ``widths``: each pair's padded width (``pair_widths``); a memory-mapped array serves.
     - Shuffled per epoch from ``seed + epoch`` (ties in length broken at random, then batch order
       shuffled); without ``shuffle``, batches are in length order. Same seed and epoch, same batches.
-    - DDP: rank r of R takes batches r, r+R, r+2R, ... of the epoch's list. So that every rank gets the
-      same number, the list is first made a multiple of R by splitting the largest batches in two
-      (a half batch still respects ``max_tokens``); only if there are fewer pairs than ranks are
-      batches repeated, and ``padded_batches`` counts those repeats.
+    - DDP: rank r of R takes batches r, r+R, r+2R, ... of the epoch's list (``plan_epoch``), made a
+      multiple of R by ``equalize``; ``padded_batches`` counts repeats. A rank keeps only its own batches.
     - ``set_epoch(e)`` selects the epoch; after a complete pass the epoch advances by itself.
-      ``state_dict()`` / ``load_state_dict()`` hold (epoch, batches already yielded) so that a run
-      resumed mid-epoch skips the batches it consumed.
+    - Resume: ``state_dict()`` holds the epoch, the batches each rank has taken and the number of ranks.
+      Resumed with as many ranks, each skips what it consumed. With another number, the batches that no
+      rank had reached are dealt anew among the new ranks (made a multiple of their number by
+      ``equalize``), so every pair of the epoch is still seen exactly once (``dealt_before`` records
+      the earlier runs of the epoch: (ranks, batches per rank)).
+    - When planning an epoch takes more than ``plan_ahead_seconds`` (about a second at 4.5M pairs), the
+      next epoch is planned in a background thread while this one is consumed.
     """
 
-    def __init__(self, src_lens, tgt_lens, max_tokens: int, shuffle: bool = True, seed: int = 0,
-                 num_replicas: int = 1, rank: int = 0):
+    plan_ahead_seconds = 1.0
+
+    def __init__(self, widths, max_tokens: int, shuffle: bool = True, seed: int = 0, num_replicas: int = 1,
+                 rank: int = 0):
         if not 0 <= rank < num_replicas:
             raise ValueError(f"rank {rank} is outside 0..{num_replicas - 1}")
-        self.widths = pair_widths(src_lens, tgt_lens)
+        self.widths = np.asarray(widths)
         if len(self.widths) and self.widths.max() > max_tokens:
             raise ValueError(
                 f"data.max_tokens={max_tokens} is smaller than the longest pair ({self.widths.max()} padded tokens "
@@ -66,76 +129,89 @@ class TokenBucketBatchSampler:
         self.max_tokens, self.shuffle, self.seed = max_tokens, shuffle, seed
         self.num_replicas, self.rank = num_replicas, rank
         self.epoch = 0
-        self.padded_batches = 0  # batches repeated in the last epoch built, so that all ranks have as many
-        self._skip = 0  # batches of self.epoch already consumed (set by load_state_dict)
+        self.dealt_before: list[tuple[int, int]] = []  # earlier runs of this epoch: (ranks, batches per rank)
+        self.padded_batches = 0  # batches repeated in the last epoch dealt, so that all ranks have as many
+        self.plan_seconds = 0.0  # time the last plan took
         self._yielded = 0
-        self._cache: tuple[int, list[np.ndarray]] | None = None
+        self._mine: tuple[tuple, list[np.ndarray], int] | None = None  # (key, this rank's batches, repeats)
+        self._ahead: tuple[tuple, Future] | None = None
+        self._executor: ThreadPoolExecutor | None = None
 
     @property
     def sampler(self):
         """Lightning sets the epoch through ``dataloader.batch_sampler.sampler.set_epoch``."""
         return self
 
-    @property
-    def pending_skip(self) -> int:
-        """Batches the next iteration will skip (restored from a checkpoint)."""
-        return self._skip
-
     def set_epoch(self, epoch: int) -> None:
         if epoch != self.epoch:
-            self.epoch, self._skip = epoch, 0
+            self.epoch, self.dealt_before = epoch, []
 
-    def epoch_batches(self, epoch: int) -> list[np.ndarray]:
-        """All batches of an epoch, over all ranks, in the order they are dealt out."""
-        if self._cache is not None and self._cache[0] == epoch:
-            return self._cache[1]
-        rng = np.random.default_rng([self.seed, epoch])
-        if self.shuffle:
-            order = rng.permutation(len(self.widths))
-            order = order[np.argsort(self.widths[order], kind="stable")]  # by width, ties in random order
-        else:
-            order = np.argsort(self.widths, kind="stable")
-        batches = [order[run] for run in pack_sorted(self.widths[order], self.max_tokens)]
-        batches = self._equalize(batches)
-        if self.shuffle:
-            batches = [batches[i] for i in rng.permutation(len(batches))]
-        self._cache = (epoch, batches)
-        return batches
+    def epoch_batches(self, epoch: int, dealt_before=()) -> list[np.ndarray]:
+        """The batches of an epoch over all ranks, in deal order, leaving out those of ``dealt_before``."""
+        return self._remaining(epoch, tuple(dealt_before))[0]
 
-    def _equalize(self, batches: list[np.ndarray]) -> list[np.ndarray]:
-        """Make the number of batches a multiple of the number of ranks, splitting before repeating."""
-        short = -len(batches) % self.num_replicas
-        self.padded_batches = 0
-        while short and any(len(b) > 1 for b in batches):
-            largest = max(range(len(batches)), key=lambda i: len(batches[i]))
-            b = batches.pop(largest)
-            half = len(b) // 2
-            batches[largest:largest] = [b[:half], b[half:]]
-            short -= 1
-        if short:  # fewer pairs than ranks: repeat batches (counted)
-            batches = batches + [batches[i % len(batches)] for i in range(short)]
-            self.padded_batches = short
-        return batches
+    def _remaining(self, epoch: int, dealt_before: tuple) -> tuple[list[np.ndarray], int]:
+        ranks = [r for r, _ in dealt_before] + [self.num_replicas]
+        batches, repeated = plan_epoch(self.widths, self.max_tokens, self.seed, epoch, ranks[0], self.shuffle)
+        for (replicas, taken), following in zip(dealt_before, ranks[1:]):
+            batches, repeated = equalize(batches[replicas * taken:], following)
+        return batches, repeated
+
+    def _deal(self, key: tuple) -> tuple[list[np.ndarray], int]:
+        start = time.perf_counter()
+        batches, repeated = self._remaining(*key)
+        mine = [b.astype(np.int32 if len(self.widths) < 2**31 else np.int64)
+                for b in batches[self.rank :: self.num_replicas]]  # copies: the epoch's order is freed
+        self.plan_seconds = time.perf_counter() - start
+        return mine, repeated
+
+    def _my_batches(self) -> list[np.ndarray]:
+        key = (self.epoch, tuple(self.dealt_before))
+        if self._mine is None or self._mine[0] != key:
+            ahead, self._ahead = self._ahead, None
+            self._mine = (key, *(ahead[1].result() if ahead and ahead[0] == key else self._deal(key)))
+        self.padded_batches = self._mine[2]
+        return self._mine[1]
+
+    def _plan_ahead(self) -> None:
+        key = (self.epoch + 1, ())
+        if self.plan_seconds > self.plan_ahead_seconds and self._ahead is None:
+            self._executor = self._executor or ThreadPoolExecutor(1, thread_name_prefix="plan-epoch")
+            self._ahead = (key, self._executor.submit(self._deal, key))
 
     def __len__(self) -> int:
-        return len(self.epoch_batches(self.epoch)) // self.num_replicas
+        return sum(taken for _, taken in self.dealt_before) + len(self._my_batches())
 
     def __iter__(self) -> Iterator[list[int]]:
-        mine = self.epoch_batches(self.epoch)[self.rank :: self.num_replicas]
-        skip, self._skip = self._skip, 0
-        self._yielded = skip
-        for batch in mine[skip:]:
+        mine = self._my_batches()
+        self._plan_ahead()
+        self._yielded = 0
+        for batch in mine:
             self._yielded += 1
             yield batch.tolist()
-        self.epoch, self._yielded = self.epoch + 1, 0
+        self.epoch, self.dealt_before, self._yielded = self.epoch + 1, [], 0
+
+    def position(self, epoch: int, dealt_before, taken: int) -> dict:
+        """The resumable state after ``taken`` batches of this rank's deal of ``epoch`` (after ``dealt_before``)."""
+        earlier = [list(d) for d in dealt_before]
+        if earlier and earlier[-1][0] == self.num_replicas:  # same world size: one count
+            taken += earlier.pop()[1]
+        return {"epoch": epoch, "batches_yielded": taken, "num_replicas": self.num_replicas,
+                "dealt_before": earlier, "seed": self.seed}
 
     def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "batches_yielded": self._yielded, "seed": self.seed}
+        return self.position(self.epoch, self.dealt_before, self._yielded)
 
     def load_state_dict(self, state: dict) -> None:
         if state.get("seed", self.seed) != self.seed:
             raise ValueError(f"resuming with seed {self.seed}, but the checkpoint's batches used seed {state['seed']}")
-        self.epoch, self._skip = int(state["epoch"]), int(state["batches_yielded"])
+        dealt = [(int(r), int(k)) for r, k in state.get("dealt_before", [])]
+        if int(state["batches_yielded"]):  # checkpoints without num_replicas were written by as many ranks
+            dealt.append((int(state.get("num_replicas", self.num_replicas)), int(state["batches_yielded"])))
+        self.epoch, self.dealt_before = int(state["epoch"]), dealt
+
+    def __getstate__(self) -> dict:  # the background plan does not travel
+        return {**self.__dict__, "_ahead": None, "_executor": None}
 
 
 def pad_pairs(src: tuple[np.ndarray, np.ndarray], tgt: tuple[np.ndarray, np.ndarray], index) -> dict:

@@ -11,6 +11,9 @@ so that switching the translation direction reuses everything cached. Four forma
   ``save_to_disk``, or a directory of JSON files with that schema), split names as locations.
 
 Every reader yields chunks of ``(sentence_lang0, sentence_lang1)`` so memory does not grow with the corpus.
+Bad bytes: invalid UTF-8 and C0 control characters other than tab (NUL, escape, a carriage return or
+line feed inside a sentence, ...) are errors naming the file and line; or, with ``utf8_errors=replace`` /
+``control_chars=replace``, they become U+FFFD / a space, and the lines or sentences changed are counted.
 Filtering (``filter_pairs``) works on token lengths and reports what it dropped and why.
 """
 
@@ -20,6 +23,7 @@ import gzip
 import io
 import json
 import os
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from itertools import zip_longest
@@ -30,6 +34,8 @@ import pyarrow as pa
 
 FORMATS = ("text", "tsv", "jsonl", "hub")
 CHUNK_PAIRS = 20_000  # pairs per Arrow record batch while reading
+CONTROL = re.compile("[\x00-\x08\x0a-\x1f]")  # C0 control characters except tab
+CONTROL_NAMES = {"\x00": "NUL", "\n": "a line feed", "\r": "a carriage return", "\x1b": "ESC"}
 
 
 class CorpusError(ValueError):
@@ -47,12 +53,14 @@ class CorpusSpec:
     hub_name: str | None = None
     hub_config: str | None = None
     utf8_errors: str = "strict"  # strict: error naming file and line | replace: U+FFFD, counted
+    control_chars: str = "strict"  # strict: error naming file and line | replace: a space, counted
 
     def __post_init__(self):
         if self.format not in FORMATS:
             raise CorpusError(f"data.format={self.format!r} is not one of {FORMATS}")
-        if self.utf8_errors not in ("strict", "replace"):
-            raise CorpusError(f"data.utf8_errors={self.utf8_errors!r}: use 'strict' or 'replace'")
+        for key in ("utf8_errors", "control_chars"):
+            if getattr(self, key) not in ("strict", "replace"):
+                raise CorpusError(f"data.{key}={getattr(self, key)!r}: use 'strict' or 'replace'")
         if self.langs[0] == self.langs[1]:
             raise CorpusError(f"data.src_lang and data.tgt_lang are both {self.langs[0]!r}")
         if self.columns is not None and sorted(self.columns) != sorted(self.langs):
@@ -67,6 +75,7 @@ class ReadStats:
 
     pairs: int = 0
     utf8_replaced_lines: int = 0
+    control_replaced_sentences: int = 0
     sources: list[str] = field(default_factory=list)  # files or hub ids read
 
 
@@ -109,7 +118,7 @@ def read_pairs(spec: CorpusSpec, split: str, stats: ReadStats) -> Iterator[tuple
     inputs = split_inputs(spec, split)
     stats.sources = inputs
     if spec.format == "text":
-        yield from _chunks(_read_text(Path(inputs[0]), Path(inputs[1]), spec.utf8_errors, stats), stats)
+        yield from _chunks(_read_text(Path(inputs[0]), Path(inputs[1]), spec, stats), stats)
     elif spec.format == "tsv":
         yield from _chunks(_read_tsv(Path(inputs[0]), spec, stats), stats)
     elif spec.format == "jsonl":
@@ -153,7 +162,26 @@ def _decode(raw: bytes, path: Path, line_no: int, errors: str, stats: ReadStats)
         return raw.decode("utf-8", errors="replace")
 
 
-def _read_text(src_path: Path, tgt_path: Path, errors: str, stats: ReadStats):
+def _clean(sentence: str, spec: CorpusSpec, stats: ReadStats, where, line_no: int) -> str:
+    """The sentence, checked for C0 control characters (except tab): an error naming ``where:line_no``,
+    or with ``control_chars=replace`` each one replaced by a space (as Moses' remove-non-printing-char does)."""
+    found = CONTROL.search(sentence)
+    if found is None:
+        return sentence
+    if spec.control_chars == "strict":
+        char = found.group()
+        name = CONTROL_NAMES.get(char, "a control character")
+        raise CorpusError(
+            f"{where}{':' if isinstance(where, Path) else ' '}{line_no}: U+{ord(char):04X} ({name}) at column "
+            f"{found.start() + 1}; remove it from the corpus, or set data.control_chars=replace to replace "
+            f"control characters by spaces"
+        )
+    stats.control_replaced_sentences += 1
+    return CONTROL.sub(" ", sentence)
+
+
+def _read_text(src_path: Path, tgt_path: Path, spec: CorpusSpec, stats: ReadStats):
+    errors = spec.utf8_errors
     with _open_lines(src_path) as src_file, _open_lines(tgt_path) as tgt_file:
         for line_no, (raw0, raw1) in enumerate(zip_longest(src_file, tgt_file), start=1):
             if raw0 is None or raw1 is None:  # one file ended: count the rest of the other
@@ -163,8 +191,8 @@ def _read_text(src_path: Path, tgt_path: Path, errors: str, stats: ReadStats):
                     f"line counts differ: {src_path} has {n0} lines, {tgt_path} has {n1}; "
                     f"parallel files must be aligned line by line"
                 )
-            yield (_decode(raw0, src_path, line_no, errors, stats).strip(),
-                   _decode(raw1, tgt_path, line_no, errors, stats).strip())
+            yield (_clean(_decode(raw0, src_path, line_no, errors, stats).strip(), spec, stats, src_path, line_no),
+                   _clean(_decode(raw1, tgt_path, line_no, errors, stats).strip(), spec, stats, tgt_path, line_no))
 
 
 def _read_tsv(path: Path, spec: CorpusSpec, stats: ReadStats):
@@ -178,7 +206,8 @@ def _read_tsv(path: Path, spec: CorpusSpec, stats: ReadStats):
                     f"{path}:{line_no}: expected 2 tab-separated columns ({columns[0]}, {columns[1]}), "
                     f"found {len(fields)}"
                 )
-            yield fields[order[0]].strip(), fields[order[1]].strip()
+            yield (_clean(fields[order[0]].strip(), spec, stats, path, line_no),
+                   _clean(fields[order[1]].strip(), spec, stats, path, line_no))
 
 
 def _read_jsonl(path: Path, spec: CorpusSpec, stats: ReadStats):
@@ -197,7 +226,8 @@ def _read_jsonl(path: Path, spec: CorpusSpec, stats: ReadStats):
                     f"{path}:{line_no}: expected {{{spec.langs[0]!r}: ..., {spec.langs[1]!r}: ...}} "
                     f"or {{'translation': {{...}}}}, found {text[:80]!r}"
                 )
-            yield str(pair[spec.langs[0]]).strip(), str(pair[spec.langs[1]]).strip()
+            yield (_clean(str(pair[spec.langs[0]]).strip(), spec, stats, path, line_no),
+                   _clean(str(pair[spec.langs[1]]).strip(), spec, stats, path, line_no))
 
 
 def load_hub_split(spec: CorpusSpec, split: str):
@@ -243,8 +273,10 @@ def _read_hub(spec: CorpusSpec, split: str, stats: ReadStats):
                 f"dataset {spec.hub_name!r} has no language {missing[0]!r} (has {sorted(pairs[0])}); "
                 f"check data.src_lang / data.tgt_lang / data.hub_config"
             )
-        stats.pairs += len(pairs)
-        yield [(p[spec.langs[0]] or "").strip() for p in pairs], [(p[spec.langs[1]] or "").strip() for p in pairs]
+        where = f"dataset {spec.hub_name} split {spec.locations[split]} row"
+        first, stats.pairs = stats.pairs, stats.pairs + len(pairs)
+        yield tuple([_clean((p[lang] or "").strip(), spec, stats, where, first + i) for i, p in enumerate(pairs)]
+                    for lang in spec.langs)
 
 
 def write_split(spec: CorpusSpec, split: str, path: Path) -> ReadStats:
@@ -279,6 +311,8 @@ class FilterReport:
     empty: int = 0
     too_long: int = 0
     ratio: int = 0
+    utf8_replaced_lines: int = 0  # kept, but cleaned while reading (data.utf8_errors=replace)
+    control_replaced_sentences: int = 0  # kept, but cleaned while reading (data.control_chars=replace)
 
     @property
     def kept(self) -> int:
@@ -287,7 +321,11 @@ class FilterReport:
     def __str__(self) -> str:
         reasons = [(self.empty, "empty"), (self.too_long, "too long"), (self.ratio, "length ratio")]
         detail = ", ".join(f"{n} {name}" for n, name in reasons if n) or "none dropped"
-        return f"{self.split}: filtered {self.total - self.kept} of {self.total} pairs: {detail}"
+        cleaned = [(self.utf8_replaced_lines, "lines with invalid UTF-8 replaced by U+FFFD"),
+                   (self.control_replaced_sentences, "sentences with control characters replaced by spaces")]
+        cleaned = "; ".join(f"{n} {what}" for n, what in cleaned if n)
+        return f"{self.split}: filtered {self.total - self.kept} of {self.total} pairs: {detail}" + \
+            (f"; cleaned: {cleaned}" if cleaned else "")
 
 
 def filter_pairs(

@@ -5,11 +5,17 @@ Every expensive step is cached under ``cache_dir`` in a directory named after a 
     raw-{split}-{key}/pairs.arrow     the split's sentences, one column per language
     spm-{key}/spm.model              the SentencePiece model trained on the raw training split
     tok-{split}-{key}/*.arrow         token ids and lengths per language (key: raw split + model bytes)
+    keep-{split}-{key}/*.npy          the pairs that pass the filter and their padded widths (key: tokens,
+                                      direction, max_positions, max_length_ratio)
 
-so a second run reads memory-mapped Arrow files and tokenizes nothing. Filtering is cheap (lengths only)
-and is redone each run, so changing ``max_positions`` does not re-tokenize. Each cache entry is built
-under a file lock into a temporary directory that is renamed into place, so DDP ranks calling ``setup``
-at the same time build it once and never read a half-written one.
+so a second run reads memory-mapped files and tokenizes nothing; changing ``max_positions`` refilters
+without re-tokenizing. Every rank memory-maps the same files, so nothing that grows with the corpus is
+copied per rank except the rank's own share of the epoch's batches. Each cache entry is built under a
+file lock into a temporary directory that is renamed into place, so DDP ranks calling ``setup`` at the
+same time build it once and never read a half-written one.
+
+The options' defaults live in one place, ``conf/data/local.yaml``, which the signature reads; the corpus
+locations (``train``, ``val``, ``test``) have none.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import datasets
@@ -29,9 +35,10 @@ import lightning as L
 import numpy as np
 import torch
 from filelock import FileLock
+from omegaconf import OmegaConf
 from torch.utils.data import DataLoader
 
-from transformer_nmt.batching import TokenBucketBatchSampler, pad_pairs
+from transformer_nmt.batching import TokenBucketBatchSampler, pad_pairs, pair_widths
 from transformer_nmt.corpus import (CorpusSpec, FilterReport, both_sides, file_fingerprint, filter_pairs, split_inputs,
                                    write_split)
 from transformer_nmt.tokenizer import Tokenizer, tokenize_dataset, train_sentencepiece
@@ -39,6 +46,7 @@ from transformer_nmt.tokenizer import Tokenizer, tokenize_dataset, train_sentenc
 log = logging.getLogger(__name__)
 
 SPLITS = ("train", "val", "test")
+DEFAULTS = OmegaConf.load(Path(__file__).resolve().parents[2] / "conf" / "data" / "local.yaml")  # options' home
 
 
 # ------------------------------------------------------------------------------------------------ caching
@@ -80,7 +88,8 @@ class Split:
     name: str
     raw: datasets.Dataset  # columns {lang}: string
     tokens: datasets.Dataset  # columns {lang}_ids: list<int32>, {lang}_len: int32
-    keep: np.ndarray  # (n_kept,) row of the raw/token tables for each filtered index
+    keep: np.ndarray  # (n_kept,) row of the raw/token tables for each filtered index (memory-mapped)
+    widths: np.ndarray  # (n_kept,) padded width of each filtered pair, batching.pair_widths (memory-mapped)
     report: FilterReport
     tokenized_now: bool  # False when the token ids came from the cache
 
@@ -120,28 +129,30 @@ def _padded_already(batch: dict) -> dict:
 class ResumableDataLoader(DataLoader):
     """A DataLoader over a ``TokenBucketBatchSampler`` whose position Lightning can checkpoint.
 
-    It counts the batches it has handed out (not those prefetched by workers), so
-    ``state_dict()`` = {epoch, batches_yielded} lets a resumed run skip exactly what was consumed.
+    It counts the batches it has handed out (not those prefetched by workers), so ``state_dict()``
+    (the sampler's position after them: epoch, batches per rank, number of ranks) lets a resumed run
+    skip exactly what was consumed, with as many ranks or another number.
     """
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self._epoch, self._consumed = self.batch_sampler.epoch, 0
+        self._epoch, self._dealt_before, self._consumed = self.batch_sampler.epoch, [], 0
 
     def __iter__(self):
         sampler = self.batch_sampler
-        self._epoch, self._consumed = sampler.epoch, sampler.pending_skip
+        self._epoch, self._dealt_before, self._consumed = sampler.epoch, list(sampler.dealt_before), 0
         for batch in super().__iter__():
             self._consumed += 1
             yield batch
-        self._epoch, self._consumed = self._epoch + 1, 0
+        self._epoch, self._dealt_before, self._consumed = self._epoch + 1, [], 0
 
     def state_dict(self) -> dict:
-        return {"epoch": self._epoch, "batches_yielded": self._consumed, "seed": self.batch_sampler.seed}
+        return self.batch_sampler.position(self._epoch, self._dealt_before, self._consumed)
 
     def load_state_dict(self, state: dict) -> None:
-        self.batch_sampler.load_state_dict(state)
-        self._epoch, self._consumed = state["epoch"], state["batches_yielded"]
+        sampler = self.batch_sampler
+        sampler.load_state_dict(state)
+        self._epoch, self._dealt_before, self._consumed = sampler.epoch, list(sampler.dealt_before), 0
 
 
 # ------------------------------------------------------------------------------------------------ module
@@ -157,29 +168,31 @@ class TranslationDataModule(L.LightningDataModule):
 
     def __init__(
         self,
-        format: str = "text",
-        src_lang: str = "en",
-        tgt_lang: str = "de",
-        train: str | None = "data/multi30k/train",
-        val: str | None = "data/multi30k/val",
-        test: str | None = "data/multi30k/test_2016_flickr",
-        columns: list[str] | None = None,
-        hub_name: str | None = None,
-        hub_config: str | None = None,
-        utf8_errors: str = "strict",
-        cache_dir: str = "data/cache",
-        tokenizer_path: str | None = None,
-        vocab_size: int = 8000,
-        spm_model_type: str = "bpe",
-        input_sentence_size: int = 2_000_000,
-        character_coverage: float = 1.0,
-        max_tokens: int = 4096,
-        eval_max_tokens: int | None = None,
-        max_positions: int = 256,
-        max_length_ratio: float | None = 3.0,
-        seed: int = 1234,
-        num_proc: int = 1,
-        num_workers: int = 0,
+        *,
+        train: str | None,
+        val: str | None,
+        test: str | None,
+        format: str = DEFAULTS.format,
+        src_lang: str = DEFAULTS.src_lang,
+        tgt_lang: str = DEFAULTS.tgt_lang,
+        columns: list[str] | None = DEFAULTS.columns,
+        hub_name: str | None = DEFAULTS.hub_name,
+        hub_config: str | None = DEFAULTS.hub_config,
+        utf8_errors: str = DEFAULTS.utf8_errors,
+        control_chars: str = DEFAULTS.control_chars,
+        cache_dir: str = DEFAULTS.cache_dir,
+        tokenizer_path: str | None = DEFAULTS.tokenizer_path,
+        vocab_size: int = DEFAULTS.vocab_size,
+        spm_model_type: str = DEFAULTS.spm_model_type,
+        input_sentence_size: int = DEFAULTS.input_sentence_size,
+        character_coverage: float = DEFAULTS.character_coverage,
+        max_tokens: int = DEFAULTS.max_tokens,
+        eval_max_tokens: int | None = DEFAULTS.eval_max_tokens,
+        max_positions: int = DEFAULTS.max_positions,
+        max_length_ratio: float | None = DEFAULTS.max_length_ratio,
+        seed: int = DEFAULTS.seed,
+        num_proc: int = DEFAULTS.num_proc,
+        num_workers: int = DEFAULTS.num_workers,
     ):
         super().__init__()
         self.spec = CorpusSpec(
@@ -190,6 +203,7 @@ class TranslationDataModule(L.LightningDataModule):
             hub_name=hub_name,
             hub_config=hub_config,
             utf8_errors=utf8_errors,
+            control_chars=control_chars,
         )
         self.src_lang, self.tgt_lang = src_lang, tgt_lang
         self.cache_dir = Path(cache_dir)
@@ -219,31 +233,34 @@ class TranslationDataModule(L.LightningDataModule):
         self.tokenizer = self._tokenizer(raw.get("train"))
         for split in configured:
             self.splits[split] = self._tokenized_split(split, *raw[split])
-            log.info(str(self.splits[split].report))
+            report = self.splits[split].report
+            (log.warning if report.utf8_replaced_lines or report.control_replaced_sentences else log.info)(str(report))
 
-    def _raw_split(self, split: str) -> tuple[datasets.Dataset, str]:
+    def _raw_split(self, split: str) -> tuple[datasets.Dataset, str, dict]:
+        """The split's sentences (memory-mapped), their cache key, and what reading them cleaned."""
         inputs = split_inputs(self.spec, split)
         key = cache_key("raw", self.spec.format, sorted(self.spec.langs), self.spec.columns, self.spec.utf8_errors,
+                        self.spec.control_chars,
                         self.spec.hub_name, self.spec.hub_config, self.spec.locations[split],
                         file_fingerprint(sorted(inputs)))
         path = self.cache_dir / f"raw-{split}-{key}"
 
         def build(tmp: Path):
             stats = write_split(self.spec, split, tmp / "pairs.arrow")
-            if stats.utf8_replaced_lines:
-                log.warning("%s: replaced invalid UTF-8 in %d lines (data.utf8_errors=replace)",
-                            split, stats.utf8_replaced_lines)
-            (tmp / "meta.json").write_text(json.dumps({"pairs": stats.pairs, "inputs": inputs,
-                                                       "utf8_replaced_lines": stats.utf8_replaced_lines}))
+            (tmp / "meta.json").write_text(json.dumps({
+                "pairs": stats.pairs, "inputs": inputs, "utf8_replaced_lines": stats.utf8_replaced_lines,
+                "control_replaced_sentences": stats.control_replaced_sentences}))
 
         cached_dir(path, build)
-        return datasets.Dataset.from_file(str(path / "pairs.arrow")), key
+        meta = json.loads((path / "meta.json").read_text())
+        cleaned = {k: meta.get(k, 0) for k in ("utf8_replaced_lines", "control_replaced_sentences")}
+        return datasets.Dataset.from_file(str(path / "pairs.arrow")), key, cleaned
 
-    def _tokenizer(self, train: tuple[datasets.Dataset, str] | None) -> Tokenizer:
+    def _tokenizer(self, train: tuple[datasets.Dataset, str, dict] | None) -> Tokenizer:
         if self.tokenizer_path is not None:
             self.tokenizer_path_used = Path(self.tokenizer_path)
             return Tokenizer.load(self.tokenizer_path)
-        raw, raw_key = train
+        raw, raw_key, _ = train
         path = self.cache_dir / f"spm-{cache_key('spm', raw_key, self.vocab_options)}"
 
         def build(tmp: Path):
@@ -260,9 +277,10 @@ class TranslationDataModule(L.LightningDataModule):
             log.info("reusing vocabulary %s", self.tokenizer_path_used)
         return Tokenizer.load(self.tokenizer_path_used)
 
-    def _tokenized_split(self, split: str, raw: datasets.Dataset, raw_key: str) -> Split:
+    def _tokenized_split(self, split: str, raw: datasets.Dataset, raw_key: str, cleaned: dict) -> Split:
         model_hash = hashlib.sha256(self.tokenizer.model_proto).hexdigest()
-        path = self.cache_dir / f"tok-{split}-{cache_key('tok', raw_key, model_hash)}"
+        tok_key = cache_key("tok", raw_key, model_hash)
+        path = self.cache_dir / f"tok-{split}-{tok_key}"
 
         def build(tmp: Path):
             tokens = tokenize_dataset(raw, self.tokenizer, self.spec.langs, tmp / "tokens.arrow", self.num_proc)
@@ -273,14 +291,29 @@ class TranslationDataModule(L.LightningDataModule):
         manifest = json.loads((path / "manifest.json").read_text())
         shards = [datasets.Dataset.from_file(str(path / name)) for name in manifest["shards"]]
         tokens = shards[0] if len(shards) == 1 else datasets.concatenate_datasets(shards)
-        src_lens = tokens.data.column(f"{self.src_lang}_len").to_numpy()
-        tgt_lens = tokens.data.column(f"{self.tgt_lang}_len").to_numpy()
-        ratio = self.max_length_ratio if split == "train" else None  # never drop eval pairs for their ratio
-        keep, report = filter_pairs(split, src_lens, tgt_lens, self.max_positions, ratio)
+        keep, widths, report = self._filtered(split, tokens, tok_key)
         if len(keep) == 0:
             raise ValueError(f"data.{split}: no pairs left after filtering ({report}); check the data and "
                              f"data.max_positions / data.max_length_ratio")
-        return Split(split, raw, tokens, keep, report, tokenized_now)
+        return Split(split, raw, tokens, keep, widths, replace(report, **cleaned), tokenized_now)
+
+    def _filtered(self, split: str, tokens: datasets.Dataset, tok_key: str):
+        """(kept rows, their padded widths, the filter report), cached and memory-mapped (shared by ranks)."""
+        ratio = self.max_length_ratio if split == "train" else None  # never drop eval pairs for their ratio
+        key = cache_key("keep", tok_key, self.src_lang, self.tgt_lang, self.max_positions, ratio)
+        path = self.cache_dir / f"keep-{split}-{key}"
+
+        def build(tmp: Path):
+            src_lens = tokens.data.column(f"{self.src_lang}_len").to_numpy()
+            tgt_lens = tokens.data.column(f"{self.tgt_lang}_len").to_numpy()
+            keep, report = filter_pairs(split, src_lens, tgt_lens, self.max_positions, ratio)
+            np.save(tmp / "keep.npy", keep.astype(np.int32 if len(src_lens) < 2**31 else np.int64))
+            np.save(tmp / "widths.npy", pair_widths(src_lens[keep], tgt_lens[keep]))
+            (tmp / "report.json").write_text(json.dumps(asdict(report)))
+
+        cached_dir(path, build)
+        report = FilterReport(**json.loads((path / "report.json").read_text()))
+        return np.load(path / "keep.npy", mmap_mode="r"), np.load(path / "widths.npy", mmap_mode="r"), report
 
     # -------------------------------------------------------------------------------------------- access
 
@@ -305,8 +338,7 @@ class TranslationDataModule(L.LightningDataModule):
         trainer = getattr(self, "trainer", None)
         replicas, rank = (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
         train = split == "train"
-        return TokenBucketBatchSampler(s.lengths(self.src_lang), s.lengths(self.tgt_lang),
-                                       self.max_tokens if train else self.eval_max_tokens,
+        return TokenBucketBatchSampler(s.widths, self.max_tokens if train else self.eval_max_tokens,
                                        shuffle=train, seed=self.seed, num_replicas=replicas, rank=rank)
 
     def dataloader(self, split: str) -> ResumableDataLoader:

@@ -22,16 +22,19 @@ def split_statistics(dm: TranslationDataModule, split: str) -> dict:
     """Pairs, tokens and length percentiles of a filtered split, and its batches at ``max_tokens``."""
     s = dm.splits[split]
     stats = {"pairs": s.report.total, "kept": s.report.kept, "filter": str(s.report)}
+    lengths = {side: s.lengths(lang) for side, lang in (("src", dm.src_lang), ("tgt", dm.tgt_lang))}  # (n_kept,)
     for side, lang in (("src", dm.src_lang), ("tgt", dm.tgt_lang)):
-        lengths = s.lengths(lang)
-        stats[side] = {"lang": lang, "tokens": int(lengths.sum()),
-                       "percentiles": dict(zip((50, 90, 99, 100), np.percentile(lengths, (50, 90, 99, 100))))}
+        stats[side] = {"lang": lang, "tokens": int(lengths[side].sum()),
+                       "percentiles": dict(zip((50, 90, 99, 100), np.percentile(lengths[side], (50, 90, 99, 100))))}
     sampler = dm.batch_sampler(split)
     batches = sampler.epoch_batches(0)
-    real = sum(int(s.lengths(dm.tgt_lang)[b].sum()) + 2 * len(b) for b in batches)
-    padded = sum(len(b) * int(sampler.widths[b].max()) for b in batches)
+    sizes = np.array([len(b) for b in batches])  # (n_batches,)
+    flat = np.concatenate(batches)  # (n_kept,) pair indices, batch after batch
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    padded = int((sizes * np.maximum.reduceat(np.asarray(sampler.widths)[flat], starts).astype(np.int64)).sum())
+    real = int(lengths["tgt"][flat].sum(dtype=np.int64)) + 2 * len(flat)  # bos + target + eos
     stats["batches"] = {"count": len(batches), "max_tokens": sampler.max_tokens,
-                        "mean_pairs": float(np.mean([len(b) for b in batches])), "target_fill": real / padded}
+                        "mean_pairs": float(sizes.mean()), "target_fill": real / padded}
     return stats
 
 
