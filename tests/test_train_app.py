@@ -156,9 +156,9 @@ def test_smoke_experiment_runs_and_writes_everything_under_the_run_dir(tmp_path)
     last = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
     assert last["global_step"] == 40
 
-    events = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"images": 0, "scalars": 0})
+    events = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"tensors": 0, "scalars": 0})
     events.Reload()
-    images = [t for t in events.Tags()["images"] if t.startswith("attention/")]
+    images = [t for t in events.Tags()["tensors"] if t.startswith("attention/")]  # images as tf.summary.image
     cfg = compose_train("experiment=smoke").model
     assert len(images) == cfg.n_heads * (cfg.n_encoder_layers + 2 * cfg.n_decoder_layers)
     scalars = set(events.Tags()["scalars"])
