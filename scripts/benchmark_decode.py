@@ -1,13 +1,18 @@
-"""Decoding speed: greedy and beam-4 translation of the 1,000 Multi30k test sentences, before (the
-per-sentence search this project had, copied below) and after (decoding.py), side by side in one run.
+"""Decoding speed: greedy and beam-k translation of the 1,000 Multi30k test sentences, before (the
+per-sentence search this project had, copied below), after (decoding.py) and with CTranslate2 (float32 and
+int8 exports), side by side in one run.
 
-    python scripts/benchmark_decode.py ckpt=RUN/checkpoints/averaged.ckpt [max_tokens=4096] [limit=1000] [beam=4] [rounds=1]
+    python scripts/benchmark_decode.py ckpt=RUN/checkpoints/averaged.ckpt [max_tokens=4096] [limit=1000] [beam=4]
+        [rounds=1] [threads=[1,2]] [ctranslate2=true]
 
 With ``ckpt=random`` (the default) a random tiny model is built with tests/tiny_checkpoint.py (speed only: its output is
-noise). One thread; sentences are batched by tokens as ``translate`` does; every batch is decoded by each
-engine in turn (the order rotates from batch to batch; ``rounds`` passes over the batches), and "x before"
-is the median over batches of before-time / engine-time. An engine is a named function from a list of source lines to translations:
-add rows by appending to ``engines()``. "same as before" counts outputs identical to the engine's baseline.
+noise). Torch runs on one thread, except in the rows named "N threads"; ``threads`` lists the thread counts of
+the CTranslate2 rows and of the extra rows of our default search. Sentences are batched by tokens as
+``translate`` does; every batch is decoded by each engine in turn (the order rotates from batch to batch;
+``rounds`` passes over the batches). An engine is a named function from a list of source lines to translations
+with a baseline: "x baseline" is the median over batches of baseline-time / engine-time, "same" counts outputs
+identical to the baseline's. CTranslate2's baseline is our search under its stopping rule (k finished).
+Add rows by adding to ``engines()``; ``ctranslate2=false`` leaves the CTranslate2 rows out.
 """
 
 from __future__ import annotations
@@ -23,14 +28,18 @@ import torch
 from torch import Tensor
 
 from transformer_nmt.checkpoint import load_checkpoint
+from transformer_nmt.ctranslate2_engine import CTranslate2Model
 from transformer_nmt.decoding import beam_search, forbid_special, greedy_decode, length_penalty, max_output_lengths
 from transformer_nmt.evaluate import score
+from transformer_nmt.export import export_model, import_ctranslate2
 from transformer_nmt.model import Transformer
 from transformer_nmt.tokenizer import Tokenizer
-from transformer_nmt.translate import encode_sources, parse_options, read_lines, token_batches
+from transformer_nmt.options import parse_options
+from transformer_nmt.translate import encode_sources, read_lines, token_batches, translate_lines
 
 ROOT = Path(__file__).resolve().parent.parent
-OPTIONS = {"ckpt": "random", "src": None, "ref": None, "max_tokens": 4096, "limit": 1000, "beam": 4, "rounds": 1}
+OPTIONS = {"ckpt": "random", "src": None, "ref": None, "max_tokens": 4096, "limit": 1000, "beam": 4, "rounds": 1,
+           "threads": [1, 2], "ctranslate2": True}
 
 
 # --- before: the search as it was (commit b8dae0a), one Python loop over sentences per step ------------------
@@ -127,18 +136,55 @@ def ours(model: Transformer, tokenizer: Tokenizer, search: Callable[[Tensor], li
     return translate
 
 
-def engines(model: Transformer, tokenizer: Tokenizer, k: int) -> dict[str, tuple[str | None, Engine]]:
+def with_threads(threads: int, engine: Engine) -> Engine:
+    """Run ``engine`` with torch on ``threads`` threads, then go back to the number before."""
+    def translate(lines: list[str]) -> list[str]:
+        before = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            return engine(lines)
+        finally:
+            torch.set_num_threads(before)
+    return translate
+
+
+def ctranslate2_engines(model: Transformer, tokenizer: Tokenizer, k: int, baseline: str,
+                        threads: list[int]) -> dict[str, tuple[str | None, Engine]]:
+    """``model`` exported as float32 and as int8 (to a temporary directory), each loaded with each number of threads."""
+    import_ctranslate2()
+    directory = Path(tempfile.mkdtemp(prefix="ct2_benchmark_"))
+    rows = {}
+    for quantization, label in (("none", "float32"), ("int8", "int8")):
+        model_dir = export_model(model, tokenizer, directory / quantization, quantization)
+        for n in threads:
+            translator = CTranslate2Model(model_dir, threads=n)
+            rows[f"ctranslate2 {label}, beam {k}, {n} thread{'s' if n > 1 else ''}"] = (
+                baseline, lambda lines, translator=translator: [
+                    hyps[0][0] for hyps in translate_lines(translator, tokenizer, lines, beam=k)])
+    return rows
+
+
+def engines(model: Transformer, tokenizer: Tokenizer, k: int, threads: list[int],
+            ctranslate2: bool) -> dict[str, tuple[str | None, Engine]]:
     bos, eos = tokenizer.bos_id, tokenizer.eos_id
 
     def beam(stop):
-        return lambda src: [hyps[0].tokens for hyps in beam_search(model, src, k, stop=stop)]
-    return {
+        return ours(model, tokenizer, lambda src: [hyps[0].tokens for hyps in beam_search(model, src, k, stop=stop)])
+    before, same_rule = f"beam {k}, before", f"beam {k}, after, stop=k_finished"
+    default = f"beam {k}, after, stop=bound (default)"
+    rows = {
         "greedy, before": (None, ours(model, tokenizer, lambda src: before_greedy(model, src, bos, eos))),
         "greedy, after": ("greedy, before", ours(model, tokenizer, lambda src: greedy_decode(model, src))),
-        f"beam {k}, before": (None, ours(model, tokenizer, lambda src: before_beam(model, src, k, bos, eos))),
-        f"beam {k}, after, stop=k_finished": (f"beam {k}, before", ours(model, tokenizer, beam("k_finished"))),
-        f"beam {k}, after, stop=bound (default)": (f"beam {k}, before", ours(model, tokenizer, beam("bound"))),
+        before: (None, ours(model, tokenizer, lambda src: before_beam(model, src, k, bos, eos))),
+        same_rule: (before, beam("k_finished")),
+        default: (before, beam("bound")),
     }
+    for n in threads:
+        if n != 1:
+            rows[f"{default}, {n} threads"] = (default, with_threads(n, beam("bound")))
+    if ctranslate2:
+        rows.update(ctranslate2_engines(model, tokenizer, k, same_rule, threads))
+    return rows
 
 
 def model_and_tokenizer(ckpt: str) -> tuple[Transformer, Tokenizer, dict]:
@@ -165,7 +211,7 @@ def main(argv: list[str]) -> None:
     lengths = [len(ids) for ids in encode_sources(tokenizer, sources, model.config.max_positions)]
     batches = token_batches(lengths, options["max_tokens"])
 
-    table = engines(model, tokenizer, options["beam"])
+    table = engines(model, tokenizer, options["beam"], list(options["threads"]), options["ctranslate2"])
     names = list(table)
     seconds = {name: [] for name in names}
     outputs = {name: [""] * len(sources) for name in names}
@@ -179,11 +225,14 @@ def main(argv: list[str]) -> None:
                 outputs[name][i] = text
         print(f"batch {n + 1}/{len(batches) * options['rounds']} ({len(batch)} sentences)", file=sys.stderr)
 
-    print(f"{len(sources)} sentences, {options['rounds']} x {len(batches)} batches of <= {options['max_tokens']} source tokens, "
-          f"1 thread, torch {torch.__version__}, model d_model {model.config.d_model}, "
+    versions = f"torch {torch.__version__}"
+    if options["ctranslate2"]:
+        versions += f", ctranslate2 {import_ctranslate2().__version__}"
+    print(f"{len(sources)} sentences, {options['rounds']} x {len(batches)} batches of <= {options['max_tokens']} "
+          f"source tokens, {versions}, model d_model {model.config.d_model}, "
           f"{model.config.n_encoder_layers}+{model.config.n_decoder_layers} layers, vocab {model.config.vocab_size}\n")
-    print("| engine | sentences/s | target tokens/s | x before | same as before | BLEU | length ratio | BP |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| engine | sentences/s | target tokens/s | baseline | x baseline | same | BLEU | length ratio | BP |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for name in names:
         baseline, total = table[name][0], sum(seconds[name]) / options["rounds"]  # seconds per pass
         tokens = sum(len(ids) for ids in tokenizer.encode_batch(outputs[name]))
@@ -192,8 +241,8 @@ def main(argv: list[str]) -> None:
             speedup = f"{statistics.median(b / a for a, b in zip(seconds[name], seconds[baseline])):.2f}x"
             same = f"{sum(a == b for a, b in zip(outputs[name], outputs[baseline]))}/{len(sources)}"
         metrics = score(outputs[name], references)
-        print(f"| {name} | {len(sources) / total:.1f} | {tokens / total:,.0f} | {speedup} | {same} | "
-              f"{metrics['bleu']:.2f} | {metrics['length_ratio']:.3f} | {metrics['bp']:.3f} |")
+        print(f"| {name} | {len(sources) / total:.1f} | {tokens / total:,.0f} | {baseline or '-'} | {speedup} | "
+              f"{same} | {metrics['bleu']:.2f} | {metrics['length_ratio']:.3f} | {metrics['bp']:.3f} |")
 
 
 if __name__ == "__main__":

@@ -3,8 +3,10 @@
 ``CTranslate2Model.translate_ids`` takes the source ids ``translate`` prepares and returns what the native
 searches return, so ``translate_lines`` keeps every guarantee (line accounting, empty and over-long lines,
 ``n_best``) whatever the engine. CTranslate2's beam search expands and finishes hypotheses as ours does
-(2k candidates a step; an eos among the k best finishes a hypothesis, the k best others stay alive; a
-sentence is done with k finished); three things differ, and are bridged here:
+(2k candidates a step; an eos among the k best finishes a hypothesis, the k best others stay alive), and it
+stops a sentence with k finished: ours with ``stop="k_finished"``, not our default ``stop="bound"``, which
+searches on while a live beam can still win (that is not bridged: CTranslate2 has no such rule). Three
+other things differ, and are bridged here:
 - the length limit is per call, ours per sentence (source length + ``max_len_offset``): sentences are
   translated in groups of equal limit;
 - CTranslate2 normalises by length ** alpha, ours by GNMT's ((5 + length) / 6) ** alpha. Both apply the
