@@ -54,10 +54,10 @@ class TokenBucketBatchSampler:
     """
 
     def __init__(self, src_lens, tgt_lens, max_tokens: int, shuffle: bool = True, seed: int = 0,
-                 num_replicas: int = 1, rank: int = 0):
+                 num_replicas: int = 1, rank: int = 0, pad_to_multiple: int = 1):
         if not 0 <= rank < num_replicas:
             raise ValueError(f"rank {rank} is outside 0..{num_replicas - 1}")
-        self.widths = pair_widths(src_lens, tgt_lens)
+        self.widths = -(-pair_widths(src_lens, tgt_lens) // pad_to_multiple) * pad_to_multiple  # as pad_pairs pads
         if len(self.widths) and self.widths.max() > max_tokens:
             raise ValueError(
                 f"data.max_tokens={max_tokens} is smaller than the longest pair ({self.widths.max()} padded tokens "
@@ -138,8 +138,10 @@ class TokenBucketBatchSampler:
         self.epoch, self._skip = int(state["epoch"]), int(state["batches_yielded"])
 
 
-def pad_pairs(src: tuple[np.ndarray, np.ndarray], tgt: tuple[np.ndarray, np.ndarray], index) -> dict:
-    """Pad a batch: source ids + eos; bos + target ids + eos; right-padded with pad_id.
+def pad_pairs(src: tuple[np.ndarray, np.ndarray], tgt: tuple[np.ndarray, np.ndarray], index,
+              multiple: int = 1) -> dict:
+    """Pad a batch: source ids + eos; bos + target ids + eos; right-padded with pad_id to a width that is a
+    multiple of ``multiple`` (8 under torch.compile: fewer distinct shapes, tensor-core-friendly sizes).
 
     ``src`` and ``tgt`` are ragged batches as Arrow stores them: (values, offsets), row i being
     ``values[offsets[i]:offsets[i+1]]`` with offsets[0] == 0. Returns LongTensors
@@ -149,6 +151,7 @@ def pad_pairs(src: tuple[np.ndarray, np.ndarray], tgt: tuple[np.ndarray, np.ndar
     for name, (values, offsets), before in (("src", src, 0), ("tgt", tgt, 1)):
         lengths = np.diff(offsets)  # (B,)
         batch, width = len(lengths), int(lengths.max(initial=0)) + before + 1
+        width = -(-width // multiple) * multiple
         padded = np.full((batch, width), PAD_ID, dtype=np.int64)  # (B, S) or (B, T)
         rows = np.repeat(np.arange(batch), lengths)  # (n_tokens,) row of each token
         cols = np.arange(len(values)) - np.repeat(offsets[:-1], lengths) + before  # (n_tokens,) column
