@@ -1,15 +1,23 @@
-"""Benchmark the model against torch.nn.Transformer, blocked against plain attention, cached decoding.
+"""Benchmark the model against torch.nn.Transformer, the attention kernels against each other, cached decoding.
 
-    python scripts/benchmark_model.py            # full run (a few minutes on 2 CPU cores)
-    python scripts/benchmark_model.py --quick    # fewer steps, smaller memory probe
+    python scripts/benchmark_model.py                          # every table (several minutes on 2 CPU cores)
+    python scripts/benchmark_model.py --quick                  # fewer steps, smaller memory probe
+    python scripts/benchmark_model.py --tables kernels decode_kernels   # only the kernel tables
 
-Prints three markdown tables:
-1. training throughput (target tokens/s for forward + backward + Adam step) of our model and of
-   torch.nn.Transformer with the same dimensions, embeddings, output layer and dropout, in fp32
-   and in bf16 autocast; steps alternate one of each and the ratio is the median of per-pair ratios;
-2. peak memory (growth of a fresh process's RSS high-water mark, forward + backward) of plain and blocked
-   attention at Lq = Lk = 4096;
-3. decoder step time at target length 100, with the attention cache and recomputing the prefix.
+Prints markdown tables (``--tables`` picks them):
+- ``throughput``: training throughput (target tokens/s for forward + backward + Adam step) of our model
+  and of torch.nn.Transformer with the same dimensions, embeddings, output layer and dropout, in fp32
+  and in bf16 autocast, batch 128 x 20;
+- ``kernels``: the same training step in fp32 at target lengths 32, 128 and 512 (1,024 target tokens
+  per batch), ours with the fused kernel (SDPA, is_causal and key-padding masks: Flash-eligible on a
+  GPU), ours with the plain kernel, and nn.Transformer;
+- ``memory``: peak memory (growth of a fresh process's RSS high-water mark, forward + backward) of plain
+  and blocked attention at Lq = Lk = 4096;
+- ``decode``: decoder step time at target length 100, with the attention cache and recomputing the prefix;
+- ``decode_kernels``: one cached decoder step (one query against t cached keys) with the fused and the
+  plain kernel, at t = 8, 32 and 128.
+Timed variants alternate, one step of each, and every ratio is the median of per-pair ratios. The kernel
+tables are what ``model.attention=auto`` follows on CPU (attention.choose_kernel).
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ from transformer_nmt.model import Transformer, TransformerConfig
 DIMS = dict(vocab_size=8000, d_model=256, n_heads=4, n_encoder_layers=3, n_decoder_layers=3, d_ff=1024,
             dropout=0.1, max_positions=256)
 PAD = 0
+TABLES = ("throughput", "kernels", "memory", "decode", "decode_kernels")
 
 
 class TorchTransformerMT(nn.Module):
@@ -59,11 +68,11 @@ class TorchTransformerMT(nn.Module):
         return F.linear(hidden, self.embed.weight)
 
 
-def random_batch(batch, length, vocab, generator):
+def random_batch(batch, length, vocab, generator, shortest=16):
     src = torch.randint(4, vocab, (batch, length), generator=generator)
     tgt = torch.randint(4, vocab, (batch, length + 1), generator=generator)
-    for row in range(batch):  # ragged lengths, as in a real bucket: 16..length tokens
-        cut = int(torch.randint(16, length + 1, (1,), generator=generator))
+    for row in range(batch):  # ragged lengths, as in a real bucket: shortest..length tokens
+        cut = int(torch.randint(shortest, length + 1, (1,), generator=generator))
         src[row, cut:] = PAD
         tgt[row, cut + 1:] = PAD
     return src, tgt
@@ -117,6 +126,90 @@ def throughput_table(steps, batch, length):
     print("| --- | --- | --- | --- |")
     for precision, name, tps, ratio in rows:
         print(f"| {precision} | {name} | {tps:,.0f} | {ratio:.2f}x |")
+
+
+def alternate(variants, steps, warmup=1):
+    """Run one step of each variant in turn, ``warmup + steps`` rounds; the timed rounds' seconds per variant."""
+    times = {name: [] for name in variants}
+    for step in range(warmup + steps):
+        for name, run in variants.items():
+            elapsed = timed(lambda: run(step))
+            if step >= warmup:
+                times[name].append(elapsed)
+    return times
+
+
+def ratio(times, slower, faster):
+    """Median over rounds of time[slower] / time[faster]: how many times faster ``faster`` is."""
+    return statistics.median(s / f for s, f in zip(times[slower], times[faster]))
+
+
+def kernel_table(steps, tokens, lengths):
+    """fp32 training step at several target lengths: ours fused, ours plain, nn.Transformer."""
+    rows = []
+    for length in lengths:
+        batch = max(1, tokens // length)
+        generator = torch.Generator().manual_seed(length)
+        batches = [random_batch(batch, length, DIMS["vocab_size"], generator, shortest=3 * length // 4)
+                   for _ in range(2)]
+        dims = {**DIMS, "max_positions": max(DIMS["max_positions"], length + 1)}
+        torch.manual_seed(0)
+        models = {kernel: Transformer(TransformerConfig(**dims, attention=kernel)) for kernel in ("fused", "plain")}
+        models["nn.Transformer"] = TorchTransformerMT(models["plain"])
+        optimizers = {name: torch.optim.Adam(m.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
+                      for name, m in models.items()}
+        variants = {name: (lambda step, name=name: train_step(models[name].train(), optimizers[name],
+                                                              *batches[step % 2], "fp32"))
+                    for name in models}
+        times = alternate(variants, steps)
+        tgt_tokens = statistics.mean(int((tgt[:, 1:] != PAD).sum()) for _, tgt in batches)
+        rows.append((length, batch, {name: tgt_tokens / statistics.median(ts) for name, ts in times.items()},
+                     ratio(times, "plain", "fused"), ratio(times, "nn.Transformer", "fused"),
+                     ratio(times, "nn.Transformer", "plain")))
+    print(f"\n### Attention kernels in a training step, fp32 ({tokens:,} target tokens per batch, lengths 3/4..1 of "
+          f"the target length; d_model 256, 4 heads, 3+3 layers, d_ff 1024, vocab 8000; {steps} alternating "
+          f"steps, {torch.get_num_threads()} thread(s))\n")
+    print("| target length | batch | target tokens/s: fused / plain / nn.Transformer | fused vs plain "
+          "| fused vs nn.Transformer | plain vs nn.Transformer |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for length, batch, tps, fused_plain, fused_peer, plain_peer in rows:
+        print(f"| {length} | {batch} | {tps['fused']:,.0f} / {tps['plain']:,.0f} / {tps['nn.Transformer']:,.0f} "
+              f"| {fused_plain:.2f}x | {fused_peer:.2f}x | {plain_peer:.2f}x |")
+
+
+@torch.no_grad()
+def decode_kernel_table(repeats, lengths, batch):
+    """One cached decoder step (one query, t cached keys) with the fused and with the plain kernel."""
+    torch.manual_seed(0)
+    models = {kernel: Transformer(TransformerConfig(**DIMS, attention=kernel)).eval() for kernel in ("fused", "plain")}
+    models["plain"].load_state_dict(models["fused"].state_dict())
+    generator = torch.Generator().manual_seed(1)
+    src = torch.randint(4, DIMS["vocab_size"], (batch, 30), generator=generator)
+    rows = []
+    for length in lengths:
+        tgt = torch.randint(4, DIMS["vocab_size"], (batch, length), generator=generator)
+        state = {}
+        for kernel, model in models.items():
+            memory = model.encode(src)
+            cache = model.new_cache()
+            model.decode(tgt[:, : length - 1], memory, src, cache=cache)  # prefill positions 0..length-2
+            state[kernel] = (model, memory, cache)
+
+        def step(kernel):
+            model, memory, cache = state[kernel]
+            model.decode(tgt[:, length - 1:], memory, src, cache=cache)
+            for layer in cache.layers:  # drop the step again, so every repeat measures position length-1
+                layer.self_attn.k, layer.self_attn.v = layer.self_attn.k[:, :, :-1], layer.self_attn.v[:, :, :-1]
+
+        times = alternate({kernel: (lambda _, kernel=kernel: step(kernel)) for kernel in models}, repeats, warmup=2)
+        rows.append((length, 1000 * statistics.median(times["fused"]), 1000 * statistics.median(times["plain"]),
+                     ratio(times, "plain", "fused")))
+    print(f"\n### Attention kernels in one cached decoder step, fp32 (batch {batch}, source 30 tokens, "
+          f"{repeats} alternating repeats, {torch.get_num_threads()} thread(s))\n")
+    print("| cached target length | fused ms | plain ms | fused vs plain |")
+    print("| --- | --- | --- | --- |")
+    for length, fused_ms, plain_ms, fused_plain in rows:
+        print(f"| {length} | {fused_ms:.2f} | {plain_ms:.2f} | {fused_plain:.2f}x |")
 
 
 def rss_kib(field):
@@ -206,6 +299,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="fewer steps and a smaller memory probe")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (1 steadies the ratios)")
+    parser.add_argument("--tables", nargs="+", choices=TABLES, default=list(TABLES), help="tables to print")
     parser.add_argument("--memory-probe", choices=["plain", "blocked"], help=argparse.SUPPRESS)
     parser.add_argument("--length", type=int, default=4096, help=argparse.SUPPRESS)
     parser.add_argument("--heads", type=int, default=8, help=argparse.SUPPRESS)
@@ -215,9 +309,16 @@ def main():
         memory_probe(args.memory_probe, args.length, args.heads, 64)
         return
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s)")
-    throughput_table(steps=3 if args.quick else 10, batch=128, length=20)
-    memory_table(length=1024 if args.quick else 4096, heads=8, d_k=64)
-    decode_table(repeats=5 if args.quick else 20, length=100, batch=32)
+    tables = {
+        "throughput": lambda: throughput_table(steps=3 if args.quick else 10, batch=128, length=20),
+        "kernels": lambda: kernel_table(steps=2 if args.quick else 5, tokens=1024, lengths=(32, 128, 512)),
+        "memory": lambda: memory_table(length=1024 if args.quick else 4096, heads=8, d_k=64),
+        "decode": lambda: decode_table(repeats=5 if args.quick else 20, length=100, batch=32),
+        "decode_kernels": lambda: decode_kernel_table(repeats=5 if args.quick else 20, lengths=(8, 32, 128),
+                                                      batch=32),
+    }
+    for name in args.tables:
+        tables[name]()
 
 
 if __name__ == "__main__":

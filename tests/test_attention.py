@@ -11,11 +11,19 @@ from transformer_nmt.attention import (
     MultiHeadAttention,
     blocked_attention,
     causal_mask,
+    check_attention,
+    choose_kernel,
     fused_attention,
     scaled_dot_product_attention,
 )
 
 TOL = dict(atol=1e-5, rtol=1e-5)
+
+
+def assert_close_bf16(got, expected, name=""):
+    """bf16 keeps 8 significant bits (one step is 0.4-0.8% of a value), and kernels round in different
+    places: equal within 1% of the tensor's largest magnitude."""
+    torch.testing.assert_close(got, expected, atol=1e-2 * expected.abs().max().item(), rtol=0, msg=name or None)
 
 
 @pytest.fixture(autouse=True)
@@ -169,8 +177,8 @@ def test_equals_torch_sdpa_with_padding_and_causal_masks():
 def copy_to_torch_mha(ours: MultiHeadAttention) -> nn.MultiheadAttention:
     ref = nn.MultiheadAttention(ours.d_model, ours.n_heads, batch_first=True)
     with torch.no_grad():
-        ref.in_proj_weight.copy_(torch.cat([ours.q_proj.weight, ours.k_proj.weight, ours.v_proj.weight]))
-        ref.in_proj_bias.copy_(torch.cat([ours.q_proj.bias, ours.k_proj.bias, ours.v_proj.bias]))
+        ref.in_proj_weight.copy_(ours.in_proj.weight)  # both stack [W_Q; W_K; W_V]
+        ref.in_proj_bias.copy_(ours.in_proj.bias)
         ref.out_proj.weight.copy_(ours.out_proj.weight)
         ref.out_proj.bias.copy_(ours.out_proj.bias)
     return ref
@@ -203,25 +211,26 @@ def test_equals_torch_multihead_attention_outputs_weights_and_gradients(masking)
     torch.testing.assert_close(x_ours.grad, x_ref.grad, **TOL)
     if masking == "padding":
         torch.testing.assert_close(m_ours.grad, m_ref.grad, **TOL)
-    in_grad = torch.cat([ours.q_proj.weight.grad, ours.k_proj.weight.grad, ours.v_proj.weight.grad])
-    torch.testing.assert_close(in_grad, ref.in_proj_weight.grad, **TOL)
-    in_bias_grad = torch.cat([ours.q_proj.bias.grad, ours.k_proj.bias.grad, ours.v_proj.bias.grad])
-    torch.testing.assert_close(in_bias_grad, ref.in_proj_bias.grad, **TOL)
+    torch.testing.assert_close(ours.in_proj.weight.grad, ref.in_proj_weight.grad, **TOL)
+    torch.testing.assert_close(ours.in_proj.bias.grad, ref.in_proj_bias.grad, **TOL)
     torch.testing.assert_close(ours.out_proj.weight.grad, ref.out_proj.weight.grad, **TOL)
 
 
-@pytest.mark.parametrize("mask_kind", ["none", "padding", "causal", "padding_and_causal"])
+@pytest.mark.parametrize("mask_kind", ["none", "padding", "causal", "padding_and_causal", "is_causal",
+                                       "padding_and_is_causal"])
 @pytest.mark.parametrize("block_size", [1, 4, 64])
 def test_blocked_equals_plain_with_gradients(mask_kind, block_size):
     Lq = Lk = 9
     q, k, v = random_qkv(Lq=Lq, Lk=Lk, requires_grad=True)
     masks = {"none": None, "padding": padding_mask([9, 5], 9), "causal": causal_mask(9),
              "padding_and_causal": causal_mask(9) & padding_mask([9, 5], 9)}
-    mask = masks[mask_kind]
+    mask = masks.get(mask_kind.removesuffix("_and_is_causal"))  # is_causal: the reference gets the mask
+    is_causal = mask_kind.endswith("is_causal")
     grad = torch.randn(2, 3, Lq, 8)
-    out_plain, _ = scaled_dot_product_attention(q, k, v, mask)
+    out_plain, _ = scaled_dot_product_attention(q, k, v, causal_mask(9) & mask if is_causal and mask is not None
+                                                else causal_mask(9) if is_causal else mask)
     grads_plain = torch.autograd.grad((out_plain * grad).sum(), (q, k, v))
-    out_blocked = blocked_attention(q, k, v, mask, block_size=block_size)
+    out_blocked = blocked_attention(q, k, v, mask, block_size=block_size, is_causal=is_causal)
     grads_blocked = torch.autograd.grad((out_blocked * grad).sum(), (q, k, v))
     torch.testing.assert_close(out_blocked, out_plain, **TOL)
     for g_blocked, g_plain in zip(grads_blocked, grads_plain):
@@ -258,20 +267,87 @@ def test_blocked_never_materialises_the_full_score_matrix():
     assert LargestTensor.largest < full_scores // 4, (LargestTensor.largest, full_scores)
 
 
-@pytest.mark.parametrize("masking", ["none", "padding", "causal"])
-def test_fused_kernel_equals_hand_written(masking):
+def test_blocked_keeps_fp32_statistics_under_bf16():
+    # q, k, v in bf16 (what the projections give under bf16 autocast). Both kernels round the scores'
+    # products to bf16 alike; blocked then keeps m, l, o and the log-sum-exp in fp32, so it differs from
+    # plain by accumulation order only. With those statistics in bf16 (the former version) the
+    # backward's exp(scores - lse) was off by up to 2.5% of the largest gradient here.
+    B, h, L, d = 2, 2, 64, 16
+    q, k, v = 3 * torch.randn(B, h, L, d), torch.randn(B, h, L, d), torch.randn(B, h, L, d)
+    mask, grad = padding_mask([L, 40], L), torch.randn(B, h, L, d)
+
+    def run(kernel):
+        inputs = [t.bfloat16().requires_grad_() for t in (q, k, v)]
+        out = kernel(*inputs)
+        assert out.dtype == torch.bfloat16
+        return [out.float(), *(g.float() for g in torch.autograd.grad((out.float() * grad).sum(), inputs))]
+
+    plain = run(lambda q, k, v: scaled_dot_product_attention(q, k, v, mask)[0])
+    blocked = run(lambda q, k, v: blocked_attention(q, k, v, mask, block_size=16))
+    for name, b, p in zip(["out", "dq", "dk", "dv"], blocked, plain):
+        assert_close_bf16(b, p, name)
+
+
+MASKINGS = ["none", "padding", "causal_mask", "is_causal", "padding_and_is_causal", "cross_padding"]
+
+
+def attend(mha, x, memory, masking):
+    """One call of ``mha`` with the given masking: self-attention on x, or cross-attention onto memory."""
+    L, S = x.shape[1], memory.shape[1]
+    if masking == "cross_padding":
+        return mha(x, memory, memory, padding_mask([S, 3], S))[0]
+    mask = {"padding": padding_mask([L, 2], L), "causal_mask": causal_mask(L),
+            "padding_and_is_causal": padding_mask([L, 4], L)}.get(masking)
+    return mha(x, x, x, mask, is_causal=masking.endswith("is_causal"))[0]
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("masking", MASKINGS)
+@pytest.mark.parametrize("kernel", ["fused", "blocked", "auto"])
+def test_every_kernel_equals_plain_outputs_and_gradients(kernel, masking, precision):
     d, h = 32, 4
     plain = MultiHeadAttention(d, h, kernel="plain")
-    fused = MultiHeadAttention(d, h, kernel="fused")
-    fused.load_state_dict(plain.state_dict())
-    x = torch.randn(2, 6, d, requires_grad=True)
-    mask = {"none": None, "padding": padding_mask([6, 2], 6), "causal": causal_mask(6)}[masking]
-    out_plain, _ = plain(x, x, x, mask)
-    out_fused, _ = fused(x, x, x, mask)
-    torch.testing.assert_close(out_fused, out_plain, **TOL)
-    g_plain = torch.autograd.grad(out_plain.sum(), x)[0]
-    g_fused = torch.autograd.grad(out_fused.sum(), x)[0]
-    torch.testing.assert_close(g_fused, g_plain, **TOL)
+    other = MultiHeadAttention(d, h, kernel=kernel, block_size=4)
+    other.load_state_dict(plain.state_dict())
+    x, memory, grad = torch.randn(2, 6, d), torch.randn(2, 7, d), torch.randn(2, 6, d)
+    results = []
+    for mha in (plain, other):
+        x_, memory_ = x.clone().requires_grad_(), memory.clone().requires_grad_()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+            out = attend(mha, x_, memory_, masking)
+        inputs = [x_, memory_] if masking == "cross_padding" else [x_]
+        grads = torch.autograd.grad((out.float() * grad).sum(), [*inputs, mha.in_proj.weight, mha.out_proj.weight])
+        results.append([out.float(), *grads])
+    for got, expected in zip(results[1], results[0]):
+        if precision == "fp32":
+            torch.testing.assert_close(got, expected, **TOL)
+        else:
+            assert_close_bf16(got, expected)
+
+
+def test_choose_kernel():
+    for kernel in ("auto", "plain", "blocked", "fused"):  # weights exist only in the hand-written kernel
+        assert choose_kernel(kernel, "cpu", need_weights=True) == "plain"
+        assert choose_kernel(kernel, "cuda", need_weights=True) == "plain"
+    for kernel in ("plain", "blocked", "fused"):  # an explicit choice is kept
+        assert choose_kernel(kernel, "cuda", need_weights=False) == kernel
+    assert choose_kernel("auto", "cuda", need_weights=False) == "fused"
+    assert choose_kernel("auto", "cpu", need_weights=False) == "fused"  # measured faster (README, Benchmark)
+
+
+def test_is_causal_with_fewer_queries_than_keys_is_refused():
+    q, k, v = random_qkv(Lq=1, Lk=5)
+    for kernel in (lambda *a, **kw: scaled_dot_product_attention(*a, **kw)[0], blocked_attention, fused_attention):
+        with pytest.raises(ValueError, match="is_causal needs as many queries as keys"):
+            kernel(q, k, v, is_causal=True)
+
+
+def test_check_attention_names_the_options():
+    with pytest.raises(ValueError, match=r"model.d_model \(30\) must be divisible by model.n_heads \(4\)"):
+        check_attention(30, 4, prefix="model.")
+    with pytest.raises(KeyError, match=r"attention must be one of"):
+        check_attention(32, 4, "flash", error=KeyError)
+    check_attention(32, 4, "auto")
 
 
 def test_head_gate_silences_exactly_one_head():

@@ -4,8 +4,10 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
+from transformer_nmt.attention import causal_mask
 from transformer_nmt.model import Transformer, TransformerConfig, sinusoidal_positions
 
 PAD = 0
@@ -27,8 +29,8 @@ def random_batch(vocab=50, B=3, S=7, T=6, generator=None):
 
 
 def copy_attention(ref: nn.MultiheadAttention, ours) -> None:
-    ref.in_proj_weight.copy_(torch.cat([ours.q_proj.weight, ours.k_proj.weight, ours.v_proj.weight]))
-    ref.in_proj_bias.copy_(torch.cat([ours.q_proj.bias, ours.k_proj.bias, ours.v_proj.bias]))
+    ref.in_proj_weight.copy_(ours.in_proj.weight)  # both stack [W_Q; W_K; W_V]
+    ref.in_proj_bias.copy_(ours.in_proj.bias)
     ref.out_proj.load_state_dict(ours.out_proj.state_dict())
 
 
@@ -85,7 +87,9 @@ def test_logits_equal_torch_transformer_with_copied_weights(norm_first):
                      memory_key_padding_mask=src == PAD, tgt_is_causal=True)
         ref_logits = hidden @ model.src_embed.weight.T
     assert logits.shape == (3, T, 50)
-    torch.testing.assert_close(logits, ref_logits, atol=1e-4, rtol=1e-4)
+    # At real target positions; pad positions differ (ours lets a pad query see earlier pads: see decode).
+    real = tgt != PAD
+    torch.testing.assert_close(logits[real], ref_logits[real], atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("kernel", ["plain", "blocked", "fused"])
@@ -103,6 +107,110 @@ def test_cached_incremental_decoding_equals_full_decoder_at_every_step(kernel, n
             full = model.decode(tgt[:, : t + 1], memory, src)  # (B, t+1, V)
             assert len(cache) == t + 1
             torch.testing.assert_close(step[:, 0], full[:, -1], atol=1e-5, rtol=1e-5)
+
+
+def right_padded_batch(generator):
+    """src (3, 7), tgt (3, 9) right-padded, as every batch is: targets of 9, 5 and 2 tokens."""
+    src, _ = random_batch(generator=generator)
+    tgt = torch.randint(4, 50, (3, 9), generator=generator)
+    tgt[1, 5:] = PAD
+    tgt[2, 2:] = PAD
+    return src, tgt
+
+
+def loss_and_gradients(model, logits, labels):
+    loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=PAD, label_smoothing=0.1)
+    return [loss, *torch.autograd.grad(loss, list(model.parameters()))]
+
+
+@pytest.mark.parametrize("kernel", ["plain", "fused", "blocked"])
+def test_causal_decoder_without_padding_mask_equals_explicit_masks(kernel):
+    # Training runs the decoder self-attention with is_causal and no mask. On right-padded targets a real
+    # query only sees real keys and pad rows carry no loss, so loss and every gradient equal those of the
+    # explicit (B, 1, T, T) causal-and-padding mask, fed here layer by layer.
+    torch.manual_seed(6)
+    model = Transformer(small_config(attention=kernel, attention_block_size=4)).train()  # dropout 0
+    src, tgt = right_padded_batch(torch.Generator().manual_seed(6))
+    tgt_in, labels = tgt[:, :-1], tgt[:, 1:]
+    ours = loss_and_gradients(model, model(src, tgt_in), labels)
+
+    memory = model.encode(src)
+    explicit = causal_mask(tgt_in.shape[1]) & model.padding_mask(tgt_in)  # (B, 1, T, T)
+    x = model.embed(tgt_in, model.tgt_embed)
+    for layer in model.decoder_layers:
+        x, _, _ = layer(x, memory, model.padding_mask(src), self_mask=explicit)
+    reference = loss_and_gradients(model, model.project(model.decoder_norm(x)), labels)
+    for got, expected in zip(ours, reference):
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_sdpa_receives_no_mask_for_causal_self_attention_and_key_masks_elsewhere(monkeypatch):
+    calls = []
+    sdpa = F.scaled_dot_product_attention
+
+    def recording(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, **kwargs):
+        calls.append(dict(lq=q.shape[-2], lk=k.shape[-2], is_causal=is_causal,
+                          mask=None if attn_mask is None else (tuple(attn_mask.shape), attn_mask.dtype)))
+        return sdpa(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, **kwargs)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", recording)
+    torch.manual_seed(7)
+    model = Transformer(small_config(attention="auto"))  # auto runs the fused kernel (SDPA) where no weights are asked
+    src, tgt = right_padded_batch(torch.Generator().manual_seed(7))
+    B, S, T = src.shape[0], src.shape[1], tgt.shape[1]
+    key_mask = dict(is_causal=False, mask=((B, 1, 1, S), torch.bool))
+    encoder = dict(lq=S, lk=S, **key_mask)
+    decoder_self = dict(lq=T, lk=T, is_causal=True, mask=None)  # Flash-eligible: no mask at all
+    cross = dict(lq=T, lk=S, **key_mask)
+
+    model.train()(src, tgt).sum().backward()  # training
+    assert calls == [encoder] * 2 + [decoder_self, cross] * 3
+    calls.clear()
+    with torch.no_grad():
+        model.eval()(src, tgt)  # validation loss: the same calls
+        assert calls == [encoder] * 2 + [decoder_self, cross] * 3
+        calls.clear()
+        memory, cache = model.encode(src), model.new_cache()
+        model.decode(tgt[:, :1], memory, src, cache=cache)  # first step: 1 query, 1 key
+        model.decode(tgt[:, 1:2], memory, src, cache=cache)  # later steps: 1 query sees every cached key
+        model.decode(tgt[:, 2:4], memory, src, cache=cache)  # 2 steps at once: an explicit (2, 4) mask
+
+    def step(lq, lk, **self_attn):  # one decoder pass: per layer, self-attention then cross-attention
+        return [dict(lq=lq, lk=lk, **self_attn), dict(lq=lq, lk=S, **key_mask)] * 3
+
+    assert calls == ([encoder] * 2 + step(1, 1, is_causal=True, mask=None) + step(1, 2, is_causal=False, mask=None)
+                     + step(2, 4, is_causal=False, mask=((2, 4), torch.bool)))
+    calls.clear()
+    with torch.no_grad():
+        model(src, tgt, return_attention=True)  # weights: the hand-written kernel, never SDPA
+        Transformer(small_config(attention="plain"))(src, tgt)
+    assert calls == []
+
+
+def test_old_checkpoints_with_separate_q_k_v_projections_load():
+    torch.manual_seed(8)
+    model = Transformer(small_config()).eval()
+    old = {}  # the state_dict layout before in_proj: q_proj, k_proj, v_proj per attention module
+    for key, value in model.state_dict().items():
+        if ".in_proj." in key:
+            for name, part in zip("qkv", value.chunk(3)):
+                old[key.replace(".in_proj.", f".{name}_proj.")] = part.clone()
+        else:
+            old[key] = value
+    assert not any(".in_proj." in key for key in old) and any(".q_proj.weight" in key for key in old)
+    loaded = Transformer(small_config()).eval()
+    loaded.load_state_dict(old)  # strict
+    src, tgt = random_batch()
+    torch.testing.assert_close(loaded(src, tgt), model(src, tgt), atol=0, rtol=0)
+
+
+def test_buffers_are_not_saved_so_ddp_need_not_broadcast_them():
+    # The only buffer is the sinusoidal table, a function of the config, not saved in the state_dict:
+    # DDP can run with broadcast_buffers=False (no per-step broadcast) without ranks drifting apart.
+    model = Transformer(small_config())
+    assert [name for name, _ in model.named_buffers()] == ["positions"]
+    assert not any(key.endswith("positions") for key in model.state_dict())
+    torch.testing.assert_close(model.positions, sinusoidal_positions(64, 32), atol=0, rtol=0)
 
 
 def test_cache_reorder_follows_the_batch_rows():
@@ -127,7 +235,7 @@ def test_cross_attention_keys_are_projected_once_per_source():
     cross_attn = model.decoder_layers[0].cross_attn
     calls = []
     project_qkv = cross_attn.project_qkv
-    cross_attn.project_qkv = lambda *args: calls.append(1) or project_qkv(*args)
+    cross_attn.project_qkv = lambda *args: calls.append(1) or project_qkv(*args)  # projects K and V
     with torch.no_grad():
         memory = model.encode(src)
         cache = model.new_cache()

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from transformer_nmt.attention import ATTENTION_KERNELS, AttentionCache, MultiHeadAttention, causal_mask
+from transformer_nmt.attention import AttentionCache, MultiHeadAttention, causal_mask, check_attention
 
 
 @dataclass
@@ -38,14 +38,11 @@ class TransformerConfig:
     norm_first: bool = False  # False: post-LN as in the paper; True: pre-LN
     tie_embeddings: bool = True  # one matrix for source, target and output embeddings (3.4)
     pad_id: int = 0
-    attention: str = "plain"  # plain | blocked | fused
+    attention: str = "auto"  # auto | plain | blocked | fused (attention.choose_kernel)
     attention_block_size: int = 128
 
     def __post_init__(self):
-        if self.n_heads < 1 or self.d_model % self.n_heads != 0:
-            raise ValueError(f"model.d_model ({self.d_model}) must be divisible by model.n_heads ({self.n_heads})")
-        if self.attention not in ATTENTION_KERNELS:
-            raise ValueError(f"model.attention must be one of {ATTENTION_KERNELS}, got {self.attention!r}")
+        check_attention(self.d_model, self.n_heads, self.attention, prefix="model.")
         if self.attention == "blocked" and self.attention_dropout > 0:
             raise ValueError("model.attention=blocked does not support model.attention_dropout > 0")
         if not 0 <= self.pad_id < self.vocab_size:
@@ -107,7 +104,8 @@ class EncoderLayer(nn.Module):
         self.ff_block = SublayerConnection(cfg.d_model, cfg.dropout, cfg.norm_first)
 
     def forward(self, x: Tensor, mask: Tensor, need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
-        x, weights = self.attn_block(x, lambda h: self.self_attn(h, h, h, mask, need_weights))
+        """x (B, S, d_model), mask (B, 1, 1, S): every query sees every real key."""
+        x, weights = self.attn_block(x, lambda h: self.self_attn(h, h, h, mask, need_weights=need_weights))
         x, _ = self.ff_block(x, lambda h: (self.feed_forward(h), None))
         return x, weights  # (B, S, d_model), (B, h, S, S) or None
 
@@ -122,13 +120,15 @@ class DecoderLayer(nn.Module):
         self.cross_attn_block = SublayerConnection(cfg.d_model, cfg.dropout, cfg.norm_first)
         self.ff_block = SublayerConnection(cfg.d_model, cfg.dropout, cfg.norm_first)
 
-    def forward(self, x: Tensor, memory: Tensor, self_mask: Tensor, memory_mask: Tensor,
-                cache: LayerCache | None = None, need_weights: bool = False):
+    def forward(self, x: Tensor, memory: Tensor, memory_mask: Tensor, self_mask: Tensor | None = None,
+                is_causal: bool = False, cache: LayerCache | None = None, need_weights: bool = False):
+        """x (B, T, d_model), memory (B, S, d_model), memory_mask (B, 1, 1, S); the self-attention sees
+        what ``self_mask`` (T, t) and ``is_causal`` allow (Transformer.decode chooses them)."""
         self_cache, cross_cache = (cache.self_attn, cache.cross_attn) if cache is not None else (None, None)
-        x, self_weights = self.self_attn_block(
-            x, lambda h: self.self_attn(h, h, h, self_mask, need_weights, self_cache))
-        x, cross_weights = self.cross_attn_block(
-            x, lambda h: self.cross_attn(h, memory, memory, memory_mask, need_weights, cross_cache))
+        x, self_weights = self.self_attn_block(x, lambda h: self.self_attn(
+            h, h, h, self_mask, is_causal, need_weights=need_weights, cache=self_cache))
+        x, cross_weights = self.cross_attn_block(x, lambda h: self.cross_attn(
+            h, memory, memory, memory_mask, need_weights=need_weights, cache=cross_cache))
         x, _ = self.ff_block(x, lambda h: (self.feed_forward(h), None))
         return x, self_weights, cross_weights
 
@@ -186,7 +186,9 @@ class Transformer(nn.Module):
     def _init_weights(self) -> None:
         for name, param in self.named_parameters():
             if param.dim() > 1 and "embed" not in name:
-                nn.init.xavier_uniform_(param)
+                # Xavier per matrix: W_Q, W_K, W_V one by one, though in_proj stacks them.
+                for matrix in param.split(self.config.d_model) if name.endswith("in_proj.weight") else (param,):
+                    nn.init.xavier_uniform_(matrix)
             elif name.endswith("bias") and "norm" not in name:
                 nn.init.zeros_(param)
         for embed in dict.fromkeys([self.src_embed, self.tgt_embed]):  # once each, in a fixed order
@@ -231,19 +233,27 @@ class Transformer(nn.Module):
         ``src`` (B, S) gives the source padding mask. With a ``cache`` (from ``new_cache()``),
         ``tgt_in`` holds only the tokens not yet decoded (usually one, (B, 1)); keys and values
         of earlier steps come from the cache, so step t costs O(t).
+
+        ``tgt_in`` is right-padded (as every batch is): the self-attention is causal only, with no
+        padding mask. A real query i sees keys <= i, all real; a pad query also sees pads, and its
+        output is ignored (no loss, and no real query attends to it). The logits of real tokens
+        equal those of an explicit causal-and-padding mask (tests/test_model.py proves it).
         """
         offset = len(cache) if cache is not None else 0
         T = tgt_in.shape[1]
-        # Causal over all positions so far, restricted to the new rows; padding on the key axis.
-        self_mask = causal_mask(offset + T, tgt_in.device)[offset:]  # (T, offset+T)
-        if cache is None:
-            self_mask = self_mask & self.padding_mask(tgt_in)  # (B, 1, T, T)
+        # Section 3.2.3: position i attends to positions <= i.
+        if offset == 0:  # the whole prefix at once (training): causal, no mask built
+            self_mask, is_causal = None, True
+        elif T == 1:  # one new step after the cache: it may see every key so far
+            self_mask, is_causal = None, False
+        else:  # several new steps after the cache: new row i sees keys <= offset + i
+            self_mask, is_causal = causal_mask(offset + T, tgt_in.device)[offset:], False  # (T, offset+T)
         memory_mask = self.padding_mask(src)  # (B, 1, 1, S)
         x = self.embed(tgt_in, self.tgt_embed, offset)
         self_weights, cross_weights = [], []
         for i, layer in enumerate(self.decoder_layers):
             layer_cache = cache.layers[i] if cache is not None else None
-            x, w_self, w_cross = layer(x, memory, self_mask, memory_mask, layer_cache, need_weights)
+            x, w_self, w_cross = layer(x, memory, memory_mask, self_mask, is_causal, layer_cache, need_weights)
             self_weights.append(w_self)
             cross_weights.append(w_cross)
         logits = self.project(self.decoder_norm(x))

@@ -23,6 +23,7 @@ from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
+from transformer_nmt.attention import check_attention
 from transformer_nmt.callbacks import AttentionMaps, LastCheckpoint, TokenProgressBar
 from transformer_nmt.checkpoint import AtomicCheckpointIO
 from transformer_nmt.model import TransformerConfig
@@ -49,9 +50,7 @@ def validate_config(cfg: DictConfig) -> None:
         raise ConfigError("model.vocab_size is set from the tokenizer at run time: set data.vocab_size instead")
     if unknown:
         raise ConfigError(f"unknown model settings {sorted(unknown)}; TransformerConfig has {sorted(MODEL_FIELDS)}")
-    if model.n_heads < 1 or model.d_model % model.n_heads:
-        raise ConfigError(f"model.d_model ({model.d_model}) must be divisible by model.n_heads ({model.n_heads}): "
-                          f"each head gets d_model / n_heads dimensions")
+    check_attention(model.d_model, model.n_heads, model.get("attention"), prefix="model.", error=ConfigError)
     if model.get("pad_id", 0) != 0:
         raise ConfigError(f"model.pad_id must be 0, the tokenizer's pad id (got {model.pad_id})")
     data_max = cfg.data.get("max_positions")
