@@ -204,7 +204,8 @@ def main() -> int:
     report["matmul_tflops"] = matmul_tflops(SIZES["matmul"])
     log(f"{SIZES['matmul']}^3 matmul: {report['matmul_tflops']:.3g} TFLOP/s")
     batches = {1: synthetic_batches(SIZES["warmup"] + SIZES["steps"])}
-    variants = [(k, False) for k in ATTENTION_KERNELS] + ([("fused", True)] if CUDA else [])
+    kernels = [k for k in ("plain", "fused", "blocked", "auto") if k in ATTENTION_KERNELS]  # auto: the default
+    variants = [(k, False) for k in kernels] + ([("fused", True)] if CUDA else [])
     report["runs"] = []
     for kernel, compile_model in variants:
         if compile_model and time.perf_counter() - started > BUDGET_SECONDS - 150:
