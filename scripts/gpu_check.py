@@ -14,7 +14,8 @@
    6 x 2 x d_model x (sum over sentences and layers of Lq x Lk: encoder self, decoder self (causal counted
    in full, as the kernels compute it), cross), over real tokens. MFU = model FLOPs per second over the
    data-sheet dense bf16 peak (989 TFLOP/s, H100/H200 SXM; GPU_CHECK_PEAK_TFLOPS) and over the matmul's rate.
-4. The loss must fall: its mean over the last 20 timed steps below that of the first 20 warm-up steps by 1 nat.
+4. The loss must fall: its mean over the last 20 timed steps below that of the first 20 steps by 1 nat
+   (0.2 in the CPU dry run's 60 steps of a toy model).
 
 Prints a table and writes OUT_DIR/gpu_check.json. Uses no torch API newer than 2.11.
 """
@@ -44,10 +45,10 @@ PEAK_TFLOPS = float(os.environ.get("GPU_CHECK_PEAK_TFLOPS", "989"))  # H100/H200
 CUDA = torch.cuda.is_available()
 SIZES = dict(  # the paper's base model and batch on a GPU; a toy on the CPU dry run
     model=dict(d_model=512, n_heads=8, n_encoder_layers=6, n_decoder_layers=6, d_ff=2048, dropout=0.1),
-    vocab=37000, max_tokens=25000, warmup=20, steps=200, matmul=8192, pairs=200_000, lr_warmup=400,
+    vocab=37000, max_tokens=25000, warmup=20, steps=200, matmul=8192, pairs=200_000, lr_warmup=400, loss_drop=1.0,
 ) if CUDA else dict(
     model=dict(d_model=32, n_heads=2, n_encoder_layers=1, n_decoder_layers=1, d_ff=64, dropout=0.1),
-    vocab=500, max_tokens=600, warmup=20, steps=40, matmul=512, pairs=4000, lr_warmup=60,
+    vocab=500, max_tokens=600, warmup=20, steps=40, matmul=512, pairs=4000, lr_warmup=60, loss_drop=0.2,
 )
 
 
@@ -181,7 +182,7 @@ def measure(kernel: str, compile_model: bool, batches: list[dict], matmul: float
         "mfu_datasheet": flops / (PEAK_TFLOPS * 1e12), "mfu_matmul": flops / (matmul * 1e12),
         "peak_memory_gib": torch.cuda.max_memory_allocated() / 2 ** 30 if CUDA else None,
         "loss_first": float(np.mean(early)), "loss_last": float(np.mean(late)),
-        "loss_falls": float(np.mean(late)) < float(np.mean(early)) - 1.0,
+        "loss_falls": float(np.mean(late)) < float(np.mean(early)) - SIZES["loss_drop"],
     }
 
 
