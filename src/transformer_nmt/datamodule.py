@@ -315,7 +315,7 @@ class TranslationDataModule(L.LightningDataModule):
 
     def dataloader(self, split: str) -> ResumableDataLoader:
         s = self._split(split)
-        trainer = getattr(self, "trainer", None)
+        device = getattr(getattr(getattr(self, "trainer", None), "strategy", None), "root_device", None)
         return ResumableDataLoader(
             PairDataset(s.tokens, s.keep, self.src_lang, self.tgt_lang, self.pad_to_multiple),
             batch_sampler=self.batch_sampler(split),
@@ -323,7 +323,7 @@ class TranslationDataModule(L.LightningDataModule):
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
             # Page-locked batches: Lightning's non_blocking copy to the GPU then overlaps the step.
-            pin_memory=trainer is not None and trainer.strategy.root_device.type == "cuda",
+            pin_memory=device is not None and device.type == "cuda",
         )
 
     def train_dataloader(self) -> ResumableDataLoader:
