@@ -1,10 +1,24 @@
-"""Write notebooks/attention_walkthrough.ipynb and notebooks/attention_maps.ipynb from the cells below.
-Run: python scripts/make_notebooks.py (the notebooks are committed; tests/test_notebooks.py executes them)."""
+"""Write notebooks/attention_walkthrough.ipynb and notebooks/attention_maps.ipynb from the cells below,
+executed, with their outputs: python scripts/make_notebooks.py (a few seconds on a CPU).
 
+They run in a fresh kernel with one intra-op thread, so that their printed numbers are reproducible;
+the maps notebook runs on the tiny random checkpoint of tests/tiny_checkpoint.py (seed 0), which CI can
+rebuild. tests/test_notebooks.py executes them the same way and fails when the committed outputs are stale.
+"""
+
+import os
+import re
+import sys
+import tempfile
 from pathlib import Path
 
 import nbformat
+from nbclient import NotebookClient
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+REPO = Path(__file__).resolve().parent.parent
+NOTEBOOKS = REPO / "notebooks"
+TINY_CKPT = "tiny_random.ckpt"  # written by tests/tiny_checkpoint.py into a temporary directory
 
 WALKTHROUGH = [
     ("md", """# Attention, step by step, on our code
@@ -17,7 +31,9 @@ import torch
 import matplotlib.pyplot as plt
 from transformer_nmt.attention import (MultiHeadAttention, blocked_attention, causal_mask,
                                        scaled_dot_product_attention)
-torch.manual_seed(0)"""),
+torch.manual_seed(0)
+%config InlineBackend.figure_formats = ["png"]
+plt.rcParams["figure.dpi"] = 80"""),
     ("md", """## 1. The shape table (paper base: d_model 512, h 8, batch 2, 4 tokens)
 Project, split heads on the feature axis, scores, weights, weighted sum, merge heads, output projection."""),
     ("code", """mha = MultiHeadAttention(d_model=512, n_heads=8)
@@ -49,16 +65,42 @@ print("row 0:", w[0, 0, 0])
 assert w[0, 0, 0, 0] == 1 and (w[0, 0].triu(1) == 0).all()"""),
     ("md", """## 3. Why divide by sqrt(d_k)
 With q, k ~ N(0, 1), the dot product q.k has variance d_k. Unscaled, the softmax of such scores is
-nearly one-hot (its gradient vanishes); divided by sqrt(d_k) the variance is back to about 1."""),
-    ("code", """for d_k in (64, 512):
-    q, k = torch.randn(10000, d_k), torch.randn(10000, d_k)
-    dots = (q * k).sum(-1)
-    scaled = dots / math.sqrt(d_k)
-    scores = torch.randn(200, 1, d_k) @ torch.randn(200, d_k, 10)  # 200 queries x 10 keys
-    peak_raw = torch.softmax(scores, -1).amax(-1).mean()
-    peak_scaled = torch.softmax(scores / math.sqrt(d_k), -1).amax(-1).mean()
-    print(f"d_k={d_k:4d}: var(q.k)={dots.var():7.1f}  var(q.k/sqrt(d_k))={scaled.var():.2f}  "
-          f"mean max softmax weight over 10 keys: raw {peak_raw:.2f}, scaled {peak_scaled:.2f}")"""),
+nearly one-hot, and its gradient vanishes; divided by sqrt(d_k), the variance is back to about 1 whatever d_k.
+For 200 queries over 10 keys we measure the mean largest softmax weight (0.1 would be uniform, 1 one-hot)
+and the mean Frobenius norm of the softmax Jacobian d p / d s = diag(p) - p p^T (the factor every gradient
+through the softmax is multiplied by; largest for uniform weights, 0 for one-hot ones)."""),
+    ("code", """def softmax_jacobian_norm(scores):
+    p = torch.softmax(scores, -1)                                   # (n, keys)
+    jacobian = torch.diag_embed(p) - p[:, :, None] * p[:, None, :]  # (n, keys, keys)
+    return torch.linalg.matrix_norm(jacobian).mean()
+
+d_ks = [4, 8, 16, 32, 64, 128, 256, 512, 1024]
+rows = []
+print(" d_k  var(q.k)  var(q.k/sqrt(d_k))  max weight: raw  scaled   |Jacobian|: raw    scaled")
+for d_k in d_ks:
+    dots = (torch.randn(10000, d_k) * torch.randn(10000, d_k)).sum(-1)
+    scores = (torch.randn(200, 1, d_k) @ torch.randn(200, d_k, 10))[:, 0]  # (200 queries, 10 keys)
+    row = dict(raw_peak=torch.softmax(scores, -1).amax(-1).mean().item(),
+               scaled_peak=torch.softmax(scores / math.sqrt(d_k), -1).amax(-1).mean().item(),
+               raw_grad=softmax_jacobian_norm(scores).item(),
+               scaled_grad=softmax_jacobian_norm(scores / math.sqrt(d_k)).item())
+    rows.append(row)
+    print(f"{d_k:4d}  {dots.var():8.1f}  {(dots / math.sqrt(d_k)).var():18.2f}  {row['raw_peak']:15.2f}  "
+          f"{row['scaled_peak']:6.2f}  {row['raw_grad']:15.3f}  {row['scaled_grad']:8.3f}")"""),
+    ("code", """fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+for key, label, style in (("raw", "q.k (unscaled)", "o-"), ("scaled", "q.k / sqrt(d_k)", "s-")):
+    axes[0].plot(d_ks, [r[f"{key}_peak"] for r in rows], style, label=label)
+    axes[1].plot(d_ks, [r[f"{key}_grad"] for r in rows], style, label=label)
+axes[0].axhline(0.1, color="grey", linestyle=":", label="uniform over 10 keys")
+axes[0].set_ylabel("mean max softmax weight")
+axes[1].set_ylabel("mean |d softmax / d scores|_F")
+for ax in axes:
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("d_k")
+    ax.legend()
+fig.suptitle("Unscaled scores saturate the softmax as d_k grows; scaled ones do not")
+fig.tight_layout()
+plt.show()"""),
     ("md", """## 4. The invariants
 Each is also a test in `tests/test_attention.py`."""),
     ("code", """q, k, v = torch.randn(2, 3, 5, 8), torch.randn(2, 3, 7, 8), torch.randn(2, 3, 7, 8)
@@ -89,7 +131,8 @@ print("a query that sees no key -> zeros, no NaN:", bool((o_empty == 0).all() an
     ("code", """q, k, v = torch.randn(1, 2, 300, 16), torch.randn(1, 2, 300, 16), torch.randn(1, 2, 300, 16)
 plain, _ = scaled_dot_product_attention(q, k, v, causal_mask(300))
 blocked = blocked_attention(q, k, v, causal_mask(300), block_size=64)
-print("max |blocked - plain| =", (blocked - plain).abs().max().item())
+error = (blocked - plain).abs().max().item()
+print("max |blocked - plain| below 1e-5:", error < 1e-5)  # about 1e-7: float32 rounding, not an approximation
 assert torch.allclose(blocked, plain, atol=1e-5)"""),
 ]
 
@@ -99,13 +142,19 @@ MAPS = [
 Loads a checkpoint written by `python -m transformer_nmt.train`, translates one sentence with beam search,
 then runs the model once more on (source, translation) and plots the attention weights of every head:
 encoder self-attention, decoder self-attention and cross-attention. Set `NMT_CKPT` to choose the
-checkpoint; by default the newest `outputs/*/*/checkpoints/last.ckpt`."""),
+checkpoint; by default the newest `outputs/*/*/checkpoints/last.ckpt`.
+
+**The outputs shown here come from a tiny random model** (1+1 layers, 2 heads, d_model 16,
+`tests/tiny_checkpoint.py`), which CI rebuilds to check that they are current: its translation is noise and
+its maps show no alignment. Run the notebook on a checkpoint of yours to see a trained model's heads."""),
     ("code", """import os
 from pathlib import Path
 import matplotlib.pyplot as plt
 import torch
 from transformer_nmt.checkpoint import load_checkpoint
 from transformer_nmt.translate import translate_lines
+%config InlineBackend.figure_formats = ["png"]
+plt.rcParams["figure.dpi"] = 80
 
 ckpt = os.environ.get("NMT_CKPT") or str(max(Path("..").glob("outputs/*/*/checkpoints/last.ckpt"),
                                               key=os.path.getmtime))
@@ -115,14 +164,14 @@ sentence = os.environ.get("NMT_SENTENCE", "A little girl climbing into a wooden 
 translation = translate_lines(model, tokenizer, [sentence], beam=4)[0][0][0]
 print("source:     ", sentence)
 print("translation:", translation)"""),
-    ("code", """src_ids = tokenizer.encode(sentence) + [tokenizer.eos_id]
-tgt_ids = [tokenizer.bos_id] + tokenizer.encode(translation) + [tokenizer.eos_id]
-src = torch.tensor([src_ids[: model.config.max_positions]])
-tgt = torch.tensor([tgt_ids[: model.config.max_positions]])
+    ("code", """MAX_TOKENS = 32  # longer sentences are cut, so that the labels stay readable
+src_ids = tokenizer.encode(sentence)[: MAX_TOKENS - 1] + [tokenizer.eos_id]
+tgt_ids = [tokenizer.bos_id] + tokenizer.encode(translation)[: MAX_TOKENS - 1]  # the decoder's input
+src, tgt_in = torch.tensor([src_ids]), torch.tensor([tgt_ids])
 with torch.no_grad():
-    _, attention = model(src, tgt[:, :-1], return_attention=True)
-src_tokens = [tokenizer.id_to_piece(i) for i in src[0].tolist()]
-tgt_in_tokens = [tokenizer.id_to_piece(i) for i in tgt[0, :-1].tolist()]
+    _, attention = model(src, tgt_in, return_attention=True)
+src_tokens = [tokenizer.id_to_piece(i) for i in src_ids]
+tgt_in_tokens = [tokenizer.id_to_piece(i) for i in tgt_ids]
 axes_labels = {"encoder": (src_tokens, src_tokens), "decoder": (tgt_in_tokens, tgt_in_tokens),
                "cross": (tgt_in_tokens, src_tokens)}
 for kind, layers in attention.items():
@@ -131,14 +180,16 @@ for kind, layers in attention.items():
     layers = attention[kind]
     n_layers, n_heads = len(layers), layers[0].shape[1]
     rows, cols = axes_labels[kind]
-    fig, axes = plt.subplots(n_layers, n_heads, figsize=(2.6 * n_heads, 2.6 * n_layers), squeeze=False)
+    inches = max(3.0, 0.14 * max(len(rows), len(cols)))  # per map: about 11 pixels per token
+    fig, axes = plt.subplots(n_layers, n_heads, figsize=(inches * n_heads, inches * n_layers), squeeze=False)
     for layer, weights in enumerate(layers):
         for head in range(n_heads):
             ax = axes[layer][head]
-            ax.imshow(weights[0, head].numpy(), cmap="viridis", vmin=0, vmax=1)
-            ax.set_xticks(range(len(cols)), cols, rotation=90, fontsize=6)
-            ax.set_yticks(range(len(rows)), rows, fontsize=6)
-            ax.set_title(f"layer {layer} head {head}", fontsize=8)
+            ax.imshow(weights[0, head].numpy(), cmap="viridis", vmin=0)  # colour: 0 to this map's largest weight
+            ax.set_xticks(range(len(cols)), cols, rotation=90, fontsize=7)
+            ax.set_yticks(range(len(rows)), rows, fontsize=7)
+            ax.tick_params(length=0, pad=1)
+            ax.set_title(f"layer {layer} head {head}", fontsize=9)
     fig.suptitle(f"{kind} attention (rows: queries, columns: keys)")
     fig.tight_layout()
     plt.show()
@@ -154,13 +205,69 @@ words; compare with `python -m transformer_nmt.analyze_heads`, which measures wh
 def build(cells):
     nb = new_notebook()
     nb.cells = [new_markdown_cell(src) if kind == "md" else new_code_cell(src) for kind, src in cells]
+    for i, cell in enumerate(nb.cells):
+        cell.id = f"cell-{i}"  # stable ids: regenerating changes only what changed
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     return nb
 
 
+NOTEBOOK_CELLS = {"attention_walkthrough.ipynb": WALKTHROUGH, "attention_maps.ipynb": MAPS}
+
+
+def execute(notebook, checkpoint_dir: Path):
+    """Run ``notebook`` in place in a fresh kernel in notebooks/, on one thread, with ``NMT_CKPT`` set to
+    the tiny checkpoint in ``checkpoint_dir`` (which the caller writes)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "NMT_CKPT": str(checkpoint_dir / TINY_CKPT)}
+    NotebookClient(notebook, timeout=300, kernel_name="python3", record_timing=False,
+                   resources={"metadata": {"path": str(NOTEBOOKS)}}).execute(env=env)
+    return notebook
+
+
+def normalise(text: str, checkpoint_dir: Path) -> str:
+    """What changes from run to run made constant: the checkpoint's temporary directory, memory addresses."""
+    return re.sub(r"0x[0-9a-f]+", "0x...", text.replace(str(checkpoint_dir), "$TMP"))
+
+
+def text_outputs(notebook, checkpoint_dir: Path) -> list[list[str]]:
+    """Per code cell, its printed text and the text form of its results and figures, normalised."""
+    cells = []
+    for cell in notebook.cells:
+        if cell.cell_type != "code":
+            continue
+        texts = [""]  # stdout, joined: the kernel may send one print in several messages
+        for out in cell.outputs:
+            if out.output_type == "stream" and out.name == "stdout":
+                texts[0] += out.text
+            elif out.output_type in ("execute_result", "display_data"):
+                texts.append(out.data.get("text/plain", ""))
+            elif out.output_type == "error":
+                texts.append(f"{out.ename}: {out.evalue}")
+        cells.append([normalise(text, checkpoint_dir) for text in texts])
+    return cells
+
+
+def write_tiny_checkpoint(directory: Path) -> None:
+    sys.path.insert(0, str(REPO / "tests"))
+    from tiny_checkpoint import tiny_tokenizer, write_checkpoint
+
+    write_checkpoint(directory / TINY_CKPT, tiny_tokenizer())
+
+
 if __name__ == "__main__":
-    out = Path(__file__).resolve().parent.parent / "notebooks"
-    out.mkdir(exist_ok=True)
-    for name, cells in (("attention_walkthrough.ipynb", WALKTHROUGH), ("attention_maps.ipynb", MAPS)):
-        nbformat.write(build(cells), out / name)
-        print("wrote", out / name)
+    with tempfile.TemporaryDirectory() as tmp:
+        write_tiny_checkpoint(Path(tmp))
+        for name, cells in NOTEBOOK_CELLS.items():
+            notebook = execute(build(cells), Path(tmp))
+            for cell in notebook.cells:
+                outputs = []  # consecutive prints joined: the kernel splits them by timing
+                for out in cell.get("outputs", []):
+                    if out.output_type == "stream":
+                        out.text = normalise(out.text, Path(tmp))
+                        if outputs and outputs[-1].output_type == "stream" and outputs[-1].name == out.name:
+                            outputs[-1].text += out.text
+                            continue
+                    outputs.append(out)
+                if cell.cell_type == "code":
+                    cell.outputs = outputs
+            nbformat.write(notebook, NOTEBOOKS / name)
+            print(f"wrote {NOTEBOOKS / name} ({(NOTEBOOKS / name).stat().st_size / 1e3:.0f} kB)")

@@ -1,10 +1,21 @@
-"""Per-head attention maps in TensorBoard: one image and one entropy scalar per (kind, layer, head)."""
+"""Per-head attention maps in TensorBoard: per (kind, layer, head) one image per probe under one tag and one
+entropy scalar, rendered off the training thread."""
 
+import io
+import logging
 import math
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
+from matplotlib import colormaps
+from PIL import Image
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch.utils.tensorboard import SummaryWriter
 
@@ -18,7 +29,7 @@ N_ENC, N_DEC, HEADS = 2, 1, 4
 
 
 def read_events(log_dir):
-    events = EventAccumulator(str(log_dir), size_guidance={"images": 0, "scalars": 0})
+    events = EventAccumulator(str(log_dir), size_guidance={"tensors": 0, "scalars": 0})
     events.Reload()
     return events
 
@@ -44,30 +55,65 @@ def test_entropy_of_uniform_and_one_hot_attention():
     assert torch.allclose(attention_entropy(one_hot), torch.zeros(2))
 
 
-def test_heatmap_size_does_not_depend_on_sentence_length():
-    short = render_heatmaps([(np.eye(3), list("abc"), list("abc"))], "t", panel_inches=2.0, dpi=50)
-    long = render_heatmaps([(np.ones((20, 30)) / 30, ["▁tok"] * 30, ["▁tok"] * 20)] * 2, "t", 2.0, 50)
-    assert short.dtype == np.uint8 and short.shape == (3, 100, 100)
-    assert long.shape == (3, 100, 200)
+def decode(png: bytes) -> np.ndarray:
+    return np.asarray(Image.open(io.BytesIO(png)).convert("RGB"))  # (H, W, 3)
 
 
-def test_one_image_and_one_entropy_per_kind_layer_and_head(tmp_path, tokenizer):
+def test_one_png_per_map_at_one_size_whatever_the_sentence_length():
+    short = render_heatmaps(np.stack([np.eye(3), np.eye(3)[::-1]]), list("abc"), list("abc"), ["t0", "t1"], 2.0, 50)
+    long = render_heatmaps(np.ones((1, 20, 30)) / 30, ["▁tok"] * 30, ["▁tok"] * 20, ["t"], inches=2.0, dpi=50)
+    assert len(short) == 2 and len(long) == 1
+    assert {decode(png).shape for png in short + long} == {(100, 100, 3)}
+
+
+def test_each_map_is_drawn_with_its_own_weights():
+    """Cell centres of eye(3) and of its mirror show viridis at the top (1) and at the bottom (0) of the scale."""
+    maps = np.stack([np.eye(3), np.eye(3)[:, ::-1]])
+    pixels = [decode(png) for png in render_heatmaps(maps, list("abc"), list("xyz"), ["a", "b"], inches=3.0, dpi=60)]
+    size = 180
+    def cell(image, row, col):  # the axes span x 0.2..0.99 and y 0.2..0.93 of the figure (render_heatmaps)
+        x = (0.2 + (col + 0.5) / 3 * 0.79) * size
+        y = (0.07 + (row + 0.5) / 3 * 0.73) * size  # from the top
+        return image[int(y), int(x)].astype(int)
+    high, low = (np.array(colormaps["viridis"](v)[:3]) * 255 for v in (1.0, 0.0))
+    for image, weights in zip(pixels, maps):
+        for row in range(3):
+            for col in range(3):
+                expected = high if weights[row, col] == 1 else low
+                assert np.abs(cell(image, row, col) - expected).max() <= 2, (row, col)
+
+
+def image_samples(events, tag):
+    """The (step, [decoded image per sample]) of an image tag written as tf.summary.image does."""
+    assert events.SummaryMetadata(tag).plugin_data.plugin_name == "images"
+    out = []
+    for event in events.Tensors(tag):
+        width, height, *pngs = event.tensor_proto.string_val
+        images = [decode(png) for png in pngs]
+        assert all(image.shape == (int(height), int(width), 3) for image in images)
+        out.append((event.step, images))
+    return out
+
+
+def test_one_image_per_probe_and_one_entropy_per_kind_layer_and_head(tmp_path, tokenizer):
     torch.manual_seed(0)
     model = Transformer(TransformerConfig(vocab_size=tokenizer.vocab_size, d_model=32, n_heads=HEADS,
                                           n_encoder_layers=N_ENC, n_decoder_layers=N_DEC, d_ff=64)).eval()
     probes = [["A man in an orange hat.", "Ein Mann mit einem orangefarbenen Hut."], "Two dogs play."]
     writer = SummaryWriter(str(tmp_path))
-    AttentionMaps(probes=probes, panel_inches=3.0, dpi=40).log_maps(writer, model, tokenizer, probes, step=7)
+    maps = AttentionMaps(probes=probes, inches=3.0, dpi=40)
+    assert maps.log_maps(writer, model, tokenizer, probes, step=7) == 2 * HEADS * (N_ENC + 2 * N_DEC)
     writer.close()
 
     events = read_events(tmp_path)
-    images = events.Tags()["images"]
+    images = events.Tags()["tensors"]
     assert len(images) == N_ENC * HEADS + 2 * N_DEC * HEADS  # encoder-self, decoder-self, cross
     assert "attention/cross/layer_0/head_3" in images and "attention/encoder-self/layer_1/head_0" in images
     assert "attention/decoder-self/layer_0/head_2" in images
     for tag in images:
-        (image,) = events.Images(tag)
-        assert (image.step, image.height, image.width) == (7, 120, 240)  # 3 in x 40 dpi, one panel per probe
+        ((step, samples),) = image_samples(events, tag)  # one step, one image per probe, 3 in x 40 dpi
+        assert step == 7 and [s.shape for s in samples] == [(120, 120, 3)] * 2
+        assert not np.array_equal(samples[0], samples[1])
     entropies = [t for t in events.Tags()["scalars"] if t.startswith("attention_entropy/")]
     assert sorted(entropies) == sorted(t.replace("attention/", "attention_entropy/") for t in images)
     source_tokens = len(tokenizer.encode(probes[0][0])) + 1
@@ -76,12 +122,81 @@ def test_one_image_and_one_entropy_per_kind_layer_and_head(tmp_path, tokenizer):
         assert 0.0 <= value.value <= math.log(max(source_tokens, 40))
 
 
-def test_maps_are_logged_every_nth_validation_of_a_training_run(corpus, tmp_path):
+def test_maps_are_logged_every_nth_validation_of_a_training_run(corpus, tmp_path, caplog):
     cfg = tiny_config(corpus, "trainer.max_steps=6", "trainer.val_check_interval=2",
                       "attention_maps.every_n_validations=2", "attention_maps.n_probes=1")
-    train(cfg, tmp_path)  # validations at steps 2, 4, 6: maps at the 1st and 3rd
+    with caplog.at_level(logging.INFO, logger="transformer_nmt.callbacks"):
+        train(cfg, tmp_path)  # validations at steps 2, 4, 6: maps at the 1st and 3rd
     events = read_events(tmp_path / "tensorboard")
-    images = [t for t in events.Tags()["images"] if t.startswith("attention/")]
+    images = [t for t in events.Tags()["tensors"] if t.startswith("attention/")]
     model = cfg.model
     assert len(images) == model.n_heads * (model.n_encoder_layers + 2 * model.n_decoder_layers)
-    assert [image.step for image in events.Images(images[0])] == [2, 6]
+    assert [(step, len(samples)) for step, samples in image_samples(events, images[0])] == [(2, 1), (6, 1)]
+    for cost in ("attention_maps/seconds", "attention_maps/render_seconds"):
+        assert [e.step for e in events.Scalars(cost)] == [2, 6] and all(e.value > 0 for e in events.Scalars(cost))
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("attention maps at step")]
+    assert len(lines) == 2 and f"rendering {len(images)} images in the background" in lines[1]
+
+
+def fake_validation(writer, model, tokenizer, step=3):
+    trainer = SimpleNamespace(sanity_checking=False, is_global_zero=True, global_step=step,
+                              logger=SimpleNamespace(experiment=writer))
+    return trainer, SimpleNamespace(model=model, tokenizer=tokenizer, training=False, eval=lambda: None,
+                                    train=lambda mode: None)
+
+
+def test_rendering_runs_off_the_training_thread_and_its_errors_reach_it(tmp_path, tokenizer, monkeypatch):
+    model = Transformer(TransformerConfig(vocab_size=tokenizer.vocab_size, d_model=16, n_heads=2, n_encoder_layers=1,
+                                          n_decoder_layers=1, d_ff=32)).eval()
+    maps = AttentionMaps(probes=["Two dogs play."], inches=1.5, dpi=40)
+    release, rendered = threading.Event(), []
+    write = maps.write
+    def slow_write(*args):
+        assert threading.current_thread() is not threading.main_thread()
+        release.wait(timeout=30)
+        rendered.append(write(*args))
+        return rendered[-1]
+    monkeypatch.setattr(maps, "write", slow_write)
+    writer = SummaryWriter(str(tmp_path))
+    maps.on_validation_end(*fake_validation(writer, model, tokenizer))
+    assert not rendered  # the training thread is back while the images are still to be rendered
+    release.set()
+    maps.teardown(None, None, "fit")
+    assert rendered == [2 * 3]  # 1 probe x 2 heads x (encoder, decoder, cross)
+
+    def failing_write(*args):
+        raise ValueError("no font")
+    monkeypatch.setattr(maps, "write", failing_write)
+    maps.on_validation_end(*fake_validation(writer, model, tokenizer, step=4))
+    with pytest.raises(RuntimeError, match="rendering the attention maps failed"):
+        maps.wait()
+    writer.close()
+
+
+DDP_SCRIPT = """
+import sys
+from pathlib import Path
+sys.path.insert(0, {tests!r})
+from test_train_app import tiny_config
+from transformer_nmt.train import train
+
+corpus, out = Path(sys.argv[1]), Path(sys.argv[2])
+train(tiny_config(corpus, "trainer.devices=2", "trainer.strategy=ddp", "trainer.max_steps=2",
+                  "trainer.val_check_interval=2", "train.val_bleu_max_sentences=0",
+                  "attention_maps.every_n_validations=1", "attention_maps.n_probes=1"), out)
+"""
+
+
+def test_under_ddp_rank_0_alone_writes_the_maps_and_their_cost(corpus, tmp_path):
+    script = tmp_path / "ddp_maps.py"
+    script.write_text(DDP_SCRIPT.format(tests=str(Path(__file__).parent)))
+    # Lightning's "ddp" strategy re-launches the script for rank 1; the corpus caches exist already (fixture).
+    result = subprocess.run([sys.executable, str(script), str(corpus), str(tmp_path / "run")], capture_output=True,
+                            text=True, timeout=240, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stderr[-4000:]
+    events = read_events(tmp_path / "run" / "tensorboard")
+    images = [t for t in events.Tags()["tensors"] if t.startswith("attention/")]
+    assert len(images) == 2 * (2 + 2 * 2)  # tiny model: 2 heads, 2 + 2 layers
+    assert all([(step, len(samples)) for step, samples in image_samples(events, tag)] == [(2, 1)] for tag in images)
+    assert [e.step for e in events.Scalars("attention_maps/seconds")] == [2]
+    assert [e.step for e in events.Scalars("attention_maps/render_seconds")] == [2]

@@ -1,12 +1,14 @@
 """Greedy and beam search: beam 1 is greedy; the cached batched search equals a slow reference."""
 
+import math
+
 import pytest
 import torch
 
 from transformer_nmt.decoding import beam_search, greedy_decode, length_penalty
-from transformer_nmt.model import Transformer, TransformerConfig
+from transformer_nmt.model import DecoderCache, Transformer, TransformerConfig
 
-BOS, EOS, PAD = 2, 3, 0
+PAD, UNK, BOS, EOS = 0, 1, 2, 3
 
 
 def random_model(seed, vocab=12, **overrides):
@@ -44,8 +46,9 @@ def reference_greedy(model, src_row, max_len):
 
 
 @torch.no_grad()
-def reference_beam(model, src_row, k, alpha, max_len):
-    """One sentence, no cache, no batching: the beam search rule written as plainly as possible."""
+def reference_beam(model, src_row, k, alpha, max_len, stop="bound", n_best=1):
+    """One sentence, no cache, no batching: the beam search rule written as plainly as possible.
+    Returns the n_best finished (tokens, normalised score), best first."""
     src = src_row[src_row != PAD].unsqueeze(0)
     beams = [([], 0.0)]  # (generated tokens, sum of log-probs)
     finished = []
@@ -63,14 +66,20 @@ def reference_beam(model, src_row, k, alpha, max_len):
         for rank, (score, tokens, t) in enumerate(candidates[: 2 * k]):
             if t == EOS and rank >= k:
                 continue
-            if t == EOS or at_limit:
-                if len(finished) < k:
-                    finished.append((tokens + ([] if t == EOS else [t]), score / length_penalty(step + 1, alpha)))
+            if t == EOS or at_limit:  # |Y| = step + 1: the tokens and the eos
+                finished.append((tokens + ([] if t == EOS else [t]), score / length_penalty(step + 1, alpha)))
             elif len(beams) < k:
                 beams.append((tokens + [t], score))
-        if len(finished) >= k or at_limit:
+        finished = sorted(finished, key=lambda f: -f[1])[:k]
+        if at_limit:
             break
-    return max(finished, key=lambda f: f[1])
+        if stop == "k_finished" and len(finished) == k:
+            break
+        # No live beam can end above beams[0]'s score divided by the largest length penalty.
+        if stop == "bound" and len(finished) >= n_best and \
+                finished[n_best - 1][1] >= beams[0][1] / length_penalty(max_len, alpha):
+            break
+    return finished[:n_best]
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -89,15 +98,26 @@ def test_beam_size_one_equals_greedy(seed):
     assert [hyps[0].tokens for hyps in beam] == greedy
 
 
+@pytest.mark.parametrize("stop", ["bound", "k_finished"])
 @pytest.mark.parametrize("seed, k, alpha", [(0, 4, 0.6), (1, 3, 1.0), (2, 4, 0.0), (3, 2, 0.6)])
-def test_cached_batched_beam_search_equals_slow_reference(seed, k, alpha):
+def test_cached_batched_beam_search_equals_slow_reference(seed, k, alpha, stop):
     model, src = random_model(seed), random_sources(seed)
     lengths = (src != PAD).sum(1)
-    results = beam_search(model, src, beam_size=k, alpha=alpha, max_len_offset=4)
+    results = beam_search(model, src, beam_size=k, alpha=alpha, max_len_offset=4, stop=stop)
     for i, hyps in enumerate(results):
-        tokens, score = reference_beam(model, src[i], k, alpha, int(lengths[i]) + 4)
+        [(tokens, score)] = reference_beam(model, src[i], k, alpha, int(lengths[i]) + 4, stop)
         assert hyps[0].tokens == tokens
         assert hyps[0].score == pytest.approx(score, abs=1e-4)
+
+
+def test_n_best_equal_slow_reference():
+    model, src = random_model(5), random_sources(5)
+    lengths = (src != PAD).sum(1)
+    results = beam_search(model, src, beam_size=4, n_best=3, max_len_offset=4)
+    for i, hyps in enumerate(results):
+        reference = reference_beam(model, src[i], 4, 0.6, int(lengths[i]) + 4, n_best=3)
+        assert [h.tokens for h in hyps] == [tokens for tokens, _ in reference]
+        assert [h.score for h in hyps] == pytest.approx([score for _, score in reference], abs=1e-4)
 
 
 def test_n_best_are_sorted_and_distinct():
@@ -124,3 +144,63 @@ def test_output_length_is_bounded_by_source_length_plus_offset():
 def test_length_penalty_formula():
     assert length_penalty(7, 0.6) == pytest.approx(2.0 ** 0.6)
     assert length_penalty(10, 0.0) == 1.0
+
+
+class MarkovTable:
+    """A toy 'model' whose next-token distribution depends on the last token only: probs[last] (V,)."""
+
+    def __init__(self, probs):
+        self.log_probs = torch.tensor(probs).clamp_min(1e-9).log()  # (V, V)
+        self.config = TransformerConfig(vocab_size=len(probs), max_positions=40)
+
+    def encode(self, src):
+        return torch.zeros(*src.shape, 1)  # (B, S, 1)
+
+    def new_cache(self):
+        return DecoderCache(n_layers=1)  # stays empty: the table needs no history
+
+    def decode(self, tgt_in, memory, src, cache=None):
+        return self.log_probs[tgt_in].clone()  # (B, T, V)
+
+    def __call__(self, src, tgt_in):
+        return self.decode(tgt_in, None, src)
+
+
+def early_eos_table():
+    """bos -> a .6 | eos .4;  a -> c .7 | eos .3;  c -> d .99;  d -> eos .99. Greedy says "a c d"."""
+    a, c, d, V = 4, 5, 6, 8
+    probs = [[0.0] * V for _ in range(V)]
+    probs[BOS][a], probs[BOS][EOS] = 0.6, 0.4
+    probs[a][c], probs[a][EOS] = 0.7, 0.3
+    probs[c][d], probs[c][EOS] = 0.99, 0.01
+    probs[d][EOS], probs[d][a] = 0.99, 0.01
+    for row in (PAD, UNK, EOS, 7):
+        probs[row][EOS] = 1.0
+    return MarkovTable(probs), [a, c, d]
+
+
+def test_old_rule_stops_at_two_short_hypotheses_bound_finds_the_better_long_one():
+    model, acd = early_eos_table()
+    src = torch.tensor([[4, 5, EOS]])
+    # k = 2: the empty output (eos at step 1) and "a" (eos at step 2) are the two first to finish.
+    [[old]] = beam_search(model, src, beam_size=2, alpha=0.6, max_len_offset=5, stop="k_finished")
+    [[new]] = beam_search(model, src, beam_size=2, alpha=0.6, max_len_offset=5, stop="bound")
+    assert old.tokens == [] and old.score == pytest.approx(math.log(0.4))
+    # "a c d eos": 4 tokens, eos counted in |Y|.
+    expected = math.log(0.6 * 0.7 * 0.99 * 0.99) / length_penalty(4, 0.6)
+    assert new.tokens == acd and new.score == pytest.approx(expected, abs=1e-5)
+    assert new.score > old.score
+    assert greedy_decode(model, src, max_len_offset=5) == [acd]
+    [(tokens, score)] = reference_beam(model, src[0], 2, 0.6, 3 + 5)
+    assert (tokens, score) == (acd, pytest.approx(expected, abs=1e-5))
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_bound_rule_never_scores_below_k_finished_rule(seed):
+    """The bound rule stops only when no live beam can beat its best, and keeps the k best finished:
+    its best hypothesis scores at least as well as that of the k-finished rule, for every sentence."""
+    model, src = random_model(seed, vocab=16), random_sources(seed, vocab=16, B=8)
+    old = beam_search(model, src, beam_size=3, max_len_offset=6, stop="k_finished")
+    new = beam_search(model, src, beam_size=3, max_len_offset=6, stop="bound")
+    for o, n in zip(old, new):
+        assert n[0].score >= o[0].score - 1e-6

@@ -1,6 +1,7 @@
 """translate, evaluate and average on small checkpoints: line accounting, sacreBLEU agreement, averaging."""
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +13,7 @@ from transformer_nmt.average import average_checkpoints
 from transformer_nmt.average import main as average_main
 from transformer_nmt.checkpoint import CheckpointError, atomic_torch_save, load_checkpoint
 from transformer_nmt.evaluate import main as evaluate_main
+from transformer_nmt.evaluate import score
 from transformer_nmt.training import CKPT_TOKENIZER
 from transformer_nmt.translate import main as translate_main
 from transformer_nmt.translate import translate_lines
@@ -149,6 +151,14 @@ def test_evaluate_scores_match_the_sacrebleu_command_line(tmp_path, checkpoint):
         assert float(cli.stdout.strip()) == pytest.approx(result[key], abs=1e-4)
     assert result["bleu_signature"].startswith("nrefs:1|case:mixed")
     assert "case:lc" in result["bleu_lowercase_signature"]
+
+
+def test_evaluate_reports_length_ratio_and_brevity_penalty():
+    references = ["a man rides a red bike", "two dogs play in the snow"]  # 12 tokens
+    metrics = score(["a man rides", "two dogs play in the"], references)  # 8 tokens
+    assert metrics["length_ratio"] == pytest.approx(8 / 12, abs=1e-4)
+    assert metrics["bp"] == pytest.approx(math.exp(1 - 12 / 8), abs=1e-4)  # BP = exp(1 - r / c) when c < r
+    assert score(references, references)["length_ratio"] == 1.0 and score(references, references)["bp"] == 1.0
 
 
 # --- head importance ---------------------------------------------------------------------------

@@ -1,19 +1,26 @@
-"""Checkpoints: an interrupted-and-resumed run ends with the weights of an uninterrupted one, and a
-writer killed mid-write never leaves a corrupt ``last.ckpt``."""
+"""Checkpoints: an interrupted-and-resumed run ends with the weights of an uninterrupted one (also when SLURM's
+requeue signal interrupts it), a writer killed mid-write never leaves a corrupt ``last.ckpt``, and the
+averaging window holds exactly the last K checkpoints."""
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
 import time
+from datetime import timedelta
+from pathlib import Path
 
 import pytest
 import torch
 
-from test_train_app import one_thread, tiny_config, write_tiny_corpus  # noqa: F401 (fixture)
-from transformer_nmt.checkpoint import AtomicCheckpointIO, read_checkpoint
-from transformer_nmt.train import build_trainer, train
+import transformer_nmt
+import transformer_nmt.checkpoint as checkpoint_module
+from test_train_app import compose_train, one_thread, tiny_config, tiny_overrides, write_tiny_corpus  # noqa: F401 (fixture)
+from transformer_nmt.average import last_checkpoints
+from transformer_nmt.checkpoint import AtomicCheckpointIO, checkpoint_step, read_checkpoint
+from transformer_nmt.train import build_callbacks, build_trainer, train
 
 TOTAL_STEPS = 14  # the tiny corpus makes 10 batches per epoch: the runs cross an epoch boundary
 
@@ -108,3 +115,75 @@ def test_a_writer_killed_mid_write_leaves_the_previous_last_checkpoint(tmp_path)
 def test_the_trainer_writes_checkpoints_atomically(corpus, tmp_path):
     trainer = build_trainer(tiny_config(corpus), tmp_path, callbacks=[])
     assert isinstance(trainer.strategy.checkpoint_io, AtomicCheckpointIO)
+
+
+# --- SLURM requeue ----------------------------------------------------------------------------
+
+SCONTROL = "#!/bin/sh\necho \"$@\" >> \"$SCONTROL_LOG\"\n"  # stands in for SLURM's scontrol: records the call
+
+
+def test_sigusr1_under_slurm_requeues_and_the_requeued_job_ends_with_the_uninterrupted_weights(
+        corpus, uninterrupted, tmp_path):
+    """trainer=multinode on one CPU process under a faked SLURM job: SIGUSR1 mid-run writes last.ckpt, calls
+    `scontrol requeue JOB` and stops; the same command again (what the requeued job runs) resumes from it."""
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "scontrol").write_text(SCONTROL)
+    (tmp_path / "bin" / "scontrol").chmod(0o755)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    src = Path(transformer_nmt.__file__).resolve().parents[1]
+    env = {**os.environ, "PATH": f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}",
+           "SCONTROL_LOG": str(tmp_path / "scontrol.log"), "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": f"{src}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(port), "SLURM_JOB_ID": "4242", "SLURM_JOB_NAME": "train", "SLURM_NTASKS": "1",
+           "SLURM_NTASKS_PER_NODE": "1", "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0",
+           "SLURM_NODELIST": "localhost"}
+    command = [sys.executable, "-m", "transformer_nmt.train",
+               *[a.replace("trainer=cpu", "trainer=multinode") for a in tiny_overrides(corpus)],
+               "trainer.num_nodes=1", "trainer.devices=1", "trainer.accelerator=cpu", "trainer.precision=32-true",
+               f"trainer.max_steps={TOTAL_STEPS}", "trainer.val_check_interval=5", "checkpoint.every_n_train_steps=2",
+               "name=requeue"]
+    last = tmp_path / "outputs" / "requeue" / "slurm-4242" / "checkpoints" / "last.ckpt"  # from SLURM_JOB_ID
+    job = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 240
+    while not last.exists() and job.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    job.send_signal(signal.SIGUSR1)
+    output = job.communicate(timeout=240)[0]
+    assert job.returncode == 0, output[-3000:]
+    assert (tmp_path / "scontrol.log").read_text() == "requeue 4242\n", output[-3000:]
+    stopped = read_checkpoint(last)["global_step"]
+    assert 2 <= stopped < TOTAL_STEPS
+
+    requeued = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
+    assert requeued.returncode == 0, requeued.stderr[-3000:]
+    assert f"resume      from {last}, step {stopped} (ckpt_path=auto)" in requeued.stdout + requeued.stderr
+    final = read_checkpoint(last)
+    assert final["global_step"] == TOTAL_STEPS
+    difference = max((final["state_dict"][k].float() - uninterrupted[k].float()).abs().max().item()
+                     for k in uninterrupted)
+    assert difference == 0.0, f"requeued at step {stopped}: max abs weight difference {difference}"
+
+
+# --- the averaging window ---------------------------------------------------------------------
+
+def test_the_recent_window_holds_exactly_the_last_k_checkpoints_written_atomically(corpus, tmp_path, monkeypatch):
+    renames = []
+    replace = checkpoint_module.os.replace
+    monkeypatch.setattr(checkpoint_module.os, "replace", lambda a, b: (renames.append((Path(a), Path(b))),
+                                                                       replace(a, b))[1])
+    run(corpus, tmp_path, 11, "checkpoint.recent.keep=3", "checkpoint.recent.every_n_train_steps=2")
+    recent = tmp_path / "checkpoints" / "recent"
+    written = [b.name for a, b in renames if b.parent == recent]
+    assert written == [f"step{s:07d}.ckpt" for s in (2, 4, 6, 8, 10)]  # every one through a rename ...
+    assert all(a.name.startswith(b.name + ".tmp-") for a, b in renames)  # ... of a temporary file beside it
+    assert sorted(p.name for p in recent.iterdir()) == [f"step{s:07d}.ckpt" for s in (6, 8, 10)]  # nothing else
+    assert [checkpoint_step(p) for p in last_checkpoints(recent, 3)] == [6, 8, 10]
+
+
+def test_the_papers_recipe_keeps_the_last_5_checkpoints_at_10_minute_intervals(tmp_path):
+    cfg = compose_train("experiment=wmt14_base")
+    window = [c for c in build_callbacks(cfg, tmp_path) if getattr(c, "dirpath", None) == str(tmp_path / "recent")]
+    assert len(window) == 1 and window[0].save_top_k == 5
+    assert window[0]._train_time_interval == timedelta(minutes=10) and not window[0]._every_n_train_steps

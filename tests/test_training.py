@@ -264,7 +264,7 @@ def test_padding_to_a_multiple_of_8_keeps_the_token_budget():
 
 
 def test_resume_from_last_without_a_checkpoint_names_the_run_dir_option(corpus, tmp_path):
-    from transformer_nmt.train import ConfigError
+    from transformer_nmt.launch import LaunchError
 
-    with pytest.raises(ConfigError, match="no last.ckpt in .*hydra.run.dir"):
+    with pytest.raises(LaunchError, match="ckpt_path=last: no checkpoints/last.ckpt in .*hydra.run.dir"):
         train(tiny_config(corpus, "ckpt_path=last"), tmp_path / "fresh_run")

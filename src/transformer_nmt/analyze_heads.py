@@ -33,8 +33,9 @@ from sacrebleu.metrics import BLEU  # noqa: E402
 from transformer_nmt.checkpoint import load_checkpoint  # noqa: E402
 from transformer_nmt.evaluate import evaluation_pairs  # noqa: E402
 from transformer_nmt.model import Transformer  # noqa: E402
+from transformer_nmt.options import parse_options  # noqa: E402
 from transformer_nmt.tokenizer import Tokenizer  # noqa: E402
-from transformer_nmt.translate import encode_sources, parse_options, token_batches, translate_lines  # noqa: E402
+from transformer_nmt.translate import encode_sources, token_batches, translate_lines  # noqa: E402
 
 KINDS = ("encoder", "decoder", "cross")
 OPTIONS = {"ckpt": None, "split": None, "src": None, "ref": None, "out": None, "max_sentences": 300, "beam": 1,

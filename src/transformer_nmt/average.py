@@ -1,6 +1,6 @@
 """Checkpoint averaging (paper section 6.1: the base models average the last 5 checkpoints).
 
-    python -m transformer_nmt.average dir=RUN_DIR/checkpoints last=5 output=RUN_DIR/averaged.ckpt
+    python -m transformer_nmt.average dir=RUN_DIR/checkpoints/recent last=5 output=RUN_DIR/averaged.ckpt
     python -m transformer_nmt.average 'inputs=[a.ckpt,b.ckpt]' output=averaged.ckpt
 
 "Last" means the highest training steps, read from the checkpoints themselves. The output holds the
@@ -17,30 +17,32 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
-from transformer_nmt.checkpoint import CheckpointError, atomic_torch_save, read_checkpoint
+from transformer_nmt.checkpoint import CheckpointError, atomic_torch_save, checkpoint_step, read_checkpoint
 
 AVERAGED_FROM = "averaged_from"
 
 
 def average_checkpoints(paths: list[str | Path]) -> dict:
-    """Average the model weights of ``paths`` (a list of training checkpoints) into one checkpoint dict."""
+    """Average the model weights of ``paths`` (a list of training checkpoints) into one checkpoint dict.
+
+    Checkpoints are memory-mapped and summed one at a time: memory holds one float64 copy of the
+    weights, never the inputs' optimizer states.
+    """
     if not paths:
         raise ValueError("no checkpoints to average")
-    checkpoints = [read_checkpoint(p) for p in paths]
-    newest = max(checkpoints, key=lambda c: c.get("global_step") or 0)
+    newest = max((read_checkpoint(p, mmap=True) for p in paths), key=lambda c: c.get("global_step") or 0)
     reference = newest["state_dict"]
-    for path, checkpoint in zip(paths, checkpoints):
-        if checkpoint["state_dict"].keys() != reference.keys() or any(
-                checkpoint["state_dict"][k].shape != v.shape for k, v in reference.items()):
+    total = {k: torch.zeros_like(v, dtype=torch.float64) for k, v in reference.items() if v.is_floating_point()}
+    for path in paths:
+        weights = read_checkpoint(path, mmap=True)["state_dict"]
+        if weights.keys() != reference.keys() or any(weights[k].shape != v.shape for k, v in reference.items()):
             raise CheckpointError(f"checkpoint {path} has other parameters than the newest input: "
                                   f"only checkpoints of one model can be averaged")
-    averaged = {}
-    for key, value in reference.items():
-        if value.is_floating_point():
-            total = sum(c["state_dict"][key].to(torch.float64) for c in checkpoints)
-            averaged[key] = (total / len(checkpoints)).to(value.dtype)
-        else:  # integer buffers (counters): keep the newest
-            averaged[key] = value.clone()
+        for key, value in total.items():
+            value += weights[key]
+    averaged = {key: (total[key] / len(paths)).to(value.dtype) if key in total
+                else value.clone()  # integer buffers (counters): keep the newest
+                for key, value in reference.items()}
     kept = {k: v for k, v in newest.items() if k not in ("state_dict", "optimizer_states", "lr_schedulers", "loops",
                                                          "callbacks")}
     return {**kept, "state_dict": averaged, AVERAGED_FROM: [str(p) for p in paths]}
@@ -48,14 +50,14 @@ def average_checkpoints(paths: list[str | Path]) -> dict:
 
 def last_checkpoints(directory: str | Path, n: int) -> list[Path]:
     """The ``n`` checkpoints of ``directory`` with the highest global step (``last*.ckpt`` links skipped
-    when they duplicate another file's step)."""
+    when they duplicate another file's step). Steps are read memory-mapped: no tensor is read."""
     directory = Path(directory)
     files = sorted(directory.glob("*.ckpt"))
     if not files:
         raise FileNotFoundError(f"no *.ckpt files in {directory} (option dir=)")
     by_step: dict[int, Path] = {}
     for path in files:
-        step = read_checkpoint(path).get("global_step") or 0
+        step = checkpoint_step(path)
         if step not in by_step or by_step[step].name.startswith("last"):
             by_step[step] = path  # one file per step, preferring a named one over last.ckpt
     chosen = [by_step[s] for s in sorted(by_step)[-n:]]

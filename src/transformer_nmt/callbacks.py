@@ -6,17 +6,28 @@ progress bar with tokens/s and ETA.
 
 from __future__ import annotations
 
+import io
+import logging
 import math
+import threading
 import time
 from pathlib import Path
 
 import numpy as np
+import PIL.Image
 import torch
 from lightning.pytorch.callbacks import Callback, Checkpoint, TQDMProgressBar
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_warn
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from tensorboard.compat.proto import types_pb2
+from tensorboard.compat.proto.summary_pb2 import Summary
+from tensorboard.compat.proto.tensor_pb2 import TensorProto
+from tensorboard.compat.proto.tensor_shape_pb2 import TensorShapeProto
+from tensorboard.plugins.image import metadata as image_metadata
+
+log = logging.getLogger(__name__)
 
 ATTENTION_KINDS = {"encoder": "encoder-self", "decoder": "decoder-self", "cross": "cross"}  # model key -> tag
 
@@ -28,50 +39,79 @@ def attention_entropy(weights: torch.Tensor) -> torch.Tensor:
     return per_query.mean(dim=(0, 2))  # (h,)
 
 
-def render_heatmaps(panels: list[tuple[np.ndarray, list[str], list[str]]], title: str,
-                    panel_inches: float = 4.0, dpi: int = 96) -> np.ndarray:
-    """One figure, one panel per probe sentence: (weights (Lq, Lk), key tokens, query tokens).
+def render_heatmaps(maps: np.ndarray, keys: list[str], queries: list[str], titles: list[str],
+                    inches: float = 6.0, dpi: int = 80, fontsize: float = 10.0) -> list[bytes]:
+    """Maps (n, Lq, Lk) over one probe's tokens (keys on x, queries on y): one PNG each, ``inches * dpi``
+    pixels square whatever the sentence lengths, so that TensorBoard shows every map of a tag at one size.
 
-    Returns the image as uint8 (3, H, W) with H = panel_inches * dpi and W = H * len(panels), whatever
-    the sentence lengths, so that TensorBoard shows maps of one tag at one size.
+    The axes and token labels are drawn once; each map then redraws only its image and title. Labels
+    shrink below ``fontsize`` only when a long sentence needs it.
     """
-    fig = Figure(figsize=(panel_inches * len(panels), panel_inches), dpi=dpi)
+    fig = Figure(figsize=(inches, inches), dpi=dpi)
     canvas = FigureCanvasAgg(fig)
-    for i, (weights, keys, queries) in enumerate(panels):
-        ax = fig.add_subplot(1, len(panels), i + 1)
-        # Colour scale per panel, 0 to the largest weight: diffuse heads stay readable.
-        ax.imshow(weights, cmap="viridis", vmin=0.0, vmax=max(float(weights.max()), 1e-6),
-                  interpolation="nearest", aspect="auto")
-        ax.set_xticks(range(len(keys)), keys, rotation=90, fontsize=6)
-        ax.set_yticks(range(len(queries)), queries, fontsize=6)
-        ax.tick_params(length=0, pad=1)
-    fig.suptitle(title, fontsize=8)
-    fig.subplots_adjust(left=0.16 / len(panels), right=0.99, bottom=0.2, top=0.93, wspace=0.3)
+    left, bottom, top = 0.2, 0.2, 0.93
+    ax = fig.add_axes((left, bottom, 0.99 - left, top - bottom))
+    image = ax.imshow(maps[0], cmap="viridis", interpolation="nearest", aspect="auto", animated=True)
+    title = fig.suptitle("", fontsize=fontsize, animated=True)  # animated: left out of canvas.draw()
+    points_per_token = (top - bottom) * inches * 72 / max(len(keys), len(queries))  # 72 points per inch
+    size = min(fontsize, 0.9 * points_per_token)
+    ax.set_xticks(range(len(keys)), keys, rotation=90, fontsize=size)
+    ax.set_yticks(range(len(queries)), queries, fontsize=size)
+    ax.tick_params(length=0, pad=1)
     canvas.draw()
-    rgb = np.asarray(canvas.buffer_rgba())[..., :3]  # (H, W, 3)
-    return np.ascontiguousarray(rgb.transpose(2, 0, 1))  # (3, H, W)
+    background = canvas.copy_from_bbox(fig.bbox)
+    pngs = []
+    for weights, text in zip(maps, titles):
+        canvas.restore_region(background)
+        image.set_data(weights)
+        image.set_clim(0.0, max(float(weights.max()), 1e-6))  # 0 to the largest weight: diffuse heads stay readable
+        title.set_text(text)
+        ax.draw_artist(image)
+        fig.draw_artist(title)
+        buffer = io.BytesIO()
+        PIL.Image.fromarray(np.asarray(canvas.buffer_rgba())[..., :3]).save(buffer, format="png")
+        pngs.append(buffer.getvalue())
+    return pngs
+
+
+def image_summary(tag: str, pngs: list[bytes], width: int, height: int) -> Summary:
+    """A TensorBoard image summary holding several images (samples) under one tag: the format of
+    ``tf.summary.image``, a string tensor [width, height, png_0, png_1, ...]. The image card shows one
+    sample at a time, each at full card width."""
+    tensor = TensorProto(dtype=types_pb2.DT_STRING, string_val=[str(width).encode(), str(height).encode(), *pngs],
+                         tensor_shape=TensorShapeProto(dim=[TensorShapeProto.Dim(size=2 + len(pngs))]))
+    metadata = image_metadata.create_summary_metadata(display_name=tag, description="")
+    return Summary(value=[Summary.Value(tag=tag, tensor=tensor, metadata=metadata)])
 
 
 class AttentionMaps(Callback):
     """Every ``every_n_validations`` validations, run fixed probe sentences through the model and log,
-    for every (kind, layer, head), a heatmap under ``attention/{kind}/layer_{l}/head_{h}`` and the
-    head's mean attention entropy under ``attention_entropy/{kind}/layer_{l}/head_{h}``; kind is
-    encoder-self, decoder-self or cross (paper section 3.2.3; compare its figures 3-5).
+    for every (kind, layer, head), the head's maps under ``attention/{kind}/layer_{l}/head_{h}`` (one
+    image per probe, the tag's samples) and its mean attention entropy under
+    ``attention_entropy/{kind}/layer_{l}/head_{h}``; kind is encoder-self, decoder-self or cross (paper
+    section 3.2.3; compare its figures 3-5).
 
     ``probes``: a list of ``[source, target]`` pairs (the decoder is teacher-forced with the target)
     or of source strings (the target is the model's greedy translation). Default: the first
     ``n_probes`` pairs of the validation split. Sentences are cut to ``max_tokens`` subwords.
+
+    Only global rank 0 works, and only the forward passes over the probes are on the training path (the
+    other ranks wait for them at their next collective); a background thread renders and writes the images
+    while training goes on. Each time, ``attention_maps/seconds`` (training path) and
+    ``attention_maps/render_seconds`` (background) go to TensorBoard and a line to the log.
     """
 
     def __init__(self, every_n_validations: int = 1, probes: list | None = None, n_probes: int = 2,
-                 max_tokens: int = 32, panel_inches: float = 4.0, dpi: int = 96):
+                 max_tokens: int = 32, inches: float = 6.0, dpi: int = 80):
         if every_n_validations < 1:
-            raise ValueError(f"callbacks.attention_maps.every_n_validations must be >= 1, got {every_n_validations}")
+            raise ValueError(f"attention_maps.every_n_validations must be >= 1, got {every_n_validations}")
         self.every_n_validations = every_n_validations
         self.probes = [p if isinstance(p, str) else tuple(p) for p in probes] if probes else None
         self.n_probes, self.max_tokens = n_probes, max_tokens
-        self.panel_inches, self.dpi = panel_inches, dpi
+        self.inches, self.dpi = inches, dpi
         self.validations = 0
+        self._render: threading.Thread | None = None
+        self._render_error: BaseException | None = None
 
     def state_dict(self) -> dict:
         return {"validations": self.validations}
@@ -89,12 +129,47 @@ class AttentionMaps(Callback):
         if not hasattr(writer, "add_image"):
             rank_zero_warn("AttentionMaps needs a TensorBoardLogger; no attention maps logged")
             return
+        start = time.perf_counter()
+        self.wait()  # for the previous maps, if validations come faster than they render
         was_training = pl_module.training
         pl_module.eval()
         try:
-            self.log_maps(writer, pl_module.model, pl_module.tokenizer, self._probe_pairs(trainer), trainer.global_step)
+            maps = self.attention_weights(pl_module.model, pl_module.tokenizer, self._probe_pairs(trainer))
         finally:
             pl_module.train(was_training)
+        seconds, step = time.perf_counter() - start, trainer.global_step
+        writer.add_scalar("attention_maps/seconds", seconds, step)
+        self._render = threading.Thread(target=self._write_in_background, args=(writer, maps, step, seconds),
+                                        name="attention-maps", daemon=True)
+        self._render.start()
+
+    def _write_in_background(self, writer, maps: dict, step: int, seconds: float) -> None:
+        try:
+            start = time.perf_counter()
+            images = self.write(writer, maps, step)
+            render_seconds = time.perf_counter() - start
+            writer.add_scalar("attention_maps/render_seconds", render_seconds, step)
+            writer.flush()
+            log.info("attention maps at step %d: %.2f s on the training path, %.2f s rendering %d images in the "
+                     "background", step, seconds, render_seconds, images)
+        except BaseException as error:  # raised on the training thread by wait()
+            self._render_error = error
+
+    def wait(self) -> None:
+        """Block until the maps being rendered are written; raise what the rendering raised."""
+        if self._render is not None:
+            self._render.join()
+            self._render = None
+        if self._render_error is not None:
+            error, self._render_error = self._render_error, None
+            raise RuntimeError("AttentionMaps: rendering the attention maps failed") from error
+
+    def teardown(self, trainer, pl_module, stage: str) -> None:
+        self.wait()  # before the logger closes its writer
+
+    def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
+        if self._render is not None:
+            self._render.join()
 
     def _probe_pairs(self, trainer) -> list:
         if self.probes is not None:
@@ -104,12 +179,13 @@ class AttentionMaps(Callback):
         return list(zip(sources[: self.n_probes], targets[: self.n_probes]))
 
     @torch.no_grad()
-    def log_maps(self, writer, model, tokenizer, probes: list, step: int) -> None:
-        """Log one heatmap and one entropy scalar per (kind, layer, head) for ``probes``."""
+    def attention_weights(self, model, tokenizer, probes: list) -> dict:
+        """Run each probe through ``model``: {kind: [(weights (layers, h, Lq, Lk), key pieces, query pieces)
+        for each probe]}, on the CPU."""
         from transformer_nmt.decoding import greedy_decode
 
         device = next(model.parameters()).device
-        panels = {}  # (kind, layer) -> list over probes of (weights (h, Lq, Lk), key pieces, query pieces)
+        maps = {}
         for probe in probes:
             source, target = (probe, None) if isinstance(probe, str) else probe
             src = tokenizer.encode(source)[: self.max_tokens - 1] + [tokenizer.eos_id]
@@ -122,19 +198,39 @@ class AttentionMaps(Callback):
             tgt_pieces = [tokenizer.id_to_piece(i) for i in tgt_in]
             keys = {"encoder": src_pieces, "decoder": tgt_pieces, "cross": src_pieces}
             queries = {"encoder": src_pieces, "decoder": tgt_pieces, "cross": tgt_pieces}
-            for kind, layers in attention.items():
-                for layer, weights in enumerate(layers):  # weights (1, h, Lq, Lk)
-                    panels.setdefault((kind, layer), []).append((weights[0].float().cpu(), keys[kind], queries[kind]))
-        for (kind, layer), per_probe in panels.items():
+            for kind, layers in attention.items():  # layers: per layer (1, h, Lq, Lk)
+                weights = torch.cat(layers).float().cpu()  # (layers, h, Lq, Lk)
+                maps.setdefault(kind, []).append((weights, keys[kind], queries[kind]))
+        return maps
+
+    def write(self, writer, maps: dict, step: int) -> int:
+        """Log one image per probe and one entropy scalar per (kind, layer, head); returns the image count."""
+        size = round(self.inches * self.dpi)
+        images = 0
+        for kind, per_probe in maps.items():
             tag_kind = ATTENTION_KINDS[kind]
-            entropy = torch.stack([attention_entropy(w[None]) for w, _, _ in per_probe]).mean(dim=0)  # (h,)
-            for head in range(per_probe[0][0].shape[0]):
-                name = f"{tag_kind}/layer_{layer}/head_{head}"
-                image = render_heatmaps([(w[head].numpy(), k, q) for w, k, q in per_probe],
-                                        f"{tag_kind} layer {layer} head {head}", self.panel_inches, self.dpi)
-                writer.add_image(f"attention/{name}", image, step, dataformats="CHW")
-                writer.add_scalar(f"attention_entropy/{name}", float(entropy[head]), step)
+            n_layers, n_heads = per_probe[0][0].shape[:2]
+            pngs = [render_heatmaps(weights.flatten(0, 1).numpy(), keys, queries,  # per probe, (layer, head) major
+                                    [f"{tag_kind} layer {layer} head {head}, probe {i}"
+                                     for layer in range(n_layers) for head in range(n_heads)], self.inches, self.dpi)
+                    for i, (weights, keys, queries) in enumerate(per_probe)]
+            for layer in range(n_layers):
+                entropy = torch.stack([attention_entropy(w[layer : layer + 1])  # (h,) per probe
+                                       for w, _, _ in per_probe]).mean(0)
+                for head in range(n_heads):
+                    name = f"{tag_kind}/layer_{layer}/head_{head}"
+                    samples = [probe_pngs[layer * n_heads + head] for probe_pngs in pngs]
+                    # add_image would tile the probes into one image; this keeps one image per probe under one tag.
+                    writer._get_file_writer().add_summary(image_summary(f"attention/{name}", samples, size, size), step)
+                    writer.add_scalar(f"attention_entropy/{name}", float(entropy[head]), step)
+                    images += len(samples)
+        return images
+
+    def log_maps(self, writer, model, tokenizer, probes: list, step: int) -> int:
+        """Compute, render and write the maps of ``probes`` now, on this thread; returns the image count."""
+        images = self.write(writer, self.attention_weights(model, tokenizer, probes), step)
         writer.flush()
+        return images
 
 
 class LastCheckpoint(Checkpoint):

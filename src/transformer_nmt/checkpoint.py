@@ -64,15 +64,16 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         atomic_torch_save(checkpoint, path)
 
 
-def read_checkpoint(path: str | os.PathLike) -> dict:
-    """``torch.load(path, weights_only=True)`` with errors that name the file and say what is wrong."""
+def read_checkpoint(path: str | os.PathLike, mmap: bool = False) -> dict:
+    """``torch.load(path, weights_only=True)`` with errors that name the file and say what is wrong.
+    ``mmap=True`` maps the tensors instead of reading them: pages are read only when a tensor is used."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {path} does not exist (expected e.g. RUN_DIR/checkpoints/last.ckpt)")
     if path.stat().st_size == 0:
         raise CheckpointError(f"checkpoint {path} is empty (0 bytes): its writer was interrupted; use another one")
     try:
-        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except Exception as error:  # truncated zip, foreign pickle, text file, ...
         raise CheckpointError(f"checkpoint {path} cannot be read by torch.load(weights_only=True): it is truncated, "
                               f"corrupt or not a checkpoint ({type(error).__name__}: {str(error)[:200]})") from error
@@ -83,6 +84,11 @@ def read_checkpoint(path: str | os.PathLike) -> dict:
         raise CheckpointError(f"checkpoint {path} is not a transformer_nmt training checkpoint: it lacks {missing} "
                               f"(write checkpoints with python -m transformer_nmt.train)")
     return checkpoint
+
+
+def checkpoint_step(path: str | os.PathLike) -> int:
+    """A checkpoint's global step (optimizer steps), read without reading its tensors."""
+    return int(read_checkpoint(path, mmap=True).get("global_step") or 0)
 
 
 def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu"

@@ -1,9 +1,10 @@
 """Greedy and beam-search decoding with the incremental attention cache (paper section 6.1).
 
 The paper decodes with beam size 4, length penalty alpha = 0.6 (Wu et al. 2016:
-lp(Y) = ((5 + |Y|) / 6) ** alpha) and a maximum output length of source length + 50.
-Both searches stop each sentence on its own: a sentence that has finished leaves the
-batch, so it costs nothing while the others go on.
+lp(Y) = ((5 + |Y|) / 6) ** alpha, where |Y| counts the generated tokens and the eos that ends
+them) and a maximum output length of source length + 50 tokens. Both searches are batched and
+keep their bookkeeping in tensors: per step one host read (how many sentences are done), and a
+sentence that is done leaves the batch, so it costs nothing while the others go on.
 """
 
 from __future__ import annotations
@@ -13,9 +14,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from transformer_nmt.model import Transformer
+from transformer_nmt.model import DecoderCache, Transformer
+from transformer_nmt.tokenizer import BOS_ID, EOS_ID
 
-BOS_ID, EOS_ID = 2, 3
+STOP_RULES = ("bound", "k_finished")
 
 
 def length_penalty(length: int | Tensor, alpha: float):
@@ -35,31 +37,42 @@ def forbid_special(logits: Tensor, bos_id: int, model: Transformer) -> Tensor:
     return logits
 
 
+def until_eos(rows: list[list[int]], eos_id: int) -> list[list[int]]:
+    """Cut each token row before its first eos (rows are eos-filled past their end)."""
+    return [row[: row.index(eos_id)] if eos_id in row else row for row in rows]
+
+
+def first_done_last(done: Tensor, n_done: int) -> tuple[Tensor, Tensor]:
+    """Indices of the rows not done and of the rows done, each in order, without a host read."""
+    order = torch.argsort(done.to(torch.uint8), stable=True)  # (b,) rows not done first
+    return order[: done.numel() - n_done], order[done.numel() - n_done:]
+
+
 @torch.no_grad()
 def greedy_decode(model: Transformer, src: Tensor, bos_id: int = BOS_ID, eos_id: int = EOS_ID,
                   max_len_offset: int = 50) -> list[list[int]]:
     """Pick the most likely token at each step. src (B, S) -> token ids per sentence (no bos/eos)."""
+    B, device = src.shape[0], src.device
     limits = max_output_lengths(model, src, max_len_offset)  # (B,)
+    out = torch.full((int(limits.max()), B), eos_id, dtype=torch.long, device=device)  # (T, B)
     memory = model.encode(src)  # (B, S, d_model)
     cache = model.new_cache()
-    rows = torch.arange(src.shape[0], device=src.device)  # original index of each row still decoding
-    last = torch.full((src.shape[0], 1), bos_id, dtype=torch.long, device=src.device)
-    outputs: list[list[int]] = [[] for _ in range(src.shape[0])]
-    for step in range(int(limits.max())):
+    rows = torch.arange(B, device=device)  # original index of each row still decoding
+    last = torch.full((B, 1), bos_id, dtype=torch.long, device=device)
+    for step in range(out.shape[0]):
         logits = forbid_special(model.decode(last, memory, src, cache=cache)[:, -1], bos_id, model)  # (b, V)
         next_tokens = logits.argmax(dim=-1)  # (b,)
-        done = (next_tokens == eos_id) | (step + 1 >= limits[rows])
-        for row, token in zip(rows.tolist(), next_tokens.tolist()):
-            if token != eos_id:
-                outputs[row].append(token)
-        if done.all():
+        out[step].index_copy_(0, rows, next_tokens)
+        done = (next_tokens == eos_id) | (step + 1 >= limits)  # (b,)
+        n_done = int(done.sum())  # the one host read per step
+        if n_done == done.numel():
             break
-        if done.any():  # drop finished sentences from the batch
-            keep = (~done).nonzero().squeeze(1)
-            rows, memory, src, next_tokens = rows[keep], memory[keep], src[keep], next_tokens[keep]
+        if n_done:  # drop finished sentences from the batch
+            keep, _ = first_done_last(done, n_done)
+            rows, memory, src, limits, next_tokens = rows[keep], memory[keep], src[keep], limits[keep], next_tokens[keep]
             cache.reorder(keep)
         last = next_tokens.unsqueeze(1)  # (b, 1)
-    return outputs
+    return until_eos(out.t().tolist(), eos_id)
 
 
 @dataclass
@@ -68,77 +81,108 @@ class Hypothesis:
     score: float  # sum of log-probabilities divided by the length penalty
 
 
+def reorder_beams(cache: DecoderCache, beam_rows: Tensor, sentence_rows: Tensor | None) -> None:
+    """Self-attention keys/values follow each new beam from its origin row ``beam_rows`` (b*k,).
+    Cross-attention keys/values are the same for every beam of a sentence, so they move only when the
+    sentences change (``sentence_rows``, a row of each new beam's sentence; None: no change)."""
+    for layer in cache.layers:
+        layer.self_attn.reorder(beam_rows)
+        if sentence_rows is not None:
+            layer.cross_attn.reorder(sentence_rows)
+
+
 @torch.no_grad()
 def beam_search(model: Transformer, src: Tensor, beam_size: int = 4, alpha: float = 0.6,
                 max_len_offset: int = 50, n_best: int = 1, bos_id: int = BOS_ID,
-                eos_id: int = EOS_ID) -> list[list[Hypothesis]]:
+                eos_id: int = EOS_ID, stop: str = "bound") -> list[list[Hypothesis]]:
     """Batched beam search. src (B, S) -> for each sentence its ``n_best`` hypotheses, best first.
 
-    Each step expands every live beam and takes the 2k best continuations of each sentence;
-    those among the k best that end in eos join the sentence's finished list, and the k best
-    that do not end in eos stay alive. A
-    sentence is done once it has k finished hypotheses, or at its length limit (then its live
-    beams are finished as they stand).
+    Each step expands the k live beams of every sentence and takes its 2k best continuations (one
+    topk over k x V). Those among the k best that end in eos are finished: scored with the length
+    penalty of their length (eos counted), they join the sentence's k best finished hypotheses. The
+    k best that do not end in eos stay alive. At the length limit every continuation is finished as it
+    stands (no eos, |Y| = its tokens).
+
+    A sentence stops at its length limit or, by the ``stop`` rule:
+    - ``bound`` (tensor2tensor's): when its ``n_best``-th finished score is at least the best score any
+      live beam could still reach. Log-probabilities only fall, so a beam of score s ends at best at
+      s / lp(limit), with the longest length (the largest penalty) allowed.
+    - ``k_finished`` (the rule before; kept to compare against): as soon as k hypotheses have
+      finished. Short hypotheses finish first, so it stops before longer, better ones can end.
     """
     if not 1 <= n_best <= beam_size:
         raise ValueError(f"n_best ({n_best}) must be between 1 and beam_size ({beam_size})")
+    if stop not in STOP_RULES:
+        raise ValueError(f"stop must be one of {STOP_RULES}, got {stop!r}")
     k, device = beam_size, src.device
     B = src.shape[0]
-    limits = max_output_lengths(model, src, max_len_offset)  # (B,)
-    # Every sentence starts with k copies of its source; only beam 0 is live at step 0.
-    src = src.repeat_interleave(k, dim=0)  # (B*k, S)
-    memory = model.encode(src)  # (B*k, S, d_model)
+    limits = max_output_lengths(model, src, max_len_offset)  # (B,) of the sentences still searching
+    max_steps = int(limits.max())
+    out_scores = torch.full((B, k), float("-inf"), device=device)  # finished, of sentences done
+    out_tokens = torch.full((B, k, max_steps), eos_id, dtype=torch.long, device=device)  # eos-filled
+    memory = model.encode(src)  # (B, S, d_model), once per sentence
     cache = model.new_cache()
     sentences = torch.arange(B, device=device)  # original index of each sentence still searching
-    beam_scores = torch.full((B, k), float("-inf"), device=device)
-    beam_scores[:, 0] = 0.0
-    prefixes = torch.empty(B * k, 0, dtype=torch.long, device=device)  # generated tokens so far
-    last = torch.full((B * k, 1), bos_id, dtype=torch.long, device=device)
-    finished: list[list[Hypothesis]] = [[] for _ in range(B)]
+    # Step 0 has one live beam per sentence (bos); from step 1 on, k. Beam j of sentence i is row i*width + j.
+    alive_scores = torch.zeros(B, 1, device=device)  # (b, width) sums of log-probs
+    alive_tokens = torch.empty(B, 1, 0, dtype=torch.long, device=device)  # (b, width, step)
+    fin_scores = torch.full((B, k), float("-inf"), device=device)  # best k finished, normalised, sorted
+    fin_tokens = torch.empty(B, k, 0, dtype=torch.long, device=device)  # (b, k, step), eos-filled
+    last = torch.full((B, 1), bos_id, dtype=torch.long, device=device)
+    rank = torch.arange(2 * k, device=device)  # (2k,)
 
-    for step in range(int(limits.max())):
-        b = sentences.numel()
-        logits = forbid_special(model.decode(last, memory, src, cache=cache)[:, -1], bos_id, model)  # (b*k, V)
+    for step in range(max_steps):
+        b, width = alive_scores.shape
+        logits = forbid_special(model.decode(last, memory, src, cache=cache)[:, -1], bos_id, model)  # (b*width, V)
         log_probs = torch.log_softmax(logits.float(), dim=-1)
         vocab = log_probs.shape[-1]
-        candidates = (beam_scores.view(b * k, 1) + log_probs).view(b, k * vocab)  # (b, k*V)
-        top_scores, top_ids = candidates.topk(2 * k, dim=1)  # (b, 2k)
+        candidates = (alive_scores.view(b * width, 1) + log_probs).view(b, width * vocab)  # (b, width*V)
+        top_scores, top_ids = candidates.topk(2 * k, dim=1)  # (b, 2k), best first
         origins, tokens = top_ids // vocab, top_ids % vocab  # beam of origin, new token
+        # Each candidate's tokens: its origin's prefix + the new token. (b, 2k, step+1)
+        prefixes = alive_tokens.gather(1, origins.unsqueeze(-1).expand(b, 2 * k, step))
+        sequences = torch.cat([prefixes, tokens.unsqueeze(-1)], dim=-1)
 
-        # Flat row of each new beam's origin; unfilled slots stay dead (score -inf).
-        new_beams = (torch.arange(b, device=device) * k).unsqueeze(1).repeat(1, k)  # (b, k)
-        new_tokens = torch.full((b, k), eos_id, dtype=torch.long, device=device)
-        new_scores = torch.full((b, k), float("-inf"), device=device)
-        still_searching = []
-        for i, sentence in enumerate(sentences.tolist()):
-            at_limit = step + 1 >= int(limits[sentence])
-            kept = 0
-            for rank, (score, origin, token) in enumerate(
-                    zip(top_scores[i].tolist(), origins[i].tolist(), tokens[i].tolist())):
-                if score == float("-inf"):
+        # Finished now: eos among the k best (an eos below them ends nothing), or anything at the limit.
+        is_eos = tokens == eos_id  # (b, 2k)
+        at_limit = step + 1 >= limits  # (b,)
+        finishing = (is_eos & (rank < k)) | (at_limit.unsqueeze(1) & ~is_eos)
+        new_fin = torch.where(finishing, top_scores / length_penalty(step + 1, alpha), float("-inf"))
+        fin_tokens = torch.cat([fin_tokens, torch.full((b, k, 1), eos_id, device=device)], dim=-1)
+        fin_scores, best = torch.cat([fin_scores, new_fin], dim=1).topk(k, dim=1)  # (b, k)
+        fin_tokens = torch.cat([fin_tokens, sequences], dim=1).gather(
+            1, best.unsqueeze(-1).expand(b, k, step + 1))  # (b, k, step+1)
+
+        # Alive: the k best that do not end in eos, in rank order.
+        pick = torch.argsort(is_eos.to(torch.uint8), dim=1, stable=True)[:, :k]  # (b, k)
+        alive_scores = top_scores.gather(1, pick)
+        alive_tokens = sequences.gather(1, pick.unsqueeze(-1).expand(b, k, step + 1))
+        beam_rows = (torch.arange(b, device=device) * width).unsqueeze(1) + origins.gather(1, pick)  # (b, k)
+
+        if stop == "bound":
+            best_reachable = alive_scores[:, 0] / length_penalty(limits.float(), alpha)  # (b,)
+            done = at_limit | (fin_scores[:, n_best - 1] >= best_reachable)
+        else:
+            done = at_limit | (fin_scores[:, -1] > float("-inf"))
+        n_done = int(done.sum())  # the one host read per step: who leaves the batch, and when to stop
+        sentence_rows = None
+        if n_done or width == 1:  # sentences leave the batch, or (step 0) each gets k rows
+            keep = torch.arange(b, device=device)
+            if n_done:  # sentences that are done hand in their finished hypotheses and leave
+                keep, gone = first_done_last(done, n_done)
+                out_scores[sentences[gone]] = fin_scores[gone]
+                out_tokens[sentences[gone], :, : step + 1] = fin_tokens[gone]
+                if n_done == b:
                     break
-                if token == eos_id and rank >= k:
-                    continue  # an eos below the k best does not end a hypothesis
-                if token == eos_id or at_limit:
-                    generated = prefixes[i * k + origin].tolist() + ([] if token == eos_id else [token])
-                    if len(finished[sentence]) < k:
-                        finished[sentence].append(
-                            Hypothesis(generated, score / length_penalty(step + 1, alpha)))
-                elif kept < k:
-                    new_beams[i, kept], new_tokens[i, kept], new_scores[i, kept] = i * k + origin, token, score
-                    kept += 1
-            if len(finished[sentence]) < k and not at_limit:
-                still_searching.append(i)
-        if not still_searching:
-            break
-        # Keep the live sentences only, their k new beams in order; reorder the cache to match.
-        live = torch.tensor(still_searching, device=device)
-        origin_rows = new_beams[live].view(-1)  # (b'*k,) rows of the previous step
-        cache.reorder(origin_rows)
-        memory, src = memory[origin_rows], src[origin_rows]
-        prefixes = torch.cat([prefixes[origin_rows], new_tokens[live].view(-1, 1)], dim=1)
-        last = new_tokens[live].view(-1, 1)
-        beam_scores = new_scores[live]
-        sentences = sentences[live]
+                sentences, limits, beam_rows = sentences[keep], limits[keep], beam_rows[keep]
+                alive_scores, alive_tokens = alive_scores[keep], alive_tokens[keep]
+                fin_scores, fin_tokens = fin_scores[keep], fin_tokens[keep]
+            # All beams of a sentence share its memory: any of its rows will do for each new beam.
+            sentence_rows = (keep * width).repeat_interleave(k)  # (b'*k,)
+            memory, src = memory[sentence_rows], src[sentence_rows]
+        reorder_beams(cache, beam_rows.view(-1), sentence_rows)
+        last = alive_tokens[:, :, -1].reshape(-1, 1)  # (b'*k, 1)
 
-    return [sorted(hyps, key=lambda h: h.score, reverse=True)[:n_best] for hyps in finished]
+    scores, tokens = out_scores.tolist(), out_tokens.tolist()
+    return [[Hypothesis(ids, score) for ids, score in zip(until_eos(tokens[i], eos_id), scores[i])
+             if score > float("-inf")][:n_best] for i in range(B)]

@@ -5,10 +5,11 @@
 
 ``split=val|test`` reads that split of the data the checkpoint was trained on (its data config travels
 in the checkpoint), every pair, unfiltered; ``src=FILE ref=FILE`` scores any pair of plain-text files
-(``.gz`` too). Beam options as in ``translate`` (beam 4, alpha 0.6, max_len_offset 50). Writes to
+(``.gz`` too). Beam and engine options as in ``translate`` (beam 4, alpha 0.6, max_len_offset 50;
+``engine=ctranslate2`` with ``ckpt`` or ``model_dir``). Writes to
 ``out=DIR`` (default: ``eval/`` beside the checkpoint) ``NAME.hyp`` (one line per source line),
-``NAME.ref`` and ``NAME.json`` with sacreBLEU's BLEU (cased and lowercased) and chrF and their
-signatures, so ``sacrebleu NAME.ref -i NAME.hyp`` reproduces the score.
+``NAME.ref`` and ``NAME.json`` with sacreBLEU's BLEU (cased and lowercased, with the length ratio and
+brevity penalty) and chrF and their signatures, so ``sacrebleu NAME.ref -i NAME.hyp`` reproduces the score.
 """
 
 from __future__ import annotations
@@ -21,10 +22,10 @@ from pathlib import Path
 import hydra
 from sacrebleu.metrics import BLEU, CHRF
 
-from transformer_nmt.checkpoint import load_checkpoint
 from transformer_nmt.corpus import ReadStats, read_pairs
+from transformer_nmt.options import parse_options
 from transformer_nmt.translate import OPTIONS as TRANSLATE_OPTIONS
-from transformer_nmt.translate import parse_options, read_lines, translate_lines
+from transformer_nmt.translate import load_model, read_lines, translate_lines
 
 OPTIONS = {**{k: v for k, v in TRANSLATE_OPTIONS.items() if k not in ("input", "output", "n_best")},
            "split": None, "src": None, "ref": None, "out": None, "name": None}
@@ -62,19 +63,22 @@ def evaluation_pairs(options: dict, meta: dict) -> tuple[list[str], list[str], s
 
 
 def score(hypotheses: list[str], references: list[str]) -> dict:
-    """sacreBLEU BLEU (cased and lowercased) and chrF, with their signatures."""
+    """sacreBLEU BLEU (cased and lowercased) and chrF, with their signatures; beside the cased BLEU its
+    length ratio (hypothesis / reference tokens) and brevity penalty."""
     metrics = {}
     for name, metric in (("bleu", BLEU()), ("bleu_lowercase", BLEU(lowercase=True)), ("chrf", CHRF())):
         result = metric.corpus_score(hypotheses, [references])
         metrics[name] = round(result.score, 4)
+        if name == "bleu":
+            metrics["length_ratio"], metrics["bp"] = round(result.sys_len / result.ref_len, 4), round(result.bp, 4)
         metrics[f"{name}_signature"] = str(metric.get_signature())
     return metrics
 
 
 def main(argv: list[str] | None = None) -> dict:
     options = parse_options(sys.argv[1:] if argv is None else argv, OPTIONS)
-    ckpt = options["ckpt"]
-    model, tokenizer, meta = load_checkpoint(ckpt, map_location=options["device"])
+    ckpt = options["ckpt"] or options["model_dir"]
+    model, tokenizer, meta = load_model(options)
     sources, references, default_name = evaluation_pairs(options, meta)
     name = options["name"] or default_name
 
@@ -89,6 +93,7 @@ def main(argv: list[str] | None = None) -> dict:
     (out_dir / f"{name}.hyp").write_text("".join(h + "\n" for h in hypotheses), encoding="utf-8")
     (out_dir / f"{name}.ref").write_text("".join(r + "\n" for r in references), encoding="utf-8")
     result = {"checkpoint": str(ckpt), "sentences": len(sources), **score(hypotheses, references),
+              "engine": options["engine"], "compute_type": options["compute_type"],
               "beam": options["beam"], "alpha": options["alpha"], "max_len_offset": options["max_len_offset"],
               "decode_seconds": round(seconds, 1), "global_step": meta.get("global_step")}
     (out_dir / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")

@@ -12,10 +12,12 @@ import json
 import logging
 import time
 from collections.abc import Sequence
+from datetime import timedelta
 from pathlib import Path
 
 import hydra
 import lightning.pytorch as pl
+from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import TensorBoardLogger
@@ -26,6 +28,7 @@ from omegaconf import DictConfig, OmegaConf
 from transformer_nmt.attention import check_attention
 from transformer_nmt.callbacks import AttentionMaps, LastCheckpoint, TokenProgressBar
 from transformer_nmt.checkpoint import AtomicCheckpointIO
+from transformer_nmt.launch import resume_checkpoint  # also registers hydra.run.dir's ${run_name:} resolver
 from transformer_nmt.model import TransformerConfig
 from transformer_nmt.precision import resolve_precision
 from transformer_nmt.training import TRAIN_DEFAULTS, TranslationModule
@@ -36,6 +39,7 @@ CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 PRECISIONS = ("auto", "32", "32-true", "bf16-mixed", "16-mixed")
 MODEL_FIELDS = set(TransformerConfig.__dataclass_fields__) - {"vocab_size"}
 RESULTS_FILE = "results.json"
+ConfigStore.instance().store(name="train_defaults", node=TRAIN_DEFAULTS)  # conf/train.yaml: train_defaults@train
 
 
 class ConfigError(ValueError):
@@ -71,8 +75,9 @@ def validate_config(cfg: DictConfig) -> None:
         raise ConfigError(f"train.warmup_steps must be >= 1, got {cfg.train.warmup_steps}")
     if cfg.trainer.get("accumulate_grad_batches", 1) < 1:
         raise ConfigError("trainer.accumulate_grad_batches must be >= 1")
-    if cfg.ckpt_path not in (None, "last") and not Path(cfg.ckpt_path).is_file():
-        raise ConfigError(f"ckpt_path={cfg.ckpt_path}: no such file (use ckpt_path=last to resume this run dir)")
+    recent = cfg.checkpoint.recent
+    if recent.every_n_train_steps and recent.every_n_minutes:
+        raise ConfigError("checkpoint.recent: set every_n_train_steps or every_n_minutes, not both")
 
 
 def trainer_precision(cfg: DictConfig) -> tuple[str, str]:
@@ -97,10 +102,14 @@ def build_callbacks(cfg: DictConfig, checkpoint_dir: Path) -> list[pl.Callback]:
         save_top_k=cfg.checkpoint.save_top_k, save_last=False)
     last = LastCheckpoint(checkpoint_dir, every_n_train_steps=cfg.checkpoint.every_n_train_steps)
     callbacks = [best]
-    if cfg.checkpoint.get("keep_last_validations"):  # the newest N, for checkpoint averaging
+    recent = cfg.checkpoint.recent
+    if recent.keep:  # a rolling window of the newest K, for checkpoint averaging (paper section 6.1)
+        minutes = recent.every_n_minutes
         callbacks.append(ModelCheckpoint(
             dirpath=checkpoint_dir / "recent", filename="step{step:07d}", auto_insert_metric_name=False,
-            monitor="step", mode="max", save_top_k=cfg.checkpoint.keep_last_validations, save_last=False))
+            monitor="step", mode="max", save_top_k=recent.keep, save_last=False,
+            every_n_train_steps=recent.every_n_train_steps,  # neither this nor minutes: after every validation
+            train_time_interval=timedelta(minutes=minutes) if minutes else None))
     callbacks.append(last)  # after the others: last.ckpt holds their newest state
     maps = cfg.attention_maps
     if maps.every_n_validations:
@@ -117,13 +126,14 @@ def build_trainer(cfg: DictConfig, run_dir: Path, callbacks: list[pl.Callback]) 
     trainer_args["precision"] = trainer_precision(cfg)[0]
     if trainer_args.get("strategy") == "ddp":  # the model's only buffer, the position table, is never trained
         trainer_args["strategy"] = DDPStrategy(broadcast_buffers=False)
+    callbacks = callbacks + [hydra.utils.instantiate(c) for c in trainer_args.pop("callbacks", None) or []]
     logger = TensorBoardLogger(save_dir=str(run_dir), name="tensorboard", version="", default_hp_metric=False)
     return pl.Trainer(**trainer_args, callbacks=callbacks, logger=logger, plugins=[AtomicCheckpointIO()],
                       default_root_dir=str(run_dir), use_distributed_sampler=False)
 
 
-def summary(cfg: DictConfig, datamodule, module: TranslationModule, trainer: pl.Trainer) -> str:
-    """Parameters, corpus sizes, tokens per optimizer step, devices, precision."""
+def summary(cfg: DictConfig, datamodule, module: TranslationModule, trainer: pl.Trainer, resume: str) -> str:
+    """Parameters, corpus sizes, tokens per optimizer step, devices, precision, run dir, what it resumes."""
     sizes = ", ".join(f"{name} {split.report.kept:,}" for name, split in datamodule.splits.items())
     per_step = datamodule.max_tokens * trainer.accumulate_grad_batches * trainer.world_size
     c = module.model.config
@@ -138,6 +148,7 @@ def summary(cfg: DictConfig, datamodule, module: TranslationModule, trainer: pl.
         f"schedule    warmup {cfg.train.warmup_steps} steps, lr_factor {cfg.train.lr_factor}, "
         f"max_steps {trainer.max_steps}, max_epochs {trainer.max_epochs}",
         f"run dir     {trainer.default_root_dir}",
+        f"resume      {resume}",
     ]
     return "\n".join(lines)
 
@@ -172,6 +183,7 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: Sequence[str] = ()) -
     started = time.perf_counter()
     run_dir = Path(run_dir)
     validate_config(cfg)
+    ckpt_path, resume = resume_checkpoint(cfg.ckpt_path, run_dir)
     if rank_zero_only.rank == 0:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
@@ -182,11 +194,8 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: Sequence[str] = ()) -
     callbacks = build_callbacks(cfg, run_dir / "checkpoints")
     trainer = build_trainer(cfg, run_dir, callbacks)
     if rank_zero_only.rank == 0:
-        log.info("\n%s", summary(cfg, datamodule, module, trainer))
-    if cfg.ckpt_path == "last" and not list((run_dir / "checkpoints").glob("last*.ckpt")):
-        raise ConfigError(f"ckpt_path=last: no last.ckpt in {run_dir / 'checkpoints'}; to resume a run, pass its "
-                          f"directory as hydra.run.dir=outputs/NAME/DATE_TIME")
-    trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.ckpt_path)
+        log.info("\n%s", summary(cfg, datamodule, module, trainer, resume))
+    trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
     metrics = dict(trainer.callback_metrics)  # the last validation's: trainer.test starts from empty metrics
     if cfg.run_test and "test" in datamodule.splits:
         best = trainer.checkpoint_callback.best_model_path  # "" when no validation ran

@@ -126,7 +126,8 @@ def dropout_seed(seed: int, rank: int, global_step: int, batch_idx: int) -> int:
     return hash((seed, rank, global_step, batch_idx)) & 0x7FFF_FFFF_FFFF_FFFF
 
 
-# Optimisation and evaluation settings (the ``train:`` config group); paper values where it has one.
+# Optimisation and evaluation settings, paper values where it has one. The one place they are set: the app's
+# ``train:`` config node is this dict (train.py stores it in Hydra's ConfigStore), recipes override it.
 TRAIN_DEFAULTS = {
     "label_smoothing": 0.1,  # 5.4
     "lr_factor": 1.0,  # 5.3 uses 1.0
@@ -136,7 +137,7 @@ TRAIN_DEFAULTS = {
     "clip_grad_norm": None,  # max global L2 norm of the gradients; None: no clipping (the paper has none)
     "fused_adam": True,  # on CUDA, Adam(fused=True): one kernel updates every parameter
     "compile": False,  # torch.compile the model's forward (batches then padded to a multiple of 8)
-    "val_bleu_max_sentences": None,  # greedy BLEU on the split's first N sentences; 0: no BLEU, None: all
+    "val_bleu_max_sentences": 500,  # greedy BLEU on the split's first N sentences; 0: no BLEU, None: all
     "test_bleu_max_sentences": None,
 }
 

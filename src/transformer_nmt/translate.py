@@ -8,6 +8,12 @@ source length + 50 tokens out), ``max_tokens`` (4096 source tokens per batch, pa
 ``n_best`` (1; with n > 1 each input line gives n lines ``LINE_NUMBER<TAB>SCORE<TAB>TRANSLATION``),
 ``device`` (cpu, cuda, ...).
 
+``engine=ctranslate2`` translates with CTranslate2 (``pip install -e ".[serve]"``), from ``model_dir=DIR``
+(written by ``python -m transformer_nmt.export``) or from ``ckpt``, exported once to a cache
+(``$XDG_CACHE_HOME/transformer_nmt/ctranslate2/``, keyed by the checkpoint's contents);
+``compute_type`` (default: as exported; ``int8`` quantizes at load) and ``threads`` (0: the engine's default)
+tune it. The same rules apply as natively: same length limit, length penalty and n-best.
+
 Nothing is dropped or reordered: an empty (or blank) line gives an empty line; a line longer than
 the model's ``max_positions`` is cut to fit, with a warning naming the line, and still translated.
 """
@@ -21,15 +27,18 @@ from contextlib import nullcontext
 from pathlib import Path
 
 import torch
-from omegaconf import OmegaConf
 
 from transformer_nmt.checkpoint import load_checkpoint
+from transformer_nmt.ctranslate2_engine import CTranslate2Model
 from transformer_nmt.decoding import beam_search, greedy_decode
+from transformer_nmt.export import cached_export
 from transformer_nmt.model import Transformer
+from transformer_nmt.options import parse_options
 from transformer_nmt.tokenizer import Tokenizer
 
 OPTIONS = {"ckpt": None, "input": None, "output": None, "beam": 4, "alpha": 0.6, "max_len_offset": 50,
-           "max_tokens": 4096, "n_best": 1, "device": "cpu"}
+           "max_tokens": 4096, "n_best": 1, "device": "cpu", "engine": "native", "model_dir": None,
+           "compute_type": "default", "threads": 0}
 
 
 def encode_sources(tokenizer: Tokenizer, lines: list[str], max_positions: int) -> list[list[int] | None]:
@@ -60,17 +69,22 @@ def token_batches(lengths: list[int], max_tokens: int) -> list[list[int]]:
 
 
 @torch.no_grad()
-def translate_lines(model: Transformer, tokenizer: Tokenizer, lines: list[str], beam: int = 4, alpha: float = 0.6,
-                    max_len_offset: int = 50, max_tokens: int = 4096, n_best: int = 1
+def translate_lines(model: Transformer | CTranslate2Model, tokenizer: Tokenizer, lines: list[str], beam: int = 4,
+                    alpha: float = 0.6, max_len_offset: int = 50, max_tokens: int = 4096, n_best: int = 1
                     ) -> list[list[tuple[str, float]]]:
     """Translate ``lines``; for each, its ``n_best`` (translation, score) pairs, best first, in input order.
     Greedy decoding (``beam`` 1) scores 0.0."""
     if beam < 1 or not 1 <= n_best <= beam:
         raise ValueError(f"need beam >= 1 and 1 <= n_best <= beam, got beam={beam}, n_best={n_best}")
-    device = model.positions.device
     sources = encode_sources(tokenizer, lines, model.config.max_positions)
     results: list[list[tuple[str, float]]] = [[("", 0.0)] * n_best for _ in lines]
     todo = [i for i, ids in enumerate(sources) if ids is not None]
+    if isinstance(model, CTranslate2Model):  # batches and searches on its own
+        outputs = model.translate_ids([sources[i] for i in todo], beam, alpha, max_len_offset, max_tokens, n_best)
+        for i, hyps in zip(todo, outputs):
+            results[i] = [(tokenizer.decode(ids), score) for ids, score in hyps]
+        return results
+    device = model.positions.device
     for batch in token_batches([len(sources[i]) for i in todo], max_tokens):
         rows = [todo[j] for j in batch]
         longest = max(len(sources[i]) for i in rows)
@@ -87,18 +101,6 @@ def translate_lines(model: Transformer, tokenizer: Tokenizer, lines: list[str], 
         for i, hyps in zip(rows, outputs):
             results[i] = [(tokenizer.decode(ids), score) for ids, score in hyps]
     return results
-
-
-def parse_options(argv: list[str], defaults: dict) -> dict:
-    """key=value command-line options over ``defaults``; an unknown key is an error naming it."""
-    given = OmegaConf.to_container(OmegaConf.from_cli(argv))
-    unknown = sorted(set(given) - set(defaults))
-    if unknown:
-        raise SystemExit(f"unknown option(s) {unknown}; known: {', '.join(defaults)}")
-    options = {**defaults, **given}
-    if not options.get("ckpt"):
-        raise SystemExit("missing ckpt=PATH (a checkpoint written by python -m transformer_nmt.train)")
-    return options
 
 
 def read_lines(path: str | Path | None) -> list[str]:
@@ -124,9 +126,29 @@ def read_lines(path: str | Path | None) -> list[str]:
     return decoded
 
 
+def load_model(options: dict) -> tuple[Transformer | CTranslate2Model, Tokenizer, dict]:
+    """(model, tokenizer, meta) for ``options["engine"]``: the checkpoint's Transformer (native), or its
+    CTranslate2 export (``model_dir``, else ``ckpt`` exported to the cache). ``meta`` as ``load_checkpoint``'s."""
+    if options["engine"] == "native":
+        for name in ("model_dir", "compute_type"):
+            if options[name] not in (None, "default"):
+                raise SystemExit(f"{name}= is an option of engine=ctranslate2 (the native engine reads ckpt=PATH)")
+        if options["threads"]:
+            torch.set_num_threads(options["threads"])
+        return load_checkpoint(options["ckpt"], map_location=options["device"])
+    if options["engine"] == "ctranslate2":
+        if options["ckpt"] and options["model_dir"]:
+            raise SystemExit("give ckpt=PATH (exported to a cache) or model_dir=DIR (an export), not both")
+        model_dir = options["model_dir"] or cached_export(options["ckpt"])
+        model = CTranslate2Model(model_dir, options["device"], options["compute_type"], options["threads"])
+        meta = {**model.info, "path": options["ckpt"] or str(model_dir)}
+        return model, model.tokenizer, meta
+    raise SystemExit(f"engine={options['engine']!r}: use native or ctranslate2")
+
+
 def main(argv: list[str] | None = None) -> None:
     options = parse_options(sys.argv[1:] if argv is None else argv, OPTIONS)
-    model, tokenizer, _ = load_checkpoint(options["ckpt"], map_location=options["device"])
+    model, tokenizer, _ = load_model(options)
     lines = read_lines(options["input"])
     results = translate_lines(model, tokenizer, lines, options["beam"], options["alpha"],
                               options["max_len_offset"], options["max_tokens"], options["n_best"])

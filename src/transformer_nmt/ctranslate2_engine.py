@@ -1,0 +1,89 @@
+"""Run a CTranslate2 export (``transformer_nmt.export``) with the decoding rules of ``decoding.py``.
+
+``CTranslate2Model.translate_ids`` takes the source ids ``translate`` prepares and returns what the native
+searches return, so ``translate_lines`` keeps every guarantee (line accounting, empty and over-long lines,
+``n_best``) whatever the engine. CTranslate2's beam search expands and finishes hypotheses as ours does
+(2k candidates a step; an eos among the k best finishes a hypothesis, the k best others stay alive; a
+sentence is done with k finished); three things differ, and are bridged here:
+- the length limit is per call, ours per sentence (source length + ``max_len_offset``): sentences are
+  translated in groups of equal limit;
+- CTranslate2 normalises by length ** alpha, ours by GNMT's ((5 + length) / 6) ** alpha. Both apply the
+  penalty only to finished hypotheses, so the search is the same: we ask for all k finished ones with the eos
+  kept (the length ours counts), undo CTranslate2's penalty and rank them by ours. (When the step that
+  completes k finishes several, ours keeps them in rank order, CTranslate2 by its score: rarely, the sets
+  differ.)
+- it refuses eos on the first step unless min_decoding_length is 0; an empty translation is allowed here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+from torch.nn.utils.rnn import pad_sequence
+
+from transformer_nmt.decoding import length_penalty, max_output_lengths
+from transformer_nmt.export import EXPORT_INFO, SENTENCEPIECE_MODEL, import_ctranslate2
+from transformer_nmt.model import TransformerConfig
+from transformer_nmt.tokenizer import Tokenizer
+
+
+class CTranslate2Model:
+    """A CTranslate2 model directory written by ``transformer_nmt.export``, loaded for translation.
+
+    ``compute_type``: CTranslate2's (``default`` = as exported; ``int8``, ``int8_float32``, ``float32``, ...
+    quantize at load time). ``threads``: intra-op threads (0 = CTranslate2's default)."""
+
+    def __init__(self, model_dir: str | os.PathLike, device: str = "cpu", compute_type: str = "default",
+                 threads: int = 0):
+        ctranslate2 = import_ctranslate2()
+        model_dir = Path(model_dir)
+        if not (model_dir / EXPORT_INFO).is_file() or not ctranslate2.contains_model(str(model_dir)):
+            raise SystemExit(f"model_dir={model_dir} is not a model directory written by python -m "
+                             f"transformer_nmt.export (no model.bin or {EXPORT_INFO})")
+        self.info = json.loads((model_dir / EXPORT_INFO).read_text(encoding="utf-8"))
+        self.config = TransformerConfig(**self.info["model_config"])
+        self.tokenizer = Tokenizer.load(model_dir / SENTENCEPIECE_MODEL)
+        self.pieces = [self.tokenizer.id_to_piece(i) for i in range(self.tokenizer.vocab_size)]
+        self.ids = {piece: i for i, piece in enumerate(self.pieces)}
+        try:
+            self.translator = ctranslate2.Translator(str(model_dir), device=device, compute_type=compute_type,
+                                                     intra_threads=threads)
+        except ValueError as error:  # e.g. a compute type this CPU does not support
+            raise SystemExit(f"compute_type={compute_type!r} on {device}: {error}") from None
+
+    def translate_ids(self, sources: list[list[int]], beam: int = 4, alpha: float = 0.6, max_len_offset: int = 50,
+                      max_tokens: int = 4096, n_best: int = 1) -> list[list[tuple[list[int], float]]]:
+        """Source ids (each ending in eos) -> per source its ``n_best`` (token ids, score), best first;
+        as ``greedy_decode`` (score 0.0) when ``beam`` is 1, else as ``beam_search``."""
+        if not sources:
+            return []
+        padded = pad_sequence([torch.tensor(ids) for ids in sources], batch_first=True,
+                              padding_value=self.config.pad_id)  # (N, S)
+        limits = max_output_lengths(self, padded, max_len_offset).tolist()  # the native rule, per sentence
+        groups: dict[int, list[int]] = defaultdict(list)
+        for i, limit in enumerate(limits):
+            groups[limit].append(i)
+        results: list[list[tuple[list[int], float]]] = [[] for _ in sources]
+        for limit, rows in groups.items():
+            outputs = self.translator.translate_batch(
+                [[self.pieces[t] for t in sources[i][:-1]] for i in rows],  # the model appends eos itself
+                max_batch_size=max_tokens, batch_type="tokens", beam_size=beam,
+                num_hypotheses=beam, length_penalty=alpha, return_end_token=True,
+                return_scores=True, max_decoding_length=limit, min_decoding_length=0, max_input_length=0)
+            for i, output in zip(rows, outputs):
+                results[i] = self._hypotheses(output, beam, alpha, n_best)
+        return results
+
+    def _hypotheses(self, output, beam: int, alpha: float, n_best: int) -> list[tuple[list[int], float]]:
+        eos = self.pieces[self.tokenizer.eos_id]
+        hypotheses = []
+        for tokens, score in zip(output.hypotheses, output.scores):
+            length = len(tokens)  # generated tokens, eos included, as our length penalty counts them
+            ids = [self.ids[t] for t in (tokens[:-1] if tokens and tokens[-1] == eos else tokens)]
+            total = score * length ** alpha  # CTranslate2 divided the summed log-probability by length ** alpha
+            hypotheses.append((ids, 0.0 if beam == 1 else total / length_penalty(length, alpha)))
+        return sorted(hypotheses, key=lambda h: h[1], reverse=True)[:n_best]

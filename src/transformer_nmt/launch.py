@@ -1,0 +1,136 @@
+"""What the launcher tells a run: which directory it lives in, which checkpoint it resumes from, and how
+SLURM requeues it.
+
+Every process of a job (torchrun or SLURM ranks, a requeued SLURM job) must agree on one run directory,
+so its name comes from the job's identity, not from each process's clock (``run_name``, the
+``${run_name:...}`` resolver of ``hydra.run.dir``): an explicit ``run_id=``, else ``slurm-$SLURM_JOB_ID``,
+else ``torchrun-$TORCHELASTIC_RUN_ID`` (torchrun's ``--rdzv_id``), else, for a single process only, the
+launch time. ``ckpt_path=auto`` then resumes from the newest checkpoint in that directory, if any
+(``resume_checkpoint``), which is what a restarted or requeued job needs (``SlurmRequeue``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from lightning.pytorch.callbacks import Checkpoint
+from omegaconf import OmegaConf
+
+from transformer_nmt.checkpoint import checkpoint_step
+
+log = logging.getLogger(__name__)
+
+TIME_FORMAT = "%Y-%m-%d_%H-%M-%S"
+LAST = "checkpoints/last.ckpt"  # under the run dir; written by callbacks.LastCheckpoint
+HPC = "hpc_ckpt_*.ckpt"  # under the run dir; written by Lightning's own SLURM auto-requeue, if it ran
+
+
+class LaunchError(ValueError):
+    """A launch that cannot work as configured; the message says what to pass."""
+
+
+def job_identity(run_id: str | None = None, environ=os.environ) -> str | None:
+    """The name every process and every requeue of one job share, or None outside a launcher."""
+    if run_id not in (None, ""):
+        return str(run_id)
+    if environ.get("SLURM_JOB_ID"):  # kept by scontrol requeue
+        return f"slurm-{environ['SLURM_JOB_ID']}"
+    if environ.get("TORCHELASTIC_RUN_ID", "none") != "none":  # torchrun --rdzv_id (static rendezvous: "none")
+        return f"torchrun-{environ['TORCHELASTIC_RUN_ID']}"
+    return None
+
+
+def run_name(run_id: str | None = None) -> str:
+    """The last component of ``hydra.run.dir``: the job identity, or the launch time for one process."""
+    name = job_identity(run_id)
+    if name is not None:
+        return name
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if world_size > 1:
+        raise SystemExit(  # not an exception: Hydra resolves this before the app runs, and mangles tracebacks
+            f"error: WORLD_SIZE={world_size} but no job identity: each process would pick its own time-stamped run "
+            f"directory. Pass run_id=NAME (the same on every node), or torchrun --rdzv_id=NAME, or "
+            f"hydra.run.dir=DIR; relaunching with the same one resumes the run (ckpt_path=auto)")
+    return time.strftime(TIME_FORMAT)
+
+
+OmegaConf.register_new_resolver("run_name", run_name, use_cache=True, replace=True)
+
+
+def resume_checkpoint(ckpt_path: str | None, run_dir: Path) -> tuple[Path | None, str]:
+    """(checkpoint to resume from or None, one line for the start-up summary).
+
+    ``auto``: the newest (by step) of ``checkpoints/last.ckpt`` and Lightning's ``hpc_ckpt_*.ckpt`` in the
+    run dir, else a fresh start; ``last``: the same, but a missing one is an error; ``null``: fresh; else
+    a path.
+    """
+    if ckpt_path is None:
+        return None, "fresh start (ckpt_path=null)"
+    if ckpt_path not in ("auto", "last"):
+        path = Path(ckpt_path)
+        if not path.is_file():
+            raise LaunchError(f"ckpt_path={ckpt_path}: no such file (ckpt_path=auto resumes this run dir's last "
+                              f"checkpoint when it has one)")
+        return path, f"from {path}, step {checkpoint_step(path)} (ckpt_path={ckpt_path})"
+    candidates = [p for p in [run_dir / LAST, *run_dir.glob(HPC)] if p.is_file()]
+    if not candidates:
+        if ckpt_path == "last":
+            raise LaunchError(f"ckpt_path=last: no {LAST} in {run_dir}; pass the run's directory "
+                              f"(run_id=NAME or hydra.run.dir=DIR) to resume it")
+        return None, f"fresh start: no checkpoint in {run_dir} (ckpt_path=auto)"
+    steps = {path: checkpoint_step(path) for path in candidates}
+    path = max(candidates, key=lambda p: (steps[p], p.stat().st_mtime))
+    return path, f"from {path}, step {steps[path]} (ckpt_path={ckpt_path})"
+
+
+class SlurmRequeue(Checkpoint):
+    """Under SLURM: on ``requeue_signal`` (``sbatch --signal=USR1@90`` sends it 90 s before the time limit),
+    finish the optimizer step in progress, write ``checkpoints/last.ckpt``, ``scontrol requeue $SLURM_JOB_ID``
+    and stop. The requeued job keeps its id, hence its run dir, and resumes from that checkpoint exactly.
+
+    Lightning's own auto-requeue (``SLURMEnvironment(auto_requeue=True)``) writes its checkpoint from inside
+    the signal handler, wherever training is: the resumed run then differs from an uninterrupted one. Installed
+    at ``setup``, before Lightning's, this handler only takes note; Lightning then leaves the signal alone.
+    A ``Checkpoint`` callback, listed after the others: it runs after them, so the file holds their state.
+    """
+
+    def __init__(self, requeue_signal: str = "SIGUSR1"):
+        self.signal = signal.Signals[requeue_signal]
+        self.received = False
+        self._step = None
+
+    def setup(self, trainer, pl_module, stage) -> None:
+        if stage == "fit" and os.environ.get("SLURM_JOB_ID"):
+            signal.signal(self.signal, self._note)
+
+    def teardown(self, trainer, pl_module, stage) -> None:
+        if signal.getsignal(self.signal) == self._note:
+            signal.signal(self.signal, signal.SIG_DFL)
+
+    def _note(self, signum, frame) -> None:
+        self.received = True
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self._step = trainer.global_step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.global_step == self._step:  # inside gradient accumulation: not a step boundary
+            return
+        if not trainer.strategy.reduce_boolean_decision(self.received, all=False):  # any rank got it
+            return
+        path = Path(trainer.default_root_dir) / LAST
+        trainer.save_checkpoint(path)
+        job = os.environ["SLURM_JOB_ID"]
+        if trainer.is_global_zero:
+            result = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True)
+            if result.returncode:
+                log.error("scontrol requeue %s failed (%s): %s", job, result.returncode, result.stderr.strip())
+            else:
+                log.info("%s at step %d: wrote %s and requeued SLURM job %s; it resumes from there",
+                         self.signal.name, trainer.global_step, path, job)
+        raise SystemExit(0)

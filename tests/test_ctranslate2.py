@@ -1,0 +1,190 @@
+"""Export to CTranslate2 and engine=ctranslate2: same log-probabilities, same translations, same CLI guarantees."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from sacrebleu.metrics import BLEU
+
+from transformer_nmt.checkpoint import load_checkpoint
+from transformer_nmt.decoding import greedy_decode
+from transformer_nmt.evaluate import main as evaluate_main
+from transformer_nmt.export import export_model
+from transformer_nmt.export import main as export_main
+from transformer_nmt.model import Transformer, TransformerConfig
+from transformer_nmt.translate import encode_sources, token_batches, translate_lines
+from transformer_nmt.translate import main as translate_main
+
+from tiny_checkpoint import multi30k_lines, tiny_tokenizer, trained_checkpoint
+
+ctranslate2 = pytest.importorskip("ctranslate2")
+from transformer_nmt.ctranslate2_engine import CTranslate2Model  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def trained(request, tmp_path_factory):
+    """(checkpoint path, model, tokenizer) of a small model trained on Multi30k (cached between runs)."""
+    path = trained_checkpoint(request.config.cache.mkdir("transformer_nmt"))
+    model, tokenizer, _ = load_checkpoint(path)
+    return path, model, tokenizer
+
+
+@pytest.fixture(scope="module")
+def exported(trained, tmp_path_factory):
+    path, model, tokenizer = trained
+    model_dir = export_model(model, tokenizer, tmp_path_factory.mktemp("ct2") / "model")
+    return model_dir, CTranslate2Model(model_dir, threads=1)
+
+
+@pytest.fixture(scope="module")
+def validation():
+    return multi30k_lines("val", "en", 200), multi30k_lines("val", "de", 200)
+
+
+def native_greedy_ids(model, tokenizer, lines, max_tokens=2048):
+    sources = encode_sources(tokenizer, lines, model.config.max_positions)
+    outputs = [None] * len(lines)
+    for batch in token_batches([len(s) for s in sources], max_tokens):
+        src = torch.nn.utils.rnn.pad_sequence([torch.tensor(sources[i]) for i in batch], batch_first=True)
+        for i, ids in zip(batch, greedy_decode(model, src)):
+            outputs[i] = ids
+    return sources, outputs
+
+
+# --- equality with the native engine ----------------------------------------------------------
+
+def test_greedy_equals_native_token_for_token(trained, exported, validation):
+    _, model, tokenizer = trained
+    sources, native = native_greedy_ids(model, tokenizer, validation[0])
+    ct2 = [hyps[0][0] for hyps in exported[1].translate_ids(sources, beam=1)]
+    differ = [(i, tokenizer.decode(a), tokenizer.decode(b)) for i, (a, b) in enumerate(zip(native, ct2)) if a != b]
+    assert len(differ) <= 0.02 * len(sources), "\n".join(f"line {i + 1}: native {a!r} != ct2 {b!r}"
+                                                         for i, a, b in differ)
+    assert sum(map(len, native)) > 5 * len(sources)  # real translations, not empty ones
+
+
+def test_beam4_bleu_within_0_3_of_native(trained, exported, validation):
+    _, model, tokenizer = trained
+    sources, references = validation
+    bleu = {}
+    for name, engine in (("native", model), ("ctranslate2", exported[1])):
+        hypotheses = [hyps[0][0] for hyps in translate_lines(engine, tokenizer, sources, beam=4)]
+        bleu[name] = BLEU().corpus_score(hypotheses, [references]).score
+    assert bleu["native"] > 1.0, bleu  # a model that translates, if poorly
+    assert abs(bleu["native"] - bleu["ctranslate2"]) <= 0.3, bleu
+
+
+def test_n_best_hypotheses_and_scores_match_native(trained, exported, validation):
+    _, model, tokenizer = trained
+    lines = validation[0][:30]  # a short length limit, so that some sentences reach it
+    native = translate_lines(model, tokenizer, lines, beam=4, n_best=4, max_len_offset=5)
+    ct2 = translate_lines(exported[1], tokenizer, lines, beam=4, n_best=4, max_len_offset=5)
+    same = [[t for t, _ in a] == [t for t, _ in b] and all(abs(x - y) < 1e-4 for (_, x), (_, y) in zip(a, b))
+            for a, b in zip(native, ct2)]  # the 4 texts equal, in the same order, scores within 1e-4
+    assert sum(same) >= 0.9 * len(lines), [(a, b) for a, b, s in zip(native, ct2, same) if not s]
+
+
+# --- the export itself ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("norm_first,tie_embeddings", [(False, True), (True, False)])
+def test_export_gives_our_log_probabilities(tmp_path, norm_first, tie_embeddings):
+    """Post-LN and pre-LN, tied and untied, with head gates: CTranslate2's per-token log-probabilities
+    of reference translations equal ours (teacher forcing, pad and bos forbidden as in decoding)."""
+    tokenizer = tiny_tokenizer()
+    torch.manual_seed(0)
+    model = Transformer(TransformerConfig(vocab_size=tokenizer.vocab_size, d_model=32, n_heads=4,
+                                          n_encoder_layers=2, n_decoder_layers=2, d_ff=64, max_positions=64,
+                                          norm_first=norm_first, tie_embeddings=tie_embeddings)).eval()
+    with torch.no_grad():  # LayerNorms away from (1, 0), so a misplaced one shows
+        for name, param in model.named_parameters():
+            if "norm" in name:
+                param.add_(0.2 * torch.randn_like(param))
+    model.set_head_gates("cross", 1, torch.tensor([1.0, 0.0, 0.5, 1.0]))
+    translator = ctranslate2.Translator(str(export_model(model, tokenizer, tmp_path / "ct2")), intra_threads=1)
+
+    sources = [tokenizer.encode(line)[:40] for line in multi30k_lines("val", "en", 16)]
+    targets = [tokenizer.encode(line)[:40] for line in multi30k_lines("val", "de", 16)]
+    pieces = [[tokenizer.id_to_piece(i) for i in ids] for ids in (*sources, *targets)]
+    scored = translator.score_batch(pieces[:16], pieces[16:])
+    for src, tgt, result in zip(sources, targets, scored):
+        with torch.no_grad():
+            logits = model(torch.tensor([src + [tokenizer.eos_id]]), torch.tensor([[tokenizer.bos_id] + tgt]))[0]
+        logits[:, [tokenizer.pad_id, tokenizer.bos_id]] = float("-inf")
+        ours = torch.log_softmax(logits, dim=-1)[torch.arange(len(tgt) + 1), tgt + [tokenizer.eos_id]]  # (T+1,)
+        torch.testing.assert_close(torch.tensor(result.log_probs), ours, atol=1e-4, rtol=0)
+
+
+def test_export_command_and_int8(tmp_path, trained, validation):
+    path, model, tokenizer = trained
+    export_main([f"ckpt={path}", f"output={tmp_path / 'int8'}", "quantization=int8"])
+    float32 = export_model(model, tokenizer, tmp_path / "float32")
+    size = {d.name: (d / "model.bin").stat().st_size for d in (tmp_path / "int8", float32)}
+    assert size["int8"] < 0.5 * size["float32"]
+    assert (tmp_path / "int8" / "sentencepiece.model").read_bytes() == tokenizer.model_proto
+    int8 = CTranslate2Model(tmp_path / "int8", threads=1)
+    hypotheses = [hyps[0][0] for hyps in translate_lines(int8, tokenizer, validation[0][:50], beam=1)]
+    assert sum(h != "" for h in hypotheses) >= 45
+
+
+# --- translate and evaluate with engine=ctranslate2 ----------------------------------------------
+
+def test_translate_keeps_its_guarantees_with_ctranslate2(tmp_path, monkeypatch, trained):
+    """Empty, blank and over-long lines, n_best, one line per input; the checkpoint is exported to the cache."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    path, _, _ = trained
+    lines = ["A man is riding a bike.", "", "   ", " ".join(["dog"] * 150), "Two dogs play in the snow."]
+    (tmp_path / "in.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    with pytest.warns(UserWarning, match="input line 4: .* exceed max_positions \\(128\\)"):
+        translate_main([f"ckpt={path}", "engine=ctranslate2", f"input={tmp_path / 'in.txt'}",
+                        f"output={tmp_path / 'out.txt'}", "beam=3", "n_best=2", "threads=1"])
+    rows = [line.split("\t") for line in (tmp_path / "out.txt").read_text(encoding="utf-8").splitlines()]
+    assert [r[0] for r in rows] == ["1", "1", "2", "2", "3", "3", "4", "4", "5", "5"]
+    assert rows[2][2] == rows[4][2] == "" and rows[0][2] != ""
+    assert float(rows[0][1]) >= float(rows[1][1])
+    assert len(list((tmp_path / "cache" / "transformer_nmt" / "ctranslate2").iterdir())) == 1
+
+
+def test_evaluate_with_ctranslate2_matches_native(tmp_path, trained, exported, validation):
+    path = trained[0]
+    for name, lines in (("src.en", validation[0][:20]), ("ref.de", validation[1][:20])):
+        (tmp_path / name).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    files = [f"src={tmp_path / 'src.en'}", f"ref={tmp_path / 'ref.de'}", "beam=1"]
+    native = evaluate_main([f"ckpt={path}", *files, f"out={tmp_path / 'native'}"])
+    ct2 = evaluate_main([f"model_dir={exported[0]}", "engine=ctranslate2", *files, f"out={tmp_path / 'ct2'}"])
+    assert ct2["engine"] == "ctranslate2" and ct2["sentences"] == 20
+    assert (tmp_path / "ct2" / "src.en.hyp").read_text() == (tmp_path / "native" / "src.en.hyp").read_text()
+    assert ct2["bleu"] == native["bleu"]
+
+
+def test_translate_stdin_with_ctranslate2_in_a_subprocess(tmp_path, trained):
+    """The acceptance command: echo "A dog runs." | python -m transformer_nmt.translate ckpt=... engine=ctranslate2"""
+    result = subprocess.run([sys.executable, "-m", "transformer_nmt.translate", f"ckpt={trained[0]}",
+                             "engine=ctranslate2"], input="A dog runs.\n", capture_output=True, text=True,
+                            timeout=120, env={**os.environ, "XDG_CACHE_HOME": str(tmp_path)})
+    assert result.returncode == 0, result.stderr
+    assert len(result.stdout.split("\n")) == 2 and result.stdout.strip() != ""
+
+
+# --- errors --------------------------------------------------------------------------------------
+
+def test_errors_name_the_option(tmp_path, trained, exported, monkeypatch):
+    path, model, tokenizer = trained
+    with pytest.raises(SystemExit, match="quantization='int3'"):
+        export_main([f"ckpt={path}", f"output={tmp_path / 'x'}", "quantization=int3"])
+    with pytest.raises(SystemExit, match="already exists.*force=true"):
+        export_main([f"ckpt={path}", f"output={exported[0]}"])
+    with pytest.raises(SystemExit, match="engine='onnx'"):
+        translate_main([f"ckpt={path}", "engine=onnx"])
+    with pytest.raises(SystemExit, match="model_dir= is an option of engine=ctranslate2"):
+        translate_main([f"model_dir={exported[0]}"])
+    with pytest.raises(SystemExit, match="not both"):
+        translate_main([f"ckpt={path}", f"model_dir={exported[0]}", "engine=ctranslate2"])
+    with pytest.raises(SystemExit, match=f"model_dir={tmp_path} is not a model directory"):
+        translate_main([f"model_dir={tmp_path}", "engine=ctranslate2"])
+    with pytest.raises(SystemExit, match="compute_type='int3'"):
+        CTranslate2Model(exported[0], compute_type="int3")
+    monkeypatch.setitem(sys.modules, "ctranslate2", None)  # as if not installed
+    with pytest.raises(SystemExit, match=r'pip install -e "\.\[serve\]"'):
+        translate_main([f"ckpt={path}", "engine=ctranslate2"])

@@ -1,0 +1,79 @@
+"""The run directory comes from the job's identity, so every rank and every requeue of a job agree on it, and
+``ckpt_path=auto`` resumes from that directory's newest checkpoint."""
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+from transformer_nmt.launch import LaunchError, job_identity, resume_checkpoint
+from transformer_nmt.train import CONF_DIR
+from transformer_nmt.training import CKPT_MODEL_CONFIG, CKPT_TOKENIZER
+
+LAUNCHERS = ("SLURM_JOB_ID", "TORCHELASTIC_RUN_ID", "WORLD_SIZE")
+
+
+@pytest.fixture(autouse=True)
+def no_launcher(monkeypatch):
+    for name in LAUNCHERS:
+        monkeypatch.delenv(name, raising=False)
+
+
+def hydra_run_dir(*overrides: str) -> str:
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        return compose("train", overrides=["name=x", *overrides], return_hydra_config=True).hydra.run.dir
+
+
+@pytest.mark.parametrize("environ, run_id, expected", [
+    ({}, None, None),
+    ({"SLURM_JOB_ID": "123"}, None, "slurm-123"),
+    ({"TORCHELASTIC_RUN_ID": "abc"}, None, "torchrun-abc"),
+    ({"TORCHELASTIC_RUN_ID": "none"}, None, None),  # torchrun without --rdzv_id
+    ({"SLURM_JOB_ID": "123", "TORCHELASTIC_RUN_ID": "abc"}, None, "slurm-123"),  # torchrun inside a SLURM job
+    ({"SLURM_JOB_ID": "123"}, "mine", "mine"),
+])
+def test_job_identity(environ, run_id, expected):
+    assert job_identity(run_id, environ) == expected
+
+
+def test_every_rank_of_a_job_resolves_the_same_run_dir(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "16")
+    monkeypatch.setenv("SLURM_JOB_ID", "987")
+    assert hydra_run_dir() == "outputs/x/slurm-987"
+    monkeypatch.delenv("SLURM_JOB_ID")
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "wmt")
+    assert hydra_run_dir() == "outputs/x/torchrun-wmt"
+    assert hydra_run_dir("run_id=base-1") == "outputs/x/base-1"
+
+
+def test_several_processes_without_a_job_identity_are_told_what_to_pass(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(SystemExit, match="WORLD_SIZE=2 .* run_id=NAME .* --rdzv_id=NAME.* hydra.run.dir=DIR"):
+        hydra_run_dir()
+    assert hydra_run_dir("hydra.run.dir=runs/a") == "runs/a"
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert hydra_run_dir().startswith("outputs/x/20")  # one process: the launch time
+
+
+def fake_checkpoint(path, step):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"global_step": step, "state_dict": {}, CKPT_MODEL_CONFIG: {}, CKPT_TOKENIZER: b"spm"}, path)
+    return path
+
+
+def test_auto_resumes_from_the_newest_checkpoint_of_the_run_dir_or_starts_fresh(tmp_path):
+    path, line = resume_checkpoint("auto", tmp_path)
+    assert path is None and line == f"fresh start: no checkpoint in {tmp_path} (ckpt_path=auto)"
+    last = fake_checkpoint(tmp_path / "checkpoints" / "last.ckpt", 30)
+    assert resume_checkpoint("auto", tmp_path) == (last, f"from {last}, step 30 (ckpt_path=auto)")
+    hpc = fake_checkpoint(tmp_path / "hpc_ckpt_1.ckpt", 35)  # Lightning's own SLURM requeue checkpoint
+    assert resume_checkpoint("auto", tmp_path)[0] == hpc
+    fake_checkpoint(last, 40)
+    assert resume_checkpoint("last", tmp_path)[0] == last
+    assert resume_checkpoint(None, tmp_path) == (None, "fresh start (ckpt_path=null)")
+
+
+def test_missing_checkpoints_are_errors_that_name_the_fix(tmp_path):
+    with pytest.raises(LaunchError, match="ckpt_path=last: no checkpoints/last.ckpt in .*run_id=NAME"):
+        resume_checkpoint("last", tmp_path)
+    with pytest.raises(LaunchError, match="ckpt_path=/nowhere/x.ckpt: no such file"):
+        resume_checkpoint("/nowhere/x.ckpt", tmp_path)

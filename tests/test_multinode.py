@@ -1,0 +1,137 @@
+"""Multi-node training, proven on one machine: torchrun starts 2 "nodes" x 1 process on loopback (gloo, static
+rendezvous), ``trainer=multinode``. The run ends with the weights of a 2-process single-node run, in one run
+directory derived from the job (``--rdzv_id``) with one set of checkpoints; and when one node's process is
+killed with SIGKILL mid-run, relaunching both nodes with the same command completes the run with the weights
+of the uninterrupted one."""
+
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+import transformer_nmt
+from test_train_app import tiny_overrides, write_tiny_corpus
+from transformer_nmt.datamodule import TranslationDataModule
+
+STEPS, KILL_STEP = 8, 5  # each rank gets 5 batches an epoch: the runs cross an epoch boundary
+JOB = "job"  # torchrun --rdzv_id: the run dir is outputs/mn/torchrun-job
+
+# Test harness for the kill: node 1's process SIGKILLs itself right after optimizer step KILL_STEP, once.
+KILLER = textwrap.dedent("""
+    import os, signal
+    import lightning.pytorch as pl
+    from transformer_nmt import train as app
+
+    class KillNode1(pl.Callback):
+        def on_train_batch_end(self, trainer, *args):
+            marker = os.environ["KILL_MARKER"]
+            if trainer.global_rank == 1 and trainer.global_step == int(os.environ["KILL_STEP"]) \\
+                    and not os.path.exists(marker):
+                open(marker, "w").close()
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    build = app.build_callbacks
+    app.build_callbacks = lambda *args: build(*args) + [KillNode1()]
+    app.main()
+""")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(cwd: Path, corpus: Path, nnodes: int, nproc: int, port: int, script: Path | None = None,
+           env: dict | None = None) -> list[subprocess.Popen]:
+    """One torchrun per node, all with the same command but --node_rank; each writes cwd/node{rank}.log."""
+    args = [a for a in tiny_overrides(corpus) if a != "trainer=cpu"] + [
+        "trainer=multinode", f"trainer.num_nodes={nnodes}", f"trainer.devices={nproc}", "trainer.accelerator=cpu",
+        "trainer.precision=32-true", f"trainer.max_steps={STEPS}", "trainer.val_check_interval=4",
+        "checkpoint.every_n_train_steps=2", "checkpoint.recent.keep=2", "checkpoint.recent.every_n_train_steps=2",
+        "name=mn"]
+    src = Path(transformer_nmt.__file__).resolve().parents[1]
+    env = {**os.environ, **(env or {}), "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{src}{os.pathsep}"
+           f"{os.environ.get('PYTHONPATH', '')}"}
+    cwd.mkdir(parents=True, exist_ok=True)
+    nodes = []
+    for rank in range(nnodes):
+        command = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nnodes}", f"--nproc_per_node={nproc}",
+                   f"--node_rank={rank}", f"--rdzv_endpoint=127.0.0.1:{port}", f"--rdzv_id={JOB}",
+                   *(["-m", "transformer_nmt.train"] if script is None else [str(script)]), *args]
+        with open(cwd / f"node{rank}.log", "a") as log:
+            nodes.append(subprocess.Popen(command, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT))
+    return nodes
+
+
+def finish(nodes: list[subprocess.Popen], timeout: float = 180) -> list[int]:
+    return [node.wait(timeout=timeout) for node in nodes]
+
+
+def run_dir(cwd: Path) -> Path:
+    dirs = list((cwd / "outputs" / "mn").iterdir())
+    assert [d.name for d in dirs] == [f"torchrun-{JOB}"], dirs  # every rank (and restart) chose the same one
+    return dirs[0]
+
+
+def final_weights(cwd: Path) -> tuple[int, dict]:
+    checkpoint = torch.load(run_dir(cwd) / "checkpoints" / "last.ckpt", weights_only=True)
+    return checkpoint["global_step"], checkpoint["state_dict"]
+
+
+def assert_same_weights(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    difference = max((a[k].float() - b[k].float()).abs().max().item() for k in a)
+    assert difference == 0.0, f"max abs weight difference {difference}"
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """The 2-process single-node run and the 2-node run, launched side by side: their working directories."""
+    tmp = tmp_path_factory.mktemp("multinode")
+    corpus = write_tiny_corpus(tmp / "corpus")
+    TranslationDataModule(train=f"{corpus}/train", val=f"{corpus}/val", test=f"{corpus}/test",
+                          cache_dir=f"{corpus}/cache", vocab_size=256, max_tokens=512, num_proc=1).setup("fit")
+    single = launch(tmp / "single", corpus, nnodes=1, nproc=2, port=free_port())
+    multi = launch(tmp / "multi", corpus, nnodes=2, nproc=1, port=free_port())
+    for cwd, nodes in ((tmp / "single", single), (tmp / "multi", multi)):
+        codes = finish(nodes)
+        assert codes == [0] * len(nodes), (cwd / "node0.log").read_text()[-3000:]
+    return {"corpus": corpus, "single": tmp / "single", "multi": tmp / "multi", "tmp": tmp}
+
+
+def test_two_nodes_end_with_the_weights_of_two_processes_on_one_node_in_one_run_dir(runs):
+    step, multi = final_weights(runs["multi"])
+    assert step == STEPS
+    assert_same_weights(multi, final_weights(runs["single"])[1])
+    checkpoints = run_dir(runs["multi"]) / "checkpoints"
+    files = sorted(str(p.relative_to(checkpoints)) for p in checkpoints.rglob("*") if p.is_file())
+    # one set, nothing per rank: last, the best of the one validation (step 4), the window of the last 2
+    assert files[:3] == ["last.ckpt", "recent/step0000006.ckpt", "recent/step0000008.ckpt"], files
+    assert len(files) == 4 and files[3].startswith("step0000004-bleu"), files
+
+
+def test_a_node_killed_mid_run_and_relaunched_ends_with_the_uninterrupted_weights(runs):
+    cwd, marker = runs["tmp"] / "killed", runs["tmp"] / "killed.marker"
+    script = runs["tmp"] / "kill_node1.py"
+    script.write_text(KILLER)
+    env = {"KILL_STEP": str(KILL_STEP), "KILL_MARKER": str(marker)}
+    port = free_port()
+    codes = finish(launch(cwd, runs["corpus"], nnodes=2, nproc=1, port=port, script=script, env=env))
+    assert marker.exists() and codes[1] != 0, "node 1 was not killed"
+    assert codes[0] != 0, "node 0 finished without its peer"
+    step, _ = final_weights(cwd)
+    assert step == 4  # the last checkpoint before the kill (every 2 steps)
+
+    codes = finish(launch(cwd, runs["corpus"], nnodes=2, nproc=1, port=port, script=script, env=env))  # same command
+    log = (cwd / "node0.log").read_text()
+    assert codes == [0, 0], log[-3000:]
+    assert f"resume      from {run_dir(cwd)}/checkpoints/last.ckpt, step 4 (ckpt_path=auto)" in log
+    step, resumed = final_weights(cwd)
+    assert step == STEPS
+    assert_same_weights(resumed, final_weights(runs["multi"])[1])
