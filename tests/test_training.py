@@ -56,6 +56,55 @@ def test_smoothing_penalises_overconfidence():
     assert loss_soft < label_smoothed_cross_entropy(sharp, labels, 0.1, 0)[0]
 
 
+def label_smoothed_cross_entropy_before(logits, labels, epsilon, pad_id):
+    """The loss as it was before the chunked one (kept as the reference): fp32 log-softmax, boolean indexing."""
+    log_probs = F.log_softmax(logits.float(), dim=-1)  # (B, T, V)
+    nll = -log_probs.gather(-1, labels.unsqueeze(-1)).squeeze(-1)  # (B, T)
+    uniform = -log_probs.mean(dim=-1)  # (B, T)
+    keep = labels != pad_id  # (B, T)
+    smoothed = (1.0 - epsilon) * nll + epsilon * uniform
+    return smoothed[keep].sum(), nll[keep].sum(), keep.sum()
+
+
+@pytest.mark.parametrize("dtype, tolerance", [(torch.float32, dict(rtol=1e-5, atol=1e-5)),
+                                              (torch.bfloat16, dict(rtol=1.6e-2, atol=1e-5)),
+                                              (torch.float16, dict(rtol=2e-3, atol=1e-6))])
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_chunked_loss_has_the_value_and_gradient_of_the_unchunked_one(monkeypatch, dtype, tolerance, overwrite):
+    """Chunks of 2 rows (so 8 chunks over 15 rows, one ragged), compared with the loss as it was; the logits come
+    out of a linear layer, as in the model, so that ``overwrite`` may hand their memory to the gradient."""
+    import transformer_nmt.training as training
+
+    monkeypatch.setattr(training, "LOSS_CHUNK_ELEMENTS", 2 * 37)
+    g = torch.Generator().manual_seed(1)
+    hidden = torch.randn(3, 5, 8, generator=g)
+    weight = torch.randn(37, 8, generator=g)
+    labels = torch.randint(1, 37, (3, 5), generator=g)
+    labels[0, 2:] = labels[2, 4:] = 0
+    results = []
+    for loss_fn in (label_smoothed_cross_entropy_before,
+                    lambda *a: label_smoothed_cross_entropy(*a, overwrite_logits=overwrite)):
+        w = weight.clone().to(dtype).requires_grad_()
+        loss, nll, n = loss_fn(hidden.to(dtype) @ w.t(), labels, 0.1, 0)
+        loss.backward()
+        results.append((loss, nll, n, w.grad.float()))
+    (loss, nll, n, grad), (loss_ref, nll_ref, n_ref, grad_ref) = results[1], results[0]
+    assert loss.dtype == nll.dtype == torch.float32 and n == n_ref == 11
+    torch.testing.assert_close(loss, loss_ref, rtol=1e-5, atol=1e-5)  # both sum the same logits in fp32
+    torch.testing.assert_close(nll, nll_ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(grad, grad_ref, **tolerance)  # the logits' gradient is rounded to dtype
+
+
+def test_overwriting_the_logits_with_their_gradient_is_refused_where_it_would_corrupt():
+    """A second use of the same logits after the first backward: autograd's version check catches it."""
+    logits = (torch.randn(2, 3, 11) * torch.ones(1, requires_grad=True))
+    labels = torch.randint(1, 11, (2, 3))
+    first = label_smoothed_cross_entropy(logits, labels, 0.1, 0, overwrite_logits=True)[0]
+    second = label_smoothed_cross_entropy(logits, labels, 0.1, 0, overwrite_logits=True)[0]
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        (first + second).backward()
+
+
 # --- schedule ---------------------------------------------------------------------------------
 
 
@@ -187,6 +236,31 @@ def test_accumulated_gradient_is_the_per_token_mean_over_the_whole_optimizer_ste
     (total / sum(counts)).backward()
     for name, param in reference.named_parameters():
         torch.testing.assert_close(module.grads[name], param.grad, atol=1e-6, rtol=1e-4)
+
+
+def test_compile_compiles_the_forward_in_place_and_keeps_parameter_names():
+    config = {"vocab_size": 20, "d_model": 16, "n_heads": 2, "n_encoder_layers": 1, "n_decoder_layers": 1, "d_ff": 32}
+    eager, compiled = TranslationModule(config), TranslationModule(config, {"compile": True})
+    assert eager.model._compiled_call_impl is None and compiled.model._compiled_call_impl is not None
+    assert list(compiled.state_dict()) == list(eager.state_dict())  # checkpoints load either way
+
+
+def test_padding_to_a_multiple_of_8_keeps_the_token_budget():
+    """train.compile pads batch widths to a multiple of 8; the sampler packs by the rounded widths."""
+    import numpy as np
+
+    from transformer_nmt.batching import TokenBucketBatchSampler, pad_pairs, pair_widths
+
+    g = np.random.default_rng(0)
+    src_lens, tgt_lens = g.integers(1, 40, 300), g.integers(1, 40, 300)
+    sampler = TokenBucketBatchSampler(pair_widths(src_lens, tgt_lens), max_tokens=400, pad_to_multiple=8)
+    for batch in sampler:
+        ragged = [(np.ones(int(lens[batch].sum()), dtype=np.int64), np.r_[0, np.cumsum(lens[batch])])
+                  for lens in (src_lens, tgt_lens)]
+        padded = pad_pairs(*ragged, batch, multiple=8)
+        for side in ("src", "tgt"):
+            assert padded[side].shape[1] % 8 == 0 and padded[side].numel() <= 400
+        assert padded["src"].shape[1] - 8 < int(src_lens[batch].max()) + 1  # no more than 7 columns added
 
 
 def test_resume_from_last_without_a_checkpoint_names_the_run_dir_option(corpus, tmp_path):

@@ -117,10 +117,12 @@ class TokenBucketBatchSampler:
     plan_ahead_seconds = 1.0
 
     def __init__(self, widths, max_tokens: int, shuffle: bool = True, seed: int = 0, num_replicas: int = 1,
-                 rank: int = 0):
+                 rank: int = 0, pad_to_multiple: int = 1):
         if not 0 <= rank < num_replicas:
             raise ValueError(f"rank {rank} is outside 0..{num_replicas - 1}")
         self.widths = np.asarray(widths)
+        if pad_to_multiple > 1:  # as pad_pairs pads: the plan bounds the widths the batches will have
+            self.widths = -(-self.widths // pad_to_multiple) * pad_to_multiple
         if len(self.widths) and self.widths.max() > max_tokens:
             raise ValueError(
                 f"data.max_tokens={max_tokens} is smaller than the longest pair ({self.widths.max()} padded tokens "
@@ -214,8 +216,10 @@ class TokenBucketBatchSampler:
         return {**self.__dict__, "_ahead": None, "_executor": None}
 
 
-def pad_pairs(src: tuple[np.ndarray, np.ndarray], tgt: tuple[np.ndarray, np.ndarray], index) -> dict:
-    """Pad a batch: source ids + eos; bos + target ids + eos; right-padded with pad_id.
+def pad_pairs(src: tuple[np.ndarray, np.ndarray], tgt: tuple[np.ndarray, np.ndarray], index,
+              multiple: int = 1) -> dict:
+    """Pad a batch: source ids + eos; bos + target ids + eos; right-padded with pad_id to a width that is a
+    multiple of ``multiple`` (8 under torch.compile: fewer distinct shapes, tensor-core-friendly sizes).
 
     ``src`` and ``tgt`` are ragged batches as Arrow stores them: (values, offsets), row i being
     ``values[offsets[i]:offsets[i+1]]`` with offsets[0] == 0. Returns LongTensors
@@ -225,6 +229,7 @@ def pad_pairs(src: tuple[np.ndarray, np.ndarray], tgt: tuple[np.ndarray, np.ndar
     for name, (values, offsets), before in (("src", src, 0), ("tgt", tgt, 1)):
         lengths = np.diff(offsets)  # (B,)
         batch, width = len(lengths), int(lengths.max(initial=0)) + before + 1
+        width = -(-width // multiple) * multiple
         padded = np.full((batch, width), PAD_ID, dtype=np.int64)  # (B, S) or (B, T)
         rows = np.repeat(np.arange(batch), lengths)  # (n_tokens,) row of each token
         cols = np.arange(len(values)) - np.repeat(offsets[:-1], lengths) + before  # (n_tokens,) column

@@ -270,6 +270,8 @@ class LastCheckpoint(Checkpoint):
 class TokenProgressBar(TQDMProgressBar):
     """The training bar shows loss, learning rate, target tokens/s (all ranks) and the run's ETA.
 
+    It refreshes on the optimizer steps that log (every ``trainer.log_every_n_steps``), never in between:
+    reading the metrics copies them to the host, which would make every step wait for the device.
     The ETA covers the whole run, not the epoch: remaining optimizer steps (``max_steps``, or
     ``max_epochs`` worth of batches) times the mean time per step since this process started training.
     """
@@ -277,6 +279,16 @@ class TokenProgressBar(TQDMProgressBar):
     def on_train_start(self, trainer, pl_module) -> None:
         super().on_train_start(trainer, pl_module)
         self._start = (time.perf_counter(), trainer.global_step)
+        self._shown_step = None
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        step = trainer.global_step  # optimizer steps done; the step just taken logged if it is a multiple
+        every = trainer.log_every_n_steps
+        if self.train_progress_bar is None or not every or step % every or step == self._shown_step:
+            return
+        self._shown_step = step
+        self.train_progress_bar.n = batch_idx + 1
+        self.train_progress_bar.set_postfix(self.get_metrics(trainer, pl_module))  # also redraws the bar
 
     def get_metrics(self, trainer, pl_module) -> dict:
         shown = {}

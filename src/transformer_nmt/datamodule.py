@@ -100,8 +100,9 @@ class Split:
 class PairDataset(torch.utils.data.Dataset):
     """Filtered pairs of one split; ``__getitems__`` gathers a whole batch from Arrow and pads it."""
 
-    def __init__(self, tokens: datasets.Dataset, keep: np.ndarray, src_lang: str, tgt_lang: str):
-        self.tokens, self.keep = tokens.with_format("arrow"), keep
+    def __init__(self, tokens: datasets.Dataset, keep: np.ndarray, src_lang: str, tgt_lang: str,
+                 pad_to_multiple: int = 1):
+        self.tokens, self.keep, self.pad_to_multiple = tokens.with_format("arrow"), keep, pad_to_multiple
         self.columns = (f"{src_lang}_ids", f"{tgt_lang}_ids")
 
     def __len__(self) -> int:
@@ -119,7 +120,7 @@ class PairDataset(torch.utils.data.Dataset):
             ids = table.column(column).combine_chunks()
             offsets = ids.offsets.to_numpy()
             ragged.append((ids.flatten().to_numpy(), offsets - offsets[0]))
-        return pad_pairs(ragged[0], ragged[1], indices)
+        return pad_pairs(ragged[0], ragged[1], indices, self.pad_to_multiple)
 
 
 def _padded_already(batch: dict) -> dict:
@@ -193,6 +194,7 @@ class TranslationDataModule(L.LightningDataModule):
         seed: int = DEFAULTS.seed,
         num_proc: int = DEFAULTS.num_proc,
         num_workers: int = DEFAULTS.num_workers,
+        pad_to_multiple: int = DEFAULTS.pad_to_multiple,
     ):
         super().__init__()
         self.spec = CorpusSpec(
@@ -214,6 +216,7 @@ class TranslationDataModule(L.LightningDataModule):
         self.max_tokens, self.eval_max_tokens = max_tokens, eval_max_tokens or max_tokens
         self.max_positions, self.max_length_ratio = max_positions, max_length_ratio
         self.seed, self.num_proc, self.num_workers = seed, num_proc, num_workers
+        self.pad_to_multiple = pad_to_multiple  # batch widths rounded up to a multiple of this (train.compile: 8)
         self.tokenizer: Tokenizer | None = None
         self.tokenizer_trained_now = False
         self.tokenizer_path_used: Path | None = None
@@ -339,16 +342,20 @@ class TranslationDataModule(L.LightningDataModule):
         replicas, rank = (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
         train = split == "train"
         return TokenBucketBatchSampler(s.widths, self.max_tokens if train else self.eval_max_tokens,
-                                       shuffle=train, seed=self.seed, num_replicas=replicas, rank=rank)
+                                       shuffle=train, seed=self.seed, num_replicas=replicas, rank=rank,
+                                       pad_to_multiple=self.pad_to_multiple)
 
     def dataloader(self, split: str) -> ResumableDataLoader:
         s = self._split(split)
+        device = getattr(getattr(getattr(self, "trainer", None), "strategy", None), "root_device", None)
         return ResumableDataLoader(
-            PairDataset(s.tokens, s.keep, self.src_lang, self.tgt_lang),
+            PairDataset(s.tokens, s.keep, self.src_lang, self.tgt_lang, self.pad_to_multiple),
             batch_sampler=self.batch_sampler(split),
             collate_fn=_padded_already,
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
+            # Page-locked batches: Lightning's non_blocking copy to the GPU then overlaps the step.
+            pin_memory=device is not None and device.type == "cuda",
         )
 
     def train_dataloader(self) -> ResumableDataLoader:

@@ -21,6 +21,7 @@ from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
@@ -29,12 +30,13 @@ from transformer_nmt.callbacks import AttentionMaps, LastCheckpoint, TokenProgre
 from transformer_nmt.checkpoint import AtomicCheckpointIO
 from transformer_nmt.launch import resume_checkpoint  # also registers hydra.run.dir's ${run_name:} resolver
 from transformer_nmt.model import TransformerConfig
+from transformer_nmt.precision import resolve_precision
 from transformer_nmt.training import TRAIN_DEFAULTS, TranslationModule
 
 log = logging.getLogger(__name__)
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
-PRECISIONS = ("32", "32-true", "bf16-mixed", "16-mixed")
+PRECISIONS = ("auto", "32", "32-true", "bf16-mixed", "16-mixed")
 MODEL_FIELDS = set(TransformerConfig.__dataclass_fields__) - {"vocab_size"}
 RESULTS_FILE = "results.json"
 ConfigStore.instance().store(name="train_defaults", node=TRAIN_DEFAULTS)  # conf/train.yaml: train_defaults@train
@@ -78,6 +80,11 @@ def validate_config(cfg: DictConfig) -> None:
         raise ConfigError("checkpoint.recent: set every_n_train_steps or every_n_minutes, not both")
 
 
+def trainer_precision(cfg: DictConfig) -> tuple[str, str]:
+    """(Lightning precision, why): trainer.precision, with ``auto`` resolved for trainer.accelerator."""
+    return resolve_precision(str(cfg.trainer.get("precision", "32-true")), str(cfg.trainer.get("accelerator", "auto")))
+
+
 def build_module(cfg: DictConfig, tokenizer) -> TranslationModule:
     model_config = {**OmegaConf.to_container(cfg.model, resolve=True), "vocab_size": tokenizer.vocab_size}
     train_config = OmegaConf.to_container(cfg.train, resolve=True)
@@ -116,6 +123,9 @@ def build_callbacks(cfg: DictConfig, checkpoint_dir: Path) -> list[pl.Callback]:
 
 def build_trainer(cfg: DictConfig, run_dir: Path, callbacks: list[pl.Callback]) -> pl.Trainer:
     trainer_args = OmegaConf.to_container(cfg.trainer, resolve=True)
+    trainer_args["precision"] = trainer_precision(cfg)[0]
+    if trainer_args.get("strategy") == "ddp":  # the model's only buffer, the position table, is never trained
+        trainer_args["strategy"] = DDPStrategy(broadcast_buffers=False)
     callbacks = callbacks + [hydra.utils.instantiate(c) for c in trainer_args.pop("callbacks", None) or []]
     logger = TensorBoardLogger(save_dir=str(run_dir), name="tensorboard", version="", default_hp_metric=False)
     return pl.Trainer(**trainer_args, callbacks=callbacks, logger=logger, plugins=[AtomicCheckpointIO()],
@@ -134,7 +144,7 @@ def summary(cfg: DictConfig, datamodule, module: TranslationModule, trainer: pl.
         f"batch       <= {per_step:,} padded tokens per side per optimizer step (data.max_tokens "
         f"{datamodule.max_tokens} x accumulate {trainer.accumulate_grad_batches} x {trainer.world_size} ranks)",
         f"devices     {trainer.num_nodes} node(s) x {trainer.num_devices} {type(trainer.accelerator).__name__}, "
-        f"strategy {type(trainer.strategy).__name__}, precision {trainer.precision}",
+        f"strategy {type(trainer.strategy).__name__}, precision {trainer.precision} ({trainer_precision(cfg)[1]})",
         f"schedule    warmup {cfg.train.warmup_steps} steps, lr_factor {cfg.train.lr_factor}, "
         f"max_steps {trainer.max_steps}, max_epochs {trainer.max_epochs}",
         f"run dir     {trainer.default_root_dir}",
@@ -178,7 +188,7 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: Sequence[str] = ()) -
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     pl.seed_everything(cfg.seed, workers=True)
-    datamodule = hydra.utils.instantiate(cfg.data)
+    datamodule = hydra.utils.instantiate(cfg.data, **({"pad_to_multiple": 8} if cfg.train.compile else {}))
     datamodule.setup("fit")  # builds or reuses the vocabulary: the model's vocab_size comes from it
     module = build_module(cfg, datamodule.tokenizer)
     callbacks = build_callbacks(cfg, run_dir / "checkpoints")

@@ -30,21 +30,75 @@ CKPT_DATA_CONFIG = "data_config"  # the data config (plain dict, with _target_) 
 LOSS_SCALE_TOKENS = 1000.0  # backward runs on (summed token loss) / this; see training_step
 
 
-def label_smoothed_cross_entropy(logits: Tensor, labels: Tensor, epsilon: float,
-                                 pad_id: int) -> tuple[Tensor, Tensor, Tensor]:
+LOSS_CHUNK_ELEMENTS = 2 ** 25  # logits per chunk of the loss: its fp32 temporaries are 128 MiB, whatever the batch
+
+
+class _SmoothedCrossEntropy(torch.autograd.Function):
+    """Label-smoothed cross-entropy summed over the non-pad rows, computed in fp32 over chunks of rows.
+
+    Per row with log-sum-exp z and label y: loss = (1 - eps) * (z - x_y) + eps * (z - mean_j x_j), nll = z - x_y.
+    Only the per-row log-sum-exp (N,) is kept for the backward pass, which recomputes softmax chunk by chunk:
+    d loss / d x_j = softmax(x)_j - (1 - eps) * [j = y] - eps / V, times [y != pad]. No (N, V) buffer is made
+    besides the logits themselves and, unless ``overwrite`` lets the gradient take their place, their gradient.
+    """
+
+    @staticmethod
+    def forward(ctx, logits, labels, epsilon: float, pad_id: int, overwrite: bool):
+        # logits (N, V) in the compute dtype, labels (N,)
+        n, vocab = logits.shape
+        keep = (labels != pad_id).float()  # (N,): 1 for a real target token, 0 for padding
+        lse = torch.empty(n, dtype=torch.float32, device=logits.device)  # (N,)
+        sums = torch.zeros(2, dtype=torch.float32, device=logits.device)  # (smoothed loss, nll)
+        rows = max(1, LOSS_CHUNK_ELEMENTS // vocab)
+        with torch.autocast(logits.device.type, enabled=False):
+            for start in range(0, n, rows):
+                chunk = slice(start, start + rows)
+                x = logits[chunk].float()  # (n_c, V)
+                z = torch.logsumexp(x, dim=-1)  # (n_c,)
+                nll = z - x.gather(-1, labels[chunk, None]).squeeze(-1)  # (n_c,)
+                smoothed = (1.0 - epsilon) * nll + epsilon * (z - x.mean(dim=-1))  # (n_c,)
+                sums += torch.stack([smoothed, nll]) @ keep[chunk]  # masked sums: no boolean indexing
+                lse[chunk] = z
+        ctx.save_for_backward(logits, labels, lse, keep)
+        ctx.epsilon, ctx.overwrite = epsilon, overwrite
+        loss, nll = sums.unbind()
+        ctx.mark_non_differentiable(nll)
+        return loss, nll
+
+    @staticmethod
+    def backward(ctx, grad_loss, grad_nll):
+        logits, labels, lse, keep = ctx.saved_tensors
+        n, vocab = logits.shape
+        eps = ctx.epsilon
+        grad = logits if ctx.overwrite else torch.empty_like(logits)  # (N, V)
+        rows = max(1, LOSS_CHUNK_ELEMENTS // vocab)
+        with torch.autocast(logits.device.type, enabled=False):
+            for start in range(0, n, rows):
+                chunk = slice(start, start + rows)
+                g = torch.exp(logits[chunk].float() - lse[chunk, None]) - eps / vocab  # (n_c, V)
+                g.scatter_add_(-1, labels[chunk, None], g.new_full((g.shape[0], 1), eps - 1.0))
+                g *= (keep[chunk] * grad_loss)[:, None]
+                grad[chunk] = g
+        return grad, None, None, None, None
+
+
+def label_smoothed_cross_entropy(logits: Tensor, labels: Tensor, epsilon: float, pad_id: int,
+                                 overwrite_logits: bool = False) -> tuple[Tensor, Tensor, Tensor]:
     """Section 5.4: cross-entropy against q = (1 - epsilon) * one_hot(label) + epsilon / V.
 
     This is the uniform label smoothing of Szegedy et al. (2016), which the paper cites, and equals
     ``F.cross_entropy(..., label_smoothing=epsilon, ignore_index=pad_id, reduction="sum")``.
     logits (B, T, V), labels (B, T) -> (smoothed loss summed over non-pad tokens, plain NLL summed over
-    the same tokens (for perplexity), number of those tokens); all scalars, computed in float32.
+    the same tokens (for perplexity; not differentiable), number of those tokens); all scalars on the logits'
+    device, the sums computed in float32 in chunks of rows, so that at the paper's batch (25k tokens x 37k
+    vocabulary) no float32 copy of the logits or of the log-probabilities is ever held. With
+    ``overwrite_logits`` the backward pass writes the gradient into the logits' memory: pass it when the
+    logits feed nothing but this loss (the training step), and the loss holds no (tokens x V) buffer of its own.
     """
-    log_probs = F.log_softmax(logits.float(), dim=-1)  # (B, T, V)
-    nll = -log_probs.gather(-1, labels.unsqueeze(-1)).squeeze(-1)  # (B, T)
-    uniform = -log_probs.mean(dim=-1)  # (B, T): cross-entropy against the uniform distribution
-    keep = labels != pad_id  # (B, T)
-    smoothed = (1.0 - epsilon) * nll + epsilon * uniform
-    return smoothed[keep].sum(), nll[keep].sum(), keep.sum()
+    vocab = logits.shape[-1]
+    loss, nll = _SmoothedCrossEntropy.apply(logits.reshape(-1, vocab), labels.reshape(-1), epsilon, pad_id,
+                                            overwrite_logits)
+    return loss, nll, (labels != pad_id).sum()
 
 
 def inverse_sqrt_lr(step: int, d_model: int, warmup_steps: int, factor: float = 1.0) -> float:
@@ -81,6 +135,8 @@ TRAIN_DEFAULTS = {
     "betas": (0.9, 0.98),  # 5.3
     "eps": 1e-9,  # 5.3
     "clip_grad_norm": None,  # max global L2 norm of the gradients; None: no clipping (the paper has none)
+    "fused_adam": True,  # on CUDA, Adam(fused=True): one kernel updates every parameter
+    "compile": False,  # torch.compile the model's forward (batches then padded to a multiple of 8)
     "val_bleu_max_sentences": 500,  # greedy BLEU on the split's first N sentences; 0: no BLEU, None: all
     "test_bleu_max_sentences": None,
 }
@@ -108,18 +164,22 @@ class TranslationModule(pl.LightningModule):
         self.model = Transformer(TransformerConfig(**model_config))
         self.tokenizer = tokenizer
         self.optim = {**TRAIN_DEFAULTS, **(train_config or {})}
+        if self.optim["compile"]:
+            self.model.compile()  # compiles forward in place: parameter names and checkpoints stay as they are
         self.seed = seed
         self.bleu_limits = {"val": self.optim["val_bleu_max_sentences"], "test": self.optim["test_bleu_max_sentences"]}
-        self._step_tokens = torch.zeros(2, dtype=torch.long)  # (source, target) tokens since the last step
+        self._step_sums = None  # (4,) float64 on the device: source tokens, target tokens, loss sum, nll sum
         self._step_started = None  # time.perf_counter() at the last optimizer step
-        self._timed = {"tokens": torch.zeros((), dtype=torch.float64), "seconds": 0.0}  # over the timed steps
+        self._timed = {"tokens": 0, "seconds": 0.0}  # (source, target) tokens and seconds over the timed steps
+        self._interval = {"tokens": 0, "seconds": 0.0}  # the same since the last logging step
         self._eval = {}  # per evaluation: loss sums and decoded sentences
 
     # --- optimisation ------------------------------------------------------------------------
     def configure_optimizers(self):
         """Section 5.3: Adam(beta1 0.9, beta2 0.98, eps 1e-9), lr from ``inverse_sqrt_lr`` per optimizer step."""
         o = self.optim
-        optimizer = torch.optim.Adam(self.parameters(), lr=1.0, betas=tuple(o["betas"]), eps=o["eps"])
+        fused = True if o["fused_adam"] and self.device.type == "cuda" else None  # None: torch's default
+        optimizer = torch.optim.Adam(self.parameters(), lr=1.0, betas=tuple(o["betas"]), eps=o["eps"], fused=fused)
         schedule = partial(_scheduler_factor, d_model=self.model.config.d_model,
                            warmup_steps=o["warmup_steps"], factor=o["lr_factor"])
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
@@ -134,41 +194,60 @@ class TranslationModule(pl.LightningModule):
         tgt_in, labels = tgt[:, :-1], tgt[:, 1:]  # teacher forcing: predict token t+1 from tokens <= t
         logits = self.model(src, tgt_in)  # (B, T-1, V)
         pad = self.model.config.pad_id
-        loss_sum, nll_sum, n_tokens = label_smoothed_cross_entropy(logits, labels, self.optim["label_smoothing"], pad)
-        n = n_tokens.clamp(min=1)
-        counts = torch.stack([(src != pad).sum(), n_tokens])  # (2,) stays on the device: no sync per batch
-        self._step_tokens = self._step_tokens.to(counts.device) + counts
-        self.log("train/loss", loss_sum.detach() / n, prog_bar=True)
-        self.log("train/ppl", torch.exp(nll_sum.detach() / n))
+        # The logits feed nothing but the loss: their memory can take their gradient (see the loss).
+        loss_sum, nll_sum, n_tokens = label_smoothed_cross_entropy(logits, labels, self.optim["label_smoothing"], pad,
+                                                                   overwrite_logits=True)
+        # (source tokens, target tokens, loss sum, nll sum): summed on the device, read only when logged.
+        sums = torch.stack([(src != pad).sum(), n_tokens, loss_sum.detach(), nll_sum.detach()]).double()
+        self._step_sums = sums if self._step_sums is None else self._step_sums + sums
         # Every token of an optimizer step weighs the same, whatever the micro-batch it came in: backward
         # runs on the loss summed over tokens (over a fixed LOSS_SCALE_TOKENS, to keep fp16 magnitudes
         # ordinary), and on_before_optimizer_step turns the summed gradients into the per-token mean.
         return loss_sum / LOSS_SCALE_TOKENS
 
     def on_before_optimizer_step(self, optimizer):
-        """Once per optimizer step, after gradients are all-reduced (and unscaled under 16-mixed)."""
-        tokens = self.trainer.strategy.reduce(self._step_tokens.float(), reduce_op="sum")  # over all ranks
+        """Once per optimizer step, after gradients are all-reduced (and unscaled under 16-mixed).
+
+        Nothing here waits for the device: the step's sums are reduced over ranks with an asynchronous
+        all-reduce, the gradients are rescaled by a device tensor, and metrics are logged only on
+        ``trainer.log_every_n_steps`` boundaries, where reading them is the point."""
+        sums = self._step_sums
+        if self.trainer.world_size > 1:  # not strategy.reduce: Lightning puts a barrier (a host sync) before it
+            torch.distributed.all_reduce(sums)
+        tokens = sums[1].clamp(min=1)
         # Lightning divided each micro-batch's loss by accumulate_grad_batches and DDP averaged the ranks:
         # undo both and divide by the step's target tokens -> gradient of the per-token mean loss.
         grads = [p.grad for p in self.parameters() if p.grad is not None]
         scale = self.trainer.accumulate_grad_batches * self.trainer.world_size * LOSS_SCALE_TOKENS
-        torch._foreach_mul_(grads, scale / tokens[1].clamp(min=1))
+        torch._foreach_mul_(grads, (scale / tokens).float())
         clip = self.optim.get("clip_grad_norm")
         grad_norm = torch.nn.utils.clip_grad_norm_(self.parameters(), max_norm=clip if clip else math.inf)
         now = time.perf_counter()
-        metrics = {"train/lr": optimizer.param_groups[0]["lr"], "train/grad_norm": grad_norm,
-                   "train/src_tokens_per_step": tokens[0], "train/tgt_tokens_per_step": tokens[1]}
-        if self._step_started is not None:
+        if self._step_started is not None:  # timed: not the first step of the fit or after a validation
             seconds = now - self._step_started
-            metrics["train/src_tokens_per_sec"] = tokens[0] / seconds
-            metrics["train/tgt_tokens_per_sec"] = tokens[1] / seconds
-            self._timed["tokens"] = self._timed["tokens"].to(tokens.device) + tokens[1].double()
+            self._timed["tokens"] = self._timed["tokens"] + sums[:2]
             self._timed["seconds"] += seconds
+            self._interval["tokens"] = self._interval["tokens"] + sums[:2]
+            self._interval["seconds"] += seconds
+        if self.trainer._logger_connector.should_update_logs:  # Lightning's own test for a logging step
+            self._log_step(optimizer, sums, grad_norm)
+        self._step_sums = None
+        self._step_started = now
+
+    def _log_step(self, optimizer, sums: Tensor, grad_norm: Tensor) -> None:
+        """Log this optimizer step's loss, perplexity, tokens, gradient norm and learning rate, and the
+        throughput (tokens per second) over the timed steps since the last logging step."""
+        tokens = sums[1].clamp(min=1)
+        metrics = {"train/loss": (sums[2] / tokens).float(), "train/ppl": torch.exp(sums[3] / tokens).float(),
+                   "train/src_tokens_per_step": sums[0].float(), "train/tgt_tokens_per_step": sums[1].float(),
+                   "train/grad_norm": grad_norm, "train/lr": optimizer.param_groups[0]["lr"]}
+        if self._interval["seconds"]:
+            rate = (self._interval["tokens"] / self._interval["seconds"]).float()
+            metrics["train/src_tokens_per_sec"], metrics["train/tgt_tokens_per_sec"] = rate.unbind()
         if self.device.type == "cuda":
             metrics["train/peak_memory_gib"] = torch.cuda.max_memory_allocated(self.device) / 2 ** 30
         self.log_dict(metrics)
-        self._step_tokens = torch.zeros_like(self._step_tokens)
-        self._step_started = now
+        self._interval = {"tokens": 0, "seconds": 0.0}
 
     def train_tokens_per_sec(self) -> float | None:
         """Mean training throughput of this process's fit: target tokens (all ranks) per second over the
@@ -176,7 +255,7 @@ class TranslationModule(pl.LightningModule):
         before two steps."""
         if not self._timed["seconds"]:
             return None
-        return float(self._timed["tokens"]) / self._timed["seconds"]
+        return float(self._timed["tokens"][1]) / self._timed["seconds"]
 
     # --- evaluation --------------------------------------------------------------------------
     def validation_step(self, batch, batch_idx):

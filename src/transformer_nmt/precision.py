@@ -1,0 +1,47 @@
+"""``trainer.precision=auto``: bf16 mixed precision where the hardware computes in bf16, fp32 elsewhere.
+
+bf16 autocast pays on CUDA devices that support bf16 (Ampere and newer) and on CPUs with native bf16
+instructions (AVX512-BF16 or AMX). On other CPUs (AVX2 laptops and servers) PyTorch emulates bf16
+arithmetic: a training step is many times slower than in fp32 (README, "Training on GPUs"), so auto
+picks 32-true there.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+NATIVE_BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str]:
+    """The CPU's feature flags (Linux's /proc/cpuinfo ``flags`` line); empty where that file is missing."""
+    try:
+        text = cpuinfo.read_text()
+    except OSError:
+        return set()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return set(line.partition(":")[2].split())
+    return set()
+
+
+def uses_cuda(accelerator: str) -> bool:
+    """Whether a Trainer built with ``accelerator`` runs on CUDA devices."""
+    return accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available())
+
+
+def resolve_precision(precision: str, accelerator: str) -> tuple[str, str]:
+    """(the Lightning precision to train in, why). Any precision but ``auto`` is kept as it is."""
+    if precision != "auto":
+        return precision, "set in trainer.precision"
+    if uses_cuda(accelerator):
+        if torch.cuda.is_available() and torch.cuda.is_bf16_supported():
+            return "bf16-mixed", f"auto: {torch.cuda.get_device_name()} supports bf16"
+        return "32-true", "auto: the CUDA device does not support bf16"
+    native = sorted(set(NATIVE_BF16_CPU_FLAGS) & cpu_flags())
+    if native:
+        return "bf16-mixed", f"auto: the CPU has native bf16 ({', '.join(native)})"
+    return "32-true", (f"auto: the CPU has no native bf16 ({' or '.join(NATIVE_BF16_CPU_FLAGS)}), where bf16 "
+                       f"autocast is emulated and slower than fp32")

@@ -1,0 +1,58 @@
+"""trainer.precision=auto: bf16-mixed where the hardware computes in bf16, 32-true elsewhere, with the reason."""
+
+import pytest
+import torch
+
+import transformer_nmt.precision as precision
+from transformer_nmt.precision import cpu_flags, resolve_precision
+
+
+@pytest.fixture
+def cuda(monkeypatch):
+    """A pretend CUDA device; the test sets whether it supports bf16."""
+    def pretend(bf16: bool):
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: bf16)
+        monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Pretend GPU")
+    return pretend
+
+
+@pytest.mark.parametrize("flags, expected", [
+    ({"avx2", "fma"}, "32-true"),
+    ({"avx2", "avx512f", "avx512_bf16"}, "bf16-mixed"),
+    ({"avx2", "amx_bf16", "amx_tile"}, "bf16-mixed"),
+    (set(), "32-true"),
+])
+def test_auto_on_cpu_follows_native_bf16(monkeypatch, flags, expected):
+    monkeypatch.setattr(precision, "cpu_flags", lambda: flags)
+    chosen, why = resolve_precision("auto", "cpu")
+    assert chosen == expected
+    assert why.startswith("auto: the CPU has") and ("no native bf16" in why) == (expected == "32-true")
+
+
+@pytest.mark.parametrize("bf16, expected", [(True, "bf16-mixed"), (False, "32-true")])
+@pytest.mark.parametrize("accelerator", ["gpu", "cuda", "auto"])
+def test_auto_on_cuda_follows_the_devices_bf16_support(monkeypatch, cuda, bf16, expected, accelerator):
+    cuda(bf16)
+    monkeypatch.setattr(precision, "cpu_flags", lambda: {"avx512_bf16"})  # the CPU does not decide on a GPU run
+    chosen, why = resolve_precision("auto", accelerator)
+    assert chosen == expected and ("Pretend GPU supports bf16" in why) == bf16
+
+
+def test_accelerator_auto_without_cuda_asks_the_cpu(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(precision, "cpu_flags", lambda: {"amx_bf16"})
+    assert resolve_precision("auto", "auto")[0] == "bf16-mixed"
+
+
+@pytest.mark.parametrize("explicit", ["32-true", "bf16-mixed", "16-mixed"])
+def test_an_explicit_precision_is_kept(monkeypatch, explicit):
+    monkeypatch.setattr(precision, "cpu_flags", lambda: set())
+    assert resolve_precision(explicit, "cpu") == (explicit, "set in trainer.precision")
+
+
+def test_cpu_flags_reads_the_flags_line(tmp_path):
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nmodel name\t: X\nflags\t\t: fpu sse2 avx2 amx_bf16\n\nprocessor\t: 1\n")
+    assert cpu_flags(cpuinfo) == {"fpu", "sse2", "avx2", "amx_bf16"}
+    assert cpu_flags(tmp_path / "missing") == set()
