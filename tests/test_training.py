@@ -268,3 +268,24 @@ def test_resume_from_last_without_a_checkpoint_names_the_run_dir_option(corpus, 
 
     with pytest.raises(LaunchError, match="ckpt_path=last: no checkpoints/last.ckpt in .*hydra.run.dir"):
         train(tiny_config(corpus, "ckpt_path=last"), tmp_path / "fresh_run")
+
+
+def test_resuming_refuses_another_vocabulary_and_pre_in_proj_optimizer_state():
+    """on_load_checkpoint: a checkpoint whose SentencePiece model differs from the data's stops the resume
+    (the ids would mean other pieces); a pre-in_proj checkpoint's optimizer state cannot resume."""
+    from test_tokenizer import sentences
+
+    from transformer_nmt.tokenizer import train_sentencepiece
+
+    ours, other = (train_sentencepiece(iter(sentences(seed=seed)), vocab_size=size, seed=1)
+                   for seed, size in ((0, 120), (1, 100)))
+    config = {"vocab_size": 120, "d_model": 16, "n_heads": 2, "n_encoder_layers": 1, "n_decoder_layers": 1, "d_ff": 32}
+    module = TranslationModule(config, tokenizer=ours)
+    module.on_load_checkpoint({CKPT_TOKENIZER: ours.model_proto})  # the same vocabulary: fine
+    with pytest.raises(ValueError, match="another SentencePiece vocabulary.*data.tokenizer_path"):
+        module.on_load_checkpoint({CKPT_TOKENIZER: other.model_proto})
+    old = {"optimizer_states": [{}], "state_dict": {"model.encoder.layers.0.self_attn.q_proj.weight": torch.zeros(1)}}
+    TranslationModule(config).on_load_checkpoint(old)  # no trainer: loading weights (evaluate, translate)
+    module._trainer = object()  # attached to a trainer: resuming
+    with pytest.raises(ValueError, match="predates the fused Q/K/V projection"):
+        module.on_load_checkpoint(old)

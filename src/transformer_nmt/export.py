@@ -186,14 +186,14 @@ def export_model(model: Transformer, tokenizer: Tokenizer, output: str | os.Path
 
 def cached_export(ckpt: str | os.PathLike) -> Path:
     """The float32 CTranslate2 export of checkpoint ``ckpt``, written on first use to
-    ``$XDG_CACHE_HOME/transformer_nmt/ctranslate2/`` (default ``~/.cache/...``) under a hash of its bytes."""
+    ``$XDG_CACHE_HOME/transformer_nmt/ctranslate2/`` (default ``~/.cache/...``) under a hash of its path, size and
+    modification time (checkpoints are replaced atomically, never edited: a new file is a new key; hashing the
+    bytes would read gigabytes of optimizer state on every call)."""
     path = Path(ckpt)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {path} does not exist")
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
+    stat = path.stat()
+    digest = hashlib.sha256(f"{path.resolve()}\0{stat.st_size}\0{stat.st_mtime_ns}".encode())
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "transformer_nmt" / "ctranslate2"
     output = cache / f"{digest.hexdigest()[:20]}-v{EXPORT_FORMAT}"
     if not (output / EXPORT_INFO).is_file():

@@ -89,7 +89,7 @@ def resume_checkpoint(ckpt_path: str | None, run_dir: Path) -> tuple[Path | None
 
 
 class SlurmRequeue(Checkpoint):
-    """Under SLURM: on ``requeue_signal`` (``sbatch --signal=USR1@90`` sends it 90 s before the time limit),
+    """Under SLURM: on ``requeue_signal`` (``sbatch --signal=USR1@120`` sends it 120 s before the time limit),
     finish the optimizer step in progress, write ``checkpoints/last.ckpt``, ``scontrol requeue $SLURM_JOB_ID``
     and stop. The requeued job keeps its id, hence its run dir, and resumes from that checkpoint exactly.
 
@@ -102,15 +102,19 @@ class SlurmRequeue(Checkpoint):
     def __init__(self, requeue_signal: str = "SIGUSR1"):
         self.signal = signal.Signals[requeue_signal]
         self.received = False
+        self.armed = False  # only under SLURM: elsewhere the callback does nothing, not even a check
         self._step = None
+        self._previous = None
 
     def setup(self, trainer, pl_module, stage) -> None:
         if stage == "fit" and os.environ.get("SLURM_JOB_ID"):
-            signal.signal(self.signal, self._note)
+            self._previous = signal.signal(self.signal, self._note)
+            self.armed = True
 
     def teardown(self, trainer, pl_module, stage) -> None:
-        if signal.getsignal(self.signal) == self._note:
-            signal.signal(self.signal, signal.SIG_DFL)
+        if self.armed and signal.getsignal(self.signal) == self._note:
+            signal.signal(self.signal, self._previous)  # not SIG_DFL: that would kill the process on a late signal
+        self.armed = False
 
     def _note(self, signum, frame) -> None:
         self.received = True
@@ -119,8 +123,10 @@ class SlurmRequeue(Checkpoint):
         self._step = trainer.global_step
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if trainer.global_step == self._step:  # inside gradient accumulation: not a step boundary
+        if not self.armed or trainer.global_step == self._step:  # off SLURM, or inside gradient accumulation
             return
+        if trainer.world_size > 1 and trainer.global_step % trainer.log_every_n_steps:
+            return  # under DDP the ranks agree (one all-reduce, a host sync) only at the logging interval
         if not trainer.strategy.reduce_boolean_decision(self.received, all=False):  # any rank got it
             return
         path = Path(trainer.default_root_dir) / LAST

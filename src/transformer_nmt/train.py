@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from collections.abc import Sequence
 from datetime import timedelta
@@ -61,7 +62,7 @@ def validate_config(cfg: DictConfig) -> None:
     if data_max is not None and model.get("max_positions", 1024) < data_max:
         raise ConfigError(f"model.max_positions ({model.max_positions}) is below data.max_positions ({data_max}), the "
                           f"longest sequence a batch may hold: raise model.max_positions or lower data.max_positions")
-    precision = str(cfg.trainer.get("precision", "32-true"))
+    precision = str(cfg.trainer.precision)
     if precision not in PRECISIONS:
         raise ConfigError(f"trainer.precision={precision!r} is not supported; use one of {PRECISIONS}")
     if precision == "16-mixed" and cfg.trainer.get("accelerator") == "cpu":
@@ -82,7 +83,7 @@ def validate_config(cfg: DictConfig) -> None:
 
 def trainer_precision(cfg: DictConfig) -> tuple[str, str]:
     """(Lightning precision, why): trainer.precision, with ``auto`` resolved for trainer.accelerator."""
-    return resolve_precision(str(cfg.trainer.get("precision", "32-true")), str(cfg.trainer.get("accelerator", "auto")))
+    return resolve_precision(str(cfg.trainer.precision), str(cfg.trainer.get("accelerator", "auto")))
 
 
 def build_module(cfg: DictConfig, tokenizer) -> TranslationModule:
@@ -188,7 +189,9 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: Sequence[str] = ()) -
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     pl.seed_everything(cfg.seed, workers=True)
-    datamodule = hydra.utils.instantiate(cfg.data, **({"pad_to_multiple": 8} if cfg.train.compile else {}))
+    # torch.compile: batch widths a multiple of 8 too, so that shapes repeat (and the user's multiple still holds)
+    compile_pad = {"pad_to_multiple": math.lcm(cfg.data.pad_to_multiple, 8)} if cfg.train.compile else {}
+    datamodule = hydra.utils.instantiate(cfg.data, **compile_pad)
     datamodule.setup("fit")  # builds or reuses the vocabulary: the model's vocab_size comes from it
     module = build_module(cfg, datamodule.tokenizer)
     callbacks = build_callbacks(cfg, run_dir / "checkpoints")

@@ -336,7 +336,17 @@ class TranslationModule(pl.LightningModule):
             checkpoint[CKPT_TOKENIZER] = self.tokenizer.model_proto
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
-        if self.tokenizer is None and CKPT_TOKENIZER in checkpoint:
-            self.tokenizer = Tokenizer.from_proto(checkpoint[CKPT_TOKENIZER])
+        saved_tokenizer = checkpoint.get(CKPT_TOKENIZER)
+        if self.tokenizer is None and saved_tokenizer is not None:
+            self.tokenizer = Tokenizer.from_proto(saved_tokenizer)
+        elif saved_tokenizer is not None and self.tokenizer.model_proto != saved_tokenizer:
+            raise ValueError("the checkpoint was trained with another SentencePiece vocabulary than the data's "
+                             "(the vocabulary cache was rebuilt, or the data options changed): resume with the "
+                             "checkpoint's own: data.tokenizer_path=FILE, the SentencePiece model it embeds (key "
+                             f"{CKPT_TOKENIZER!r})")
+        resuming = self._trainer is not None and "optimizer_states" in checkpoint
+        if resuming and any(key.endswith(".q_proj.weight") for key in checkpoint.get("state_dict", {})):
+            raise ValueError("this checkpoint predates the fused Q/K/V projection (in_proj): its weights load for "
+                             "evaluate, translate and average, but its optimizer state cannot resume training")
         if self.data_config is None:
             self.data_config = checkpoint.get(CKPT_DATA_CONFIG)
