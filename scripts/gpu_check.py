@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from transformer_nmt.attention import ATTENTION_KERNELS
-from transformer_nmt.batching import TokenBucketBatchSampler, pad_pairs
+from transformer_nmt.batching import TokenBucketBatchSampler, pad_pairs, pair_widths
 from transformer_nmt.training import TranslationModule
 
 REPO = Path(__file__).resolve().parents[1]
@@ -103,7 +103,8 @@ def synthetic_batches(n_batches: int, seed: int = 0, multiple: int = 1) -> list[
     src_lens = np.clip(rng.lognormal(math.log(25), 0.55, SIZES["pairs"]), 1, 250).astype(np.int64)
     tgt_lens = np.clip(src_lens * rng.uniform(0.8, 1.2, len(src_lens)), 1, 250).astype(np.int64)
     permutation = rng.permutation(vocab - 4) + 4
-    sampler = TokenBucketBatchSampler(src_lens, tgt_lens, SIZES["max_tokens"], seed=seed, pad_to_multiple=multiple)
+    sampler = TokenBucketBatchSampler(pair_widths(src_lens, tgt_lens), SIZES["max_tokens"], seed=seed,
+                                      pad_to_multiple=multiple)
     batches = []
     for indices in sampler:
         ragged = []
