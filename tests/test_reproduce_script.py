@@ -1,0 +1,36 @@
+"""scripts/reproduce_multi30k.py trains for an hour, so CI checks its pieces: the BLEU-against-minutes curve read
+back from TensorBoard events, and the refusal to score a run that was never trained."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+from torch.utils.tensorboard import SummaryWriter
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "reproduce_multi30k.py"
+
+
+@pytest.fixture(scope="module")
+def reproduce():
+    spec = importlib.util.spec_from_file_location("reproduce_multi30k", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_validation_curve_reads_every_val_bleu_with_minutes_since_launch(reproduce, tmp_path):
+    writer = SummaryWriter(tmp_path / "tensorboard" / "version_0")
+    launched = 1_000_000.0
+    for minutes, step, bleu in [(7.0, 245, 2.44), (14.5, 490, 20.125), (22.0, 735, 27.5)]:
+        writer.add_scalar("val/bleu", bleu, step, walltime=launched + 60 * minutes)
+        writer.add_scalar("train/loss", 3.0, step, walltime=launched + 60 * minutes)
+    writer.close()
+    assert reproduce.validation_curve(tmp_path, launched) == [(7.0, 245, 2.44), (14.5, 490, 20.12), (22.0, 735, 27.5)]
+
+
+def test_scoring_a_run_without_checkpoints_names_the_missing_file(reproduce, tmp_path):
+    with pytest.raises(SystemExit, match=r"last\.ckpt does not exist"):
+        reproduce.main(["train=false", f"run_dir={tmp_path}"])
+    with pytest.raises(SystemExit, match="train='maybe'"):
+        reproduce.main(["train=maybe"])
+
