@@ -2,12 +2,16 @@
 LightningModule step logs, and self-contained checkpoints."""
 
 import math
+import time
+from types import SimpleNamespace
 
 import pytest
 import torch
 import torch.nn.functional as F
+from lightning.pytorch.callbacks import Timer
 
 from test_train_app import one_thread, tiny_config, write_tiny_corpus  # noqa: F401 (fixture)
+from transformer_nmt.callbacks import TokenProgressBar
 from transformer_nmt.checkpoint import load_checkpoint, read_checkpoint
 from transformer_nmt.model import Transformer
 from transformer_nmt.train import train
@@ -289,3 +293,25 @@ def test_resuming_refuses_another_vocabulary_and_pre_in_proj_optimizer_state():
     module._trainer = object()  # attached to a trainer: resuming
     with pytest.raises(ValueError, match="predates the fused Q/K/V projection"):
         module.on_load_checkpoint(old)
+
+
+class _FixedTimer(Timer):
+    def __init__(self, remaining: float | None):
+        super().__init__(duration=None)
+        self.remaining = remaining
+
+    def time_remaining(self, stage="train"):
+        return self.remaining
+
+
+@pytest.mark.parametrize("remaining, expected", [(None, 90.0), (1000.0, 90.0), (30.0, 30.0), (-5.0, 0.0)])
+def test_progress_bar_eta_ends_at_max_steps_or_max_time_whichever_comes_first(monkeypatch, remaining, expected):
+    """10 steps in 10 s, 90 steps left by max_steps: 90 s, unless max_time (the Timer) leaves less."""
+    bar = TokenProgressBar()
+    monkeypatch.setattr(time, "perf_counter", lambda: 110.0)
+    trainer = SimpleNamespace(global_step=10, max_steps=100, max_epochs=-1, num_training_batches=float("inf"),
+                              accumulate_grad_batches=1, callbacks=[_FixedTimer(remaining)])
+    bar._start = (100.0, 0)  # (perf_counter, global_step) when training started
+    assert bar.eta_seconds(trainer) == pytest.approx(expected)
+    trainer.callbacks = []
+    assert bar.eta_seconds(SimpleNamespace(**{**vars(trainer), "max_steps": -1})) is None  # no limit at all

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import PIL.Image
 import torch
-from lightning.pytorch.callbacks import Callback, Checkpoint, TQDMProgressBar
+from lightning.pytorch.callbacks import Callback, Checkpoint, Timer, TQDMProgressBar
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_warn
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -273,7 +273,8 @@ class TokenProgressBar(TQDMProgressBar):
     It refreshes on the optimizer steps that log (every ``trainer.log_every_n_steps``), never in between:
     reading the metrics copies them to the host, which would make every step wait for the device.
     The ETA covers the whole run, not the epoch: remaining optimizer steps (``max_steps``, or
-    ``max_epochs`` worth of batches) times the mean time per step since this process started training.
+    ``max_epochs`` worth of batches) times the mean time per step since this process started training,
+    or the time ``max_time`` leaves, whichever ends the run first.
     """
 
     def on_train_start(self, trainer, pl_module) -> None:
@@ -313,6 +314,8 @@ class TokenProgressBar(TQDMProgressBar):
         batches = trainer.num_training_batches
         if trainer.max_epochs is not None and trainer.max_epochs >= 0 and math.isfinite(batches):
             limits.append(trainer.max_epochs * math.ceil(batches / trainer.accumulate_grad_batches))
-        if not limits:
-            return None
-        return max(min(limits) - trainer.global_step, 0) * seconds_per_step
+        etas = [max(min(limits) - trainer.global_step, 0) * seconds_per_step] if limits else []
+        timer = next((c for c in trainer.callbacks if isinstance(c, Timer)), None)  # there when max_time is set
+        if timer is not None and timer.time_remaining() is not None:
+            etas.append(max(timer.time_remaining(), 0.0))
+        return min(etas) if etas else None
