@@ -1,5 +1,6 @@
-"""scripts/reproduce_multi30k.py trains for an hour, so CI checks its pieces: the BLEU-against-minutes curve read
-back from TensorBoard events, and the refusal to score a run that was never trained."""
+"""scripts/reproduce_multi30k.py trains for an hour, so CI checks its pieces: the run directory it scores (the one
+``transformer_nmt.train`` picks), the BLEU-against-minutes curve read back from TensorBoard events, and the refusal
+to score a run that was never trained."""
 
 import importlib.util
 from pathlib import Path
@@ -18,14 +19,22 @@ def reproduce():
     return module
 
 
-def test_validation_curve_reads_every_val_bleu_with_minutes_since_launch(reproduce, tmp_path):
+@pytest.mark.parametrize("direction, folder", [([], "multi30k_cpu_en_de"),
+                                               (["data.src_lang=de", "data.tgt_lang=en"], "multi30k_cpu_de_en")])
+def test_run_directory_is_the_one_train_picks_for_the_recipe_and_direction(reproduce, direction, folder):
+    run_dir = reproduce.run_directory(["experiment=multi30k_cpu", *direction, "run_id=NAME"])
+    assert run_dir == reproduce.ROOT / "outputs" / folder / "NAME"
+
+
+def test_validation_curve_reads_every_val_bleu_with_minutes_since_the_first_event_file(reproduce, tmp_path):
     writer = SummaryWriter(tmp_path / "tensorboard" / "version_0")
-    launched = 1_000_000.0
+    created = int(next((tmp_path / "tensorboard").rglob("events.out.tfevents.*")).name.split(".")[3])
     for minutes, step, bleu in [(7.0, 245, 2.44), (14.5, 490, 20.125), (22.0, 735, 27.5)]:
-        writer.add_scalar("val/bleu", bleu, step, walltime=launched + 60 * minutes)
-        writer.add_scalar("train/loss", 3.0, step, walltime=launched + 60 * minutes)
+        writer.add_scalar("val/bleu", bleu, step, walltime=created + 60 * minutes)
+        writer.add_scalar("train/loss", 3.0, step, walltime=created + 60 * minutes)
     writer.close()
-    assert reproduce.validation_curve(tmp_path, launched) == [(7.0, 245, 2.44), (14.5, 490, 20.12), (22.0, 735, 27.5)]
+    assert reproduce.validation_curve(tmp_path) == [(7.0, 245, 2.44), (14.5, 490, 20.12), (22.0, 735, 27.5)]
+    assert reproduce.validation_curve(tmp_path / "never_trained") == []
 
 
 def test_scoring_a_run_without_checkpoints_names_the_missing_file(reproduce, tmp_path):
@@ -33,4 +42,3 @@ def test_scoring_a_run_without_checkpoints_names_the_missing_file(reproduce, tmp
         reproduce.main(["train=false", f"run_dir={tmp_path}"])
     with pytest.raises(SystemExit, match="train='maybe'"):
         reproduce.main(["train=maybe"])
-
