@@ -25,7 +25,6 @@ the time between its launches), and the scores with length ratio and brevity pen
 from __future__ import annotations
 
 import json
-import platform
 import subprocess
 import sys
 import time
@@ -33,21 +32,10 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from transformer_nmt.precision import NATIVE_BF16_CPU_FLAGS, cpu_flags
+
 ROOT = Path(__file__).resolve().parent.parent
-BF16_FLAGS = ("avx512_bf16", "amx_bf16")
-
-
-def cpu_flags() -> list[str]:
-    """The flags that decide the CPU's precision and speed (as ``lscpu | grep -o 'avx512_bf16|amx_bf16|avx2'``)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return [platform.processor() or "unknown"]
-    flags = set()
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            flags.update(line.split(":", 1)[1].split())
-    return [f for f in ("avx2", *BF16_FLAGS) if f in flags]
+REPORTED_FLAGS = ("avx2", *NATIVE_BF16_CPU_FLAGS)  # as lscpu | grep -o 'avx512_bf16\|amx_bf16\|avx2'
 
 
 def run_step(name: str, args: list[str], timings: dict) -> None:
@@ -134,7 +122,7 @@ def main(argv: list[str]) -> dict:
     }
     curve = validation_curve(run_dir)
     report = {
-        "run_dir": str(run_dir), "overrides": overrides, "cpu_flags": cpu_flags(),
+        "run_dir": str(run_dir), "overrides": overrides, "cpu_flags": [f for f in REPORTED_FLAGS if f in cpu_flags()],
         "train_minutes": timings.get("train"), "total_minutes": round(sum(timings.values()), 2), "timings": timings,
         "val_bleu_chosen_on": {stem: s["bleu"] for stem, s in val.items()}, "chosen": chosen.name,
         "scores": {f"{split}_beam{width}": {k: s[k] for k in ("bleu", "bleu_lowercase", "chrf", "length_ratio", "bp")}

@@ -1,21 +1,15 @@
 """scripts/gpu_check.py runs only where a GPU is lent: its CPU-side pieces are checked here, so that a change to
 the library it calls cannot break it unseen (its CPU dry run: GPU_CHECK_ALLOW_CPU=1 scripts/gpu_check.sh DIR)."""
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 import torch
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "gpu_check.py"
+from script_module import load_script
 
 
 @pytest.fixture(scope="module")
 def gpu_check():
-    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("gpu_check")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU dry run's sizes")

@@ -2,21 +2,15 @@
 ``transformer_nmt.train`` picks), the BLEU-against-minutes curve read back from TensorBoard events, and the refusal
 to score a run that was never trained."""
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 from torch.utils.tensorboard import SummaryWriter
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "reproduce_multi30k.py"
+from script_module import load_script
 
 
 @pytest.fixture(scope="module")
 def reproduce():
-    spec = importlib.util.spec_from_file_location("reproduce_multi30k", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("reproduce_multi30k")
 
 
 @pytest.mark.parametrize("direction, folder", [([], "multi30k_cpu_en_de"),

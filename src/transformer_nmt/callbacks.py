@@ -316,6 +316,7 @@ class TokenProgressBar(TQDMProgressBar):
             limits.append(trainer.max_epochs * math.ceil(batches / trainer.accumulate_grad_batches))
         etas = [max(min(limits) - trainer.global_step, 0) * seconds_per_step] if limits else []
         timer = next((c for c in trainer.callbacks if isinstance(c, Timer)), None)  # there when max_time is set
-        if timer is not None and timer.time_remaining() is not None:
-            etas.append(max(timer.time_remaining(), 0.0))
+        remaining = timer.time_remaining() if timer is not None else None
+        if remaining is not None:
+            etas.append(max(remaining, 0.0))
         return min(etas) if etas else None
