@@ -332,7 +332,7 @@ def test_choose_kernel():
     for kernel in ("plain", "blocked", "fused"):  # an explicit choice is kept
         assert choose_kernel(kernel, "cuda", need_weights=False) == kernel
     assert choose_kernel("auto", "cuda", need_weights=False) == "fused"
-    assert choose_kernel("auto", "cpu", need_weights=False) == "fused"  # measured faster (README, Benchmark)
+    assert choose_kernel("auto", "cpu", need_weights=False) == "fused"  # measured faster (docs/benchmarks.md, Attention kernels)
 
 
 def test_is_causal_with_fewer_queries_than_keys_is_refused():

@@ -49,7 +49,7 @@ def choose_kernel(kernel: str, device_type: str, need_weights: bool) -> str:
     ``auto`` is ``fused`` wherever no weights are asked for, on every device: on CUDA it is the only
     kernel that can reach Flash; on CPU, fp32, scripts/benchmark_model.py measured it faster than
     ``plain`` in training steps at target lengths 32, 128 and 512 (1.10x, 1.11x, 1.35x) and in cached
-    decoding steps at 8, 32 and 128 cached tokens (1.18x, 1.15x, 1.07x): README, "Benchmark".
+    decoding steps at 8, 32 and 128 cached tokens (1.18x, 1.15x, 1.07x): docs/benchmarks.md, "Attention kernels".
     """
     if need_weights:
         return "plain"
