@@ -53,7 +53,7 @@ def auto_kernel(device_type: str, dtype: torch.dtype) -> tuple[str, str]:
 
     - CUDA: ``fused``, the only kernel that can reach Flash.
     - CPU, fp32: ``fused``, faster than ``plain`` in training steps at target lengths 32, 128 and 512
-      (1.10x, 1.11x, 1.35x on AVX2) and in cached decoding steps.
+      (1.10x, 1.11x, 1.35x on AVX2) and in cached decoding steps (docs/benchmarks.md, "Attention kernels").
     - CPU, bf16 or fp16: ``plain``. Torch's CPU SDPA under bf16 autocast is the slowest kernel there: the
       small model's training step ran at 0.92x nn.Transformer's speed with ``fused`` and 1.25x with
       ``plain`` (avx512_bf16, one thread), and the Multi30k recipe at 2,088 target tokens/s against 3,024

@@ -67,9 +67,12 @@ def last_checkpoints(directory: str | Path, n: int) -> list[Path]:
     return chosen
 
 
+OPTIONS = ("dir", "last", "inputs", "output")  # key=value options; dir with last, or inputs
+
+
 def main(argv: list[str] | None = None) -> Path:
     args = OmegaConf.from_cli(sys.argv[1:] if argv is None else argv)
-    unknown = set(args) - {"dir", "last", "inputs", "output"}
+    unknown = set(args) - set(OPTIONS)
     if unknown:
         raise SystemExit(f"unknown option(s) {sorted(unknown)}; use dir=DIR last=N or inputs=[...], and output=PATH")
     if "output" not in args:

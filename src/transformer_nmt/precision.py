@@ -2,7 +2,7 @@
 
 bf16 autocast pays on CUDA devices that support bf16 (Ampere and newer) and on CPUs with native bf16
 instructions (AVX512-BF16 or AMX). On other CPUs (AVX2 laptops and servers) PyTorch emulates bf16
-arithmetic: a training step is many times slower than in fp32 (README, "Training on GPUs"), so auto
+arithmetic: a training step is many times slower than in fp32 (docs/benchmarks.md, "Precision on a CPU"), so auto
 picks 32-true there.
 
 The environment variable ``TRANSFORMER_NMT_CPU_BF16=native|emulated`` makes the CPU answer as one with

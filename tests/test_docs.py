@@ -1,0 +1,326 @@
+"""The docs (README.md and every docs/*.md) say only what the project has.
+
+- Every relative link and image resolves: the file exists and a `#anchor` names a heading of it.
+- Every `python -m transformer_nmt.X` and `python scripts/X.py` names a module or script that exists, and every
+  `scripts/`, `tests/` or `notebooks/` file a command or code span names exists.
+- Every key=value in those commands is an option of that command: for the Hydra apps (train, prepare) the
+  overrides compose, in-process, as `--cfg job` would compose them; the checkpoint tools and scripts parse it
+  with their own option parser (transformer_nmt.options), and a script's `--flag` is one its argparse defines.
+- A code span that holds only key=value overrides composes with train or prepare, or is an option of one of
+  the tools; one whose value is a Python literal (`is_causal=True`, `stop="bound"`) is a Python argument, and an
+  upper-case key (`NMT_CKPT=...`) an environment variable.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+import shlex
+from functools import cache
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from script_module import load_script
+
+ROOT = Path(__file__).resolve().parents[1]
+CONF_DIR = ROOT / "conf"
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+FENCE = re.compile(r"^```[^\n]*\n(.*?)^```", re.M | re.S)
+INLINE = re.compile(r"`([^`\n]+(?:\n(?!\n)[^`\n]*)*)`")  # a code span, which may wrap but not cross a blank line
+LINK = re.compile(r"!?\[[^\]\n]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
+HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$", re.M)
+COMMAND = re.compile(r"(?:python3? +-m +transformer_nmt\.(\w+)|(?<![\w-])-m +transformer_nmt\.(\w+)"
+                     r"|python3? +(scripts/[\w./-]+)|(transformer-nmt-(?:train|prepare)))")
+PATH = re.compile(r"(?<![\w./-])((?:scripts|tests|notebooks)/[\w./-]+\.(?:py|sh|sbatch|ipynb))")
+OVERRIDE = re.compile(r"^[+~]{0,2}[A-Za-z_][\w.@/-]*=")
+PYTHON_VALUE = re.compile(r"=(True|False|None|\"[^\"]*\"|'[^']*')$")  # is_causal=True: a Python argument
+ENV_VAR = re.compile(r"^[A-Z][A-Z0-9_]*=")  # NMT_CKPT=..., an environment variable, not an option
+HYDRA_APPS = {"train", "prepare"}
+HYDRA_FLAGS = {"-m", "--multirun"}
+HYDRA_FLAGS_WITH_VALUE = {"--cfg", "-c", "--package", "-p"}
+SHELL_STOP = {"<", ">", "|", "||", "&&", ";", "&", "2>&1"}
+
+
+# --- reading markdown ----------------------------------------------------------------------------------------
+def split_code(text: str) -> tuple[str, list[str]]:
+    """(the prose with code removed, the code: fenced blocks with continuation lines joined, then inline spans)."""
+    blocks = [block.replace("\\\n", " ") for block in FENCE.findall(text)]
+    prose = FENCE.sub("", text)
+    spans = [" ".join(span.split()) for span in INLINE.findall(prose)]
+    return INLINE.sub("", prose), blocks + spans
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
+    text = re.sub(r"[`*_]|\[([^\]]*)\]\([^)]*\)", r"\1", heading).strip().lower()
+    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+
+
+def anchors(path: Path) -> set[str]:
+    seen: dict[str, int] = {}
+    found = set()
+    for _, title in HEADING.findall(FENCE.sub("", path.read_text(encoding="utf-8"))):
+        base = slug(title)
+        n = seen.get(base, 0)
+        seen[base] = n + 1
+        found.add(base if n == 0 else f"{base}-{n}")
+    return found
+
+
+def link_problems(path: Path, text: str) -> list[str]:
+    prose, _ = split_code(text)
+    problems = []
+    for target in LINK.findall(prose):
+        if re.match(r"^[a-z][a-z0-9+.-]*:", target):  # https:, mailto:
+            continue
+        file_part, _, anchor = target.partition("#")
+        resolved = (path.parent / file_part).resolve() if file_part else path
+        if not resolved.exists():
+            problems.append(f"{path.name}: link {target!r}: {resolved} does not exist")
+        elif anchor and resolved.suffix == ".md" and anchor not in anchors(resolved):
+            problems.append(f"{path.name}: link {target!r}: no heading with anchor #{anchor} in {resolved.name}")
+    return problems
+
+
+def commands(code: str) -> list[tuple[str, list[str], str]]:
+    """(tool, argv, line) for each command in a piece of code: tool is a module name (train, translate, ...) or a
+    script path (scripts/x.py); argv stops at a pipe, a redirection or a comment."""
+    found = []
+    for line in code.splitlines():
+        for match in COMMAND.finditer(line):
+            module = match[1] or match[2]
+            tool = module or match[3] or match[4].removeprefix("transformer-nmt-")
+            try:
+                words = shlex.split(line[match.end():], comments=True)
+            except ValueError as error:
+                found.append((tool, [f"<unparsable: {error}>"], line))
+                continue
+            argv = []
+            for word in words:
+                if word in SHELL_STOP or word.startswith((">", "<", "2>")):
+                    break
+                argv.append(word)
+            found.append((tool, argv, line))
+    return found
+
+
+# --- what the tools accept -----------------------------------------------------------------------------------
+@cache
+def tool_options() -> dict[str, object]:
+    """key=value options of every tool that is not a Hydra app: a dict of defaults or a tuple of names."""
+    from transformer_nmt import analyze_heads, average, evaluate, export, translate
+
+    return {"translate": translate.OPTIONS, "evaluate": evaluate.OPTIONS, "export": export.OPTIONS,
+            "analyze_heads": analyze_heads.OPTIONS, "average": average.OPTIONS,
+            "scripts/benchmark_decode.py": load_script("benchmark_decode").OPTIONS}
+
+
+GROUPS = {d.name for d in CONF_DIR.iterdir() if d.is_dir()}  # data, experiment, model, trainer
+
+
+@cache
+def composed(app: str, groups: tuple[str, ...]):
+    """conf/APP.yaml composed with these config-group choices (hydra node included), as Hydra composes it."""
+    import transformer_nmt.train  # noqa: F401  (registers train_defaults, which conf/train.yaml uses)
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose(app, overrides=list(groups), return_hydra_config=True)
+
+
+@cache
+def hydra_problem(app: str, overrides: tuple[str, ...], multirun: bool = False) -> str | None:
+    """None if the overrides compose with conf/APP.yaml, else Hydra's error. Hydra's own steps: config-group
+    choices build the defaults list (compose, cached per set of choices), then the value overrides are applied
+    to the result in struct mode (``ConfigLoaderImpl._apply_overrides_to_config``, what compose does next).
+    With -m each value of a sweep (``a=1,2``) is composed with the other overrides."""
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    try:
+        parsed = parser.parse_overrides(list(overrides))
+        fixed = [o for o in parsed if not o.is_sweep_override()]
+        variants = [fixed]
+        for sweep in (o for o in parsed if o.is_sweep_override()):
+            if not multirun:
+                return f"{sweep.input_line} is a sweep: it needs -m"
+            variants += [fixed + parser.parse_overrides([f"{sweep.get_key_element()}={value}"])
+                         for value in sweep.sweep_string_iterator()]
+        for variant in variants:
+            groups = [o for o in variant if o.key_or_group.split("@")[0] in GROUPS or "/" in o.key_or_group]
+            cfg = copy.deepcopy(composed(app, tuple(o.input_line for o in groups)))
+            ConfigLoaderImpl._apply_overrides_to_config([o for o in variant if o not in groups], cfg)
+    except Exception as error:  # hydra raises several kinds: any of them means the overrides do not compose
+        return f"{type(error).__name__}: {error}".splitlines()[0]
+    return None
+
+
+def option_problem(tool: str, pairs: list[str]) -> str | None:
+    """None if every key=value is an option of the tool and parses, else what is wrong."""
+    from transformer_nmt.options import parse_options
+
+    options = tool_options()[tool]
+    try:
+        if isinstance(options, dict):
+            parse_options(pairs + (["ckpt=x"] if "ckpt" in options else []), options)
+        else:
+            unknown = sorted(set(OmegaConf.from_cli(pairs)) - set(options))
+            if unknown:
+                return f"unknown option(s) {unknown}; known: {', '.join(options)}"
+    except (SystemExit, Exception) as error:
+        return str(error)
+    return None
+
+
+def argv_problems(tool: str, argv: list[str]) -> list[str]:
+    pairs = [w for w in argv if OVERRIDE.match(w) and not ENV_VAR.match(w)]
+    rest = [w for w in argv if w not in pairs]
+    if tool in HYDRA_APPS:
+        loose, skip = [], False
+        for word in rest:
+            if skip:
+                skip = False
+            elif word in HYDRA_FLAGS_WITH_VALUE:
+                skip = True
+            elif word not in HYDRA_FLAGS:
+                loose.append(word)
+        problems = [f"{word!r} is neither an override nor a flag of {tool}" for word in loose]
+        problem = hydra_problem(tool, tuple(pairs), multirun=bool(HYDRA_FLAGS & set(rest)))
+        return problems + ([f"overrides {pairs} do not compose: {problem}"] if problem else [])
+    if tool == "scripts/reproduce_multi30k.py":  # its own run_dir= and train=, then overrides of the recipe
+        train = tuple(["experiment=multi30k_cpu", *(p for p in pairs if p.split("=")[0] not in ("run_dir", "train"))])
+        problem = hydra_problem("train", train)
+        return [f"overrides {list(train)} do not compose: {problem}"] if problem else []
+    if tool.startswith("scripts/"):
+        source = (ROOT / tool).read_text(encoding="utf-8")
+        problems = [f"{tool} defines no option {flag}" for flag in (w.split("=")[0] for w in rest if w.startswith("--"))
+                    if f'"{flag}"' not in source]
+        if pairs and tool not in tool_options():
+            problems.append(f"{tool} takes no key=value options, given {pairs}")
+        elif pairs:
+            problem = option_problem(tool, pairs)
+            problems += [f"{tool} {pairs}: {problem}"] if problem else []
+        return problems
+    problem = option_problem(tool, pairs) if tool in tool_options() else None
+    return [f"{tool} {pairs}: {problem}"] if problem else []
+
+
+def standalone_problem(pairs: list[str]) -> str | None:
+    """None if the overrides compose with train or prepare, or are all options of one tool."""
+    if any(option_problem(tool, pairs) is None for tool in tool_options()):
+        return None
+    if hydra_problem("train", tuple(pairs)) is None or hydra_problem("prepare", tuple(pairs)) is None:
+        return None
+    return f"{pairs} composes with neither train nor prepare, and is no tool's option: {hydra_problem('train', tuple(pairs))}"
+
+
+def command_problems(path: Path, text: str) -> list[str]:
+    _, code = split_code(text)
+    problems = []
+    for piece in code:
+        found = commands(piece)
+        for tool, argv, line in found:
+            if "/" not in tool and not (ROOT / "src" / "transformer_nmt" / f"{tool}.py").is_file():
+                problems.append(f"{path.name}: no module transformer_nmt.{tool} (in {line.strip()!r})")
+            elif "/" in tool and not (ROOT / tool).is_file():
+                problems.append(f"{path.name}: no script {tool} (in {line.strip()!r})")
+            else:
+                problems += [f"{path.name}: {problem}" for problem in argv_problems(tool, argv)]
+        for named in set(PATH.findall(piece)) - {tool for tool, _, _ in found}:
+            if not (ROOT / named).exists():
+                problems.append(f"{path.name}: {named} does not exist")
+        words = piece.split()
+        if (not COMMAND.search(piece) and words and all(OVERRIDE.match(w) for w in words)
+                and not any(PYTHON_VALUE.search(w) for w in words)):
+            pairs = [w for w in words if not ENV_VAR.match(w)]
+            problem = standalone_problem(pairs) if pairs else None
+            if problem:
+                problems.append(f"{path.name}: {problem}")
+    return problems
+
+
+# --- the tests -----------------------------------------------------------------------------------------------
+def test_the_docs_exist_and_readme_names_the_test_command():
+    readme = DOCS[0].read_text(encoding="utf-8")
+    assert len(DOCS) > 1, "docs/*.md is empty"
+    first_block = FENCE.search(readme)[1].splitlines()
+    assert "python -m pytest -q" in first_block, ".ci/run and newcomers run the test command README names first"
+    assert len(readme.splitlines()) <= 250, "README is the entrance; guides and tables go to docs/"
+
+
+@pytest.mark.parametrize("path", DOCS, ids=lambda p: p.name)
+def test_links_and_images_resolve(path):
+    assert link_problems(path, path.read_text(encoding="utf-8")) == []
+
+
+@pytest.mark.parametrize("path", DOCS, ids=lambda p: p.name)
+def test_commands_name_real_tools_and_options(path):
+    assert command_problems(path, path.read_text(encoding="utf-8")) == []
+
+
+def test_the_checks_catch_what_they_check(tmp_path):
+    """A doc with one mistake of each kind: every check reports its mistake, and nothing right is reported."""
+    (tmp_path / "guide.md").write_text("# A guide\n\n## Real heading\n")
+    doc = tmp_path / "doc.md"
+    text = """# Doc
+[ok](guide.md#real-heading) [file](missing.md) [anchor](guide.md#no-such-heading) ![img](gone.png)
+[self](#doc) [web](https://example.org/x.md)
+
+```bash
+python -m transformer_nmt.train experiment=smoke trainer.max_steps=2
+python -m transformer_nmt.trian experiment=smoke
+python -m transformer_nmt.train experiment=no_such_recipe
+python -m transformer_nmt.train model.n_haeds=4
+python -m transformer_nmt.train -m model.n_heads=1,2 trainer=cpu,ddp
+python -m transformer_nmt.train model.n_heads=1,2
+python -m transformer_nmt.translate ckpt=RUN/a.ckpt beam=4 < in.en > out.de
+python -m transformer_nmt.translate ckpt=RUN/a.ckpt bream=4
+python scripts/summarize_ablation.py multirun/x
+python scripts/no_such_script.py
+python scripts/benchmark_model.py --tables kernels --no-such-flag
+```
+
+See `tests/no_such_test.py` and `scripts/gpu_check.sh`.
+
+`data.src_lang=de data.tgt_lang=en` `beam=1` `data.no_such_key=1` `NMT_CKPT=x`
+"""
+    doc.write_text(text)
+    links = link_problems(doc, text)
+    assert len(links) == 3 and all(name in " ".join(links) for name in ("missing.md", "no-such-heading", "gone.png"))
+    problems = command_problems(doc, text)
+    expected = ["transformer_nmt.trian", "no_such_recipe", "n_haeds", "needs -m", "bream", "no_such_script.py",
+                "--no-such-flag", "tests/no_such_test.py", "data.no_such_key"]
+    assert len(problems) == len(expected), problems
+    for word, problem in zip(expected, problems):
+        assert word in problem, (word, problem)
+
+
+def test_slugs_follow_github():
+    assert slug("The loss at the paper's batch") == "the-loss-at-the-papers-batch"
+    assert slug("Row (A): the number of heads") == "row-a-the-number-of-heads"
+    assert slug("The model against nn.Transformer") == "the-model-against-nntransformer"
+    assert slug("`precision=auto` and bf16-mixed") == "precisionauto-and-bf16-mixed"
+
+
+def test_composing_in_two_steps_gives_what_compose_gives():
+    """hydra_problem composes the group choices once and applies value overrides to a copy: the config it checks
+    is the one Hydra's compose builds from all the overrides at once."""
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    overrides = ["experiment=wmt14_base", "trainer=ddp", "trainer.devices=8", "data.max_tokens=3125",
+                 "hydra.run.dir=outputs/x/y"]
+    parsed = OverridesParser.create().parse_overrides(overrides[2:])
+    two_steps = copy.deepcopy(composed("train", tuple(overrides[:2])))
+    ConfigLoaderImpl._apply_overrides_to_config(parsed, two_steps)
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        at_once = compose("train", overrides=overrides, return_hydra_config=True)
+    two_steps, at_once = (OmegaConf.to_container(cfg) for cfg in (two_steps, at_once))
+    for cfg in (two_steps, at_once):  # what Hydra records about the overrides, not what they set
+        del cfg["hydra"]["overrides"], cfg["hydra"]["runtime"], cfg["hydra"]["job"]["override_dirname"]
+    assert two_steps == at_once
+    assert at_once["data"]["max_tokens"] == 3125 and at_once["hydra"]["run"]["dir"] == "outputs/x/y"
