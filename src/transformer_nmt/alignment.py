@@ -46,12 +46,17 @@ def check_alignment_options(model: Transformer, layer: int, heads: list[int] | N
 
 
 def word_ids(pieces: list[str]) -> list[int]:
-    """Word index of each piece: a piece starting with "▁" (or the first one) begins a new word."""
-    ids, word = [], -1
+    """Word index of each piece, the words being those of the text split on whitespace: a piece starting with
+    "▁" begins a new word once the current one has a visible character; pieces of "▁" alone after the last
+    visible character belong to no word (-1)."""
+    ids, word, visible = [], 0, False
     for piece in pieces:
-        if piece.startswith(WORD_START) or word < 0:
-            word += 1
+        if piece.startswith(WORD_START) and visible:
+            word, visible = word + 1, False
+        visible = visible or bool(piece.strip(WORD_START))
         ids.append(word)
+    if not visible:  # a trailing run without visible characters: no word
+        ids = [-1 if i == word else i for i in ids]
     return ids
 
 
@@ -75,8 +80,8 @@ def word_alignment(piece_weights: Tensor, src_words: list[int], tgt_words: list[
     """Merge pieces into words. piece_weights (T, S) over target/source pieces; ``src_words`` (S,) and
     ``tgt_words`` (T,) give each piece's word, -1 for a piece outside every word (the eos), which is dropped.
     -> (target words, source words), each row summing to 1."""
-    src_index, tgt_index = torch.tensor(src_words), torch.tensor(tgt_words)
-    n_src, n_tgt = int(src_index.max()) + 1, int(tgt_index.max()) + 1
+    src_index, tgt_index = torch.tensor(src_words, dtype=torch.long), torch.tensor(tgt_words, dtype=torch.long)
+    n_src, n_tgt = max(src_words, default=-1) + 1, max(tgt_words, default=-1) + 1
     keep_src, keep_tgt = src_index >= 0, tgt_index >= 0
     weights = piece_weights[keep_tgt][:, keep_src]  # (T', S')
     by_src = torch.zeros(weights.shape[0], n_src).index_add_(1, src_index[keep_src], weights)  # sum: (T', Ws)
@@ -87,6 +92,8 @@ def word_alignment(piece_weights: Tensor, src_words: list[int], tgt_words: list[
 
 def hard_alignment(soft: Tensor) -> list[tuple[int, int]]:
     """(source word, target word) pairs: each target word with its most attended source word."""
+    if soft.shape[1] == 0:  # a source without words aligns nothing
+        return []
     return [(int(i), j) for j, i in enumerate(soft.argmax(1))]
 
 
@@ -116,8 +123,6 @@ def align(model: Transformer, tokenizer, src: list[int], hyp: list[int],
     pieces = piece_alignment(model, src, hyp, tokenizer.bos_id, layer, heads, position)  # (T, S)
     src_words = word_ids([tokenizer.id_to_piece(i) for i in src[:-1]]) + [-1]  # the eos: no word
     tgt_words = word_ids([tokenizer.id_to_piece(i) for i in hyp])
-    if not hyp:
-        return torch.zeros(0, max(src_words) + 1)
     return word_alignment(pieces, src_words, tgt_words)
 
 

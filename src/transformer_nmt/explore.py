@@ -37,7 +37,7 @@ from transformer_nmt.checkpoint import load_checkpoint
 from transformer_nmt.model import Transformer
 from transformer_nmt.options import parse_options
 from transformer_nmt.tokenizer import Tokenizer
-from transformer_nmt.translate import read_lines, translate_ids
+from transformer_nmt.translate import encode_sources, read_lines, translate_ids
 
 OPTIONS = {"ckpt": None, "input": None, "output": "attention.html", "beam": 4, "alpha": 0.6, "max_len_offset": 50,
            "device": "cpu", "prune": 0.0, "importance": None}
@@ -79,11 +79,21 @@ def head_gates(model: Transformer) -> dict[str, Tensor]:
 
 @torch.no_grad()
 def attention(model: Transformer, tokenizer: Tokenizer, sentences: list[str], beam: int = OPTIONS["beam"],
-              alpha: float = OPTIONS["alpha"], max_len_offset: int = OPTIONS["max_len_offset"]) -> Attention:
+              alpha: float = OPTIONS["alpha"], max_len_offset: int = OPTIONS["max_len_offset"],
+              translations: list[str] | None = None) -> Attention:
     """Translate ``sentences`` (blank ones are skipped) and return every head's attention on each, the decoder
-    teacher-forced with the translation. The model's head gates (``analyze_heads.set_gates``) apply."""
-    sentences = [s for s in sentences if s.strip()]
-    sources, results = translate_ids(model, tokenizer, sentences, beam=beam, alpha=alpha, max_len_offset=max_len_offset)
+    teacher-forced with the translation, or with ``translations`` when given (one per sentence, e.g. the
+    references). The model's head gates (``analyze_heads.set_gates``) apply."""
+    if translations is not None and len(translations) != len(sentences):
+        raise ValueError(f"{len(translations)} translations for {len(sentences)} sentences")
+    keep = [i for i, s in enumerate(sentences) if s.strip()]
+    sentences = [sentences[i] for i in keep]
+    if translations is None:
+        sources, results = translate_ids(model, tokenizer, sentences, beam=beam, alpha=alpha,
+                                         max_len_offset=max_len_offset)
+    else:
+        sources = encode_sources(tokenizer, sentences, model.config.max_positions)
+        results = [[(ids, 0.0)] for ids in tokenizer.encode_batch([translations[i] for i in keep])]
     device = model.positions.device
     out = []
     for sentence, src, hyps in zip(sentences, sources, results):

@@ -79,22 +79,18 @@
 
   function renderHeadView() {
     const [queries, keys] = tokens();
-    const heads = shownHeads();
     const svg = el("svg:svg", {width: 2 * TEXT + GAP, height: ROW * (Math.max(queries.length, keys.length) + 1),
                               id: "head-svg"});
     const lines = el("svg:g", {class: "lines"});
     svg.appendChild(lines);
-    for (const head of heads) {
+    for (const head of shownHeads()) {
       for (let q = 0; q < queries.length; q++) {
         for (let k = 0; k < keys.length; k++) {
           const w = weight(state.layer, head, q, k);
           if (w === 0) continue;
-          const focused = state.focus && ((state.focus.side === "query" && state.focus.index === q) ||
-                                          (state.focus.side === "key" && state.focus.index === k));
           lines.appendChild(el("svg:line", {
             x1: TEXT + 4, y1: ROW * (q + 1) - 5, x2: TEXT + GAP - 4, y2: ROW * (k + 1) - 5,
-            stroke: headColour(head, 1), "stroke-opacity": (state.focus && !focused ? 0 : w).toFixed(3),
-            "stroke-width": 2, class: "link" + (focused ? " hl" : ""),
+            stroke: headColour(head, 1), "stroke-width": 2, class: "link",
             "data-head": head, "data-q": q, "data-k": k, "data-w": w.toFixed(4)}));
         }
       }
@@ -102,10 +98,6 @@
     const side = (list, name, x, anchor) => list.forEach((token, i) => {
       const text = el("svg:text", {x: x, y: ROW * (i + 1), "text-anchor": anchor, class: "token " + name,
                                   "data-side": name, "data-index": i}, token);
-      const strength = tokenStrength(name, i);
-      if (strength !== null) text.setAttribute("data-w", strength.toFixed(4));
-      if (strength !== null) text.style.fill = "rgba(0,0,0," + (0.25 + 0.75 * strength).toFixed(3) + ")";
-      if (state.focus && state.focus.side === name && state.focus.index === i) text.classList.add("focused");
       text.addEventListener("mouseenter", () => { if (!state.pinned) setFocus(name, i, false); });
       text.addEventListener("mouseleave", () => { if (!state.pinned) setFocus(null); });
       text.addEventListener("click", () => {
@@ -117,6 +109,36 @@
     side(queries, "query", TEXT, "end");
     side(keys, "key", TEXT + GAP, "start");
     document.getElementById("head-view").replaceChildren(svg);
+  }
+
+  function isFocused(q, k) {
+    return Boolean(state.focus) && ((state.focus.side === "query" && state.focus.index === q) ||
+                                    (state.focus.side === "key" && state.focus.index === k));
+  }
+
+  // Show the focus without rebuilding anything: with a focused token only its lines stay, the tokens on the
+  // other side darken with their weight, and its matrix row or column is outlined.
+  function highlight() {
+    for (const line of document.querySelectorAll("#head-view line")) {
+      const focused = isFocused(Number(line.dataset.q), Number(line.dataset.k));
+      line.classList.toggle("hl", focused);
+      line.setAttribute("stroke-opacity", state.focus && !focused ? 0 : line.dataset.w);
+    }
+    for (const text of document.querySelectorAll("#head-view text")) {
+      const strength = tokenStrength(text.dataset.side, Number(text.dataset.index));
+      text.classList.toggle("focused", Boolean(state.focus) && state.focus.side === text.dataset.side &&
+                                       state.focus.index === Number(text.dataset.index));
+      if (strength === null) {
+        delete text.dataset.w;
+        text.style.fill = "";
+      } else {
+        text.dataset.w = strength.toFixed(4);
+        text.style.fill = "rgba(0,0,0," + (0.25 + 0.75 * strength).toFixed(3) + ")";
+      }
+    }
+    for (const cell of document.querySelectorAll("#matrix td")) {
+      cell.classList.toggle("hl", isFocused(Number(cell.dataset.q), Number(cell.dataset.k)) && Number(cell.dataset.w) > 0);
+    }
   }
 
   // With a focused token: how strongly a token on the other side is linked to it (max over shown heads).
@@ -150,9 +172,7 @@
           const v = weight(state.layer, h, q, k);
           if (v > w) { w = v; head = h; }
         }
-        const focused = state.focus && ((state.focus.side === "query" && state.focus.index === q) ||
-                                        (state.focus.side === "key" && state.focus.index === k));
-        const cell = el("td", {class: "cell" + (focused && w > 0 ? " hl" : ""), "data-q": q, "data-k": k,
+        const cell = el("td", {class: "cell", "data-q": q, "data-k": k,
                                "data-head": head, "data-w": w.toFixed(4),
                                title: queries[q] + " -> " + keys[k] + ": " + w.toFixed(3) + " (head " + head + ")"});
         cell.style.background = headColour(head, w.toFixed(3));
@@ -210,6 +230,7 @@
     renderHeadView();
     renderMatrix();
     renderGrid();
+    highlight();
     document.body.dataset.kind = state.kind;
     document.body.dataset.layer = state.layer;
     document.body.dataset.head = state.head;
@@ -218,7 +239,7 @@
   function setFocus(side, index, pinned) {
     state.focus = side ? {side: side, index: index} : null;
     state.pinned = Boolean(side) && Boolean(pinned);
-    render();
+    highlight();
   }
 
   // Change the sentence, kind, layer or head; what no longer exists falls back to 0 and the focus clears.
