@@ -31,8 +31,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from transformer_nmt.analyze_heads import KINDS, pruned_heads, read_importance, set_gates
-from transformer_nmt.callbacks import attention_entropy
+from transformer_nmt.callbacks import ATTENTION_KINDS, attention_entropy
 from transformer_nmt.checkpoint import load_checkpoint
 from transformer_nmt.model import Transformer
 from transformer_nmt.options import parse_options
@@ -44,6 +43,7 @@ OPTIONS = {"ckpt": None, "input": None, "output": "attention.html", "beam": 4, "
 KIND_NAMES = {"encoder": "encoder self-attention", "decoder": "decoder self-attention", "cross": "cross-attention"}
 AXIS_NAMES = {"encoder": ("source (queries)", "source (keys)"), "decoder": ("decoder input (queries)", "decoder input (keys)"),
               "cross": ("decoder input (queries)", "source (keys)")}
+KINDS = tuple(ATTENTION_KINDS)  # encoder, decoder, cross
 SCALE = 255  # weights are stored as round(SCALE * weight) in one byte
 PAGE_ASSETS = Path(__file__).with_name("explore_page.js"), Path(__file__).with_name("explore_page.css")
 
@@ -192,6 +192,9 @@ def main(argv: list[str] | None = None) -> Path:
         raise SystemExit("no sentence to explore: give sentences as arguments or input=FILE")
     model, tokenizer, _ = load_checkpoint(options["ckpt"], map_location=options["device"])
     if options["prune"]:
+        # Imported here: analyze_heads switches matplotlib to Agg, which a notebook importing explore must not get.
+        from transformer_nmt.analyze_heads import pruned_heads, read_importance, set_gates
+
         importance = options["importance"] or Path(options["ckpt"]).parent / "heads" / "head_importance.csv"
         try:
             removed = pruned_heads(read_importance(importance), float(options["prune"]))
