@@ -85,7 +85,9 @@ def test_page_is_self_contained_and_holds_the_weights_as_uint8_base64(tiny, tmp_
 def test_a_page_of_five_sentences_on_the_base_model_stays_under_5_mb(tmp_path):
     tokenizer = tiny_tokenizer()  # a 200-piece vocabulary: more pieces per sentence than a real one
     torch.manual_seed(0)
-    model = Transformer(TransformerConfig(vocab_size=tokenizer.vocab_size)).eval()  # base: 6+6 layers, 8 heads
+    # The page's size depends on layers, heads and tokens only: the base model's 6+6 layers and 8 heads, narrow.
+    model = Transformer(TransformerConfig(vocab_size=tokenizer.vocab_size, d_model=64, d_ff=64)).eval()
+    assert (model.config.n_encoder_layers, model.config.n_decoder_layers, model.config.n_heads) == (6, 6, 8)
     sentences = ["A man in an orange hat starring at something.", "A Boston Terrier is running on lush green grass.",
                  "A girl in karate uniform breaking a stick with a front kick.",
                  "Five people wearing winter jackets and helmets stand in the snow.",
@@ -228,6 +230,7 @@ def test_the_page_of_a_trained_model_in_chromium(browser, request, tmp_path):
     choose(browser, "kind", "cross")
     choose(browser, "head", "all")
     token(browser, "query", 3).click()
+    browser.set_window_size(1100, 860)  # the screenshot: the controls, the head view, the matrix, the model view
     state = browser.execute_script("return window.explorer.state()")
     assert {line["head"] for line in state["lines"]} == set(range(4))  # each head in its own colour
     assert all(line["q"] == 3 for line in state["lines"])
