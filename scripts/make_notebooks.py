@@ -180,7 +180,8 @@ for kind, weights in result.weights.items():  # (layers, heads, queries, keys)
     for layer in range(n_layers):
         for head in range(n_heads):
             ax = axes[layer][head]
-            ax.imshow(weights[layer, head, :len(rows), :len(cols)].numpy(), cmap="viridis", vmin=0)  # 0 to this map's largest weight
+            shown = weights[layer, head, :len(rows), :len(cols)]
+            ax.imshow(shown.numpy(), cmap="viridis", vmin=0)  # colour: 0 to this map's largest weight
             ax.set_xticks(range(len(cols)), cols, rotation=90, fontsize=7)
             ax.set_yticks(range(len(rows)), rows, fontsize=7)
             ax.tick_params(length=0, pad=1)

@@ -204,6 +204,15 @@ def test_the_page_in_chromium_highlights_the_weights_in_the_file(browser, tiny, 
                         assert w == pytest.approx(max(stored[layer, g, q, k].item() for g in heads), abs=1e-4)
                         assert h in heads
                     assert {key[1:] for key in want} <= cells.keys()
+    # Hovering (nothing pinned) shows what attends to a key token, and leaving it shows every line again.
+    from selenium.webdriver.common.action_chains import ActionChains
+
+    token(browser, "key", 0).click()  # unpin
+    ActionChains(browser).move_to_element(token(browser, "key", 1)).perform()
+    lines = browser.execute_script("return window.explorer.state()")["lines"]
+    assert lines and {line["k"] for line in lines} == {1}
+    ActionChains(browser).move_to_element(browser.find_element("tag name", "h1")).perform()
+    assert browser.execute_script("return window.explorer.state()")["focus"] is None
     # The model view: every layer x head, with the file's entropies; a click selects that head.
     thumbs = browser.find_elements("css selector", "#model-view figure.thumb")
     entropy = data["sentences"][0]["entropy"]["cross"]

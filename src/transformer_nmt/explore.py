@@ -41,7 +41,8 @@ from transformer_nmt.translate import encode_sources, read_lines, translate_ids
 OPTIONS = {"ckpt": None, "input": None, "output": "attention.html", "beam": 4, "alpha": 0.6, "max_len_offset": 50,
            "device": "cpu", "prune": 0.0, "importance": None}
 KIND_NAMES = {"encoder": "encoder self-attention", "decoder": "decoder self-attention", "cross": "cross-attention"}
-AXIS_NAMES = {"encoder": ("source (queries)", "source (keys)"), "decoder": ("decoder input (queries)", "decoder input (keys)"),
+AXIS_NAMES = {"encoder": ("source (queries)", "source (keys)"),
+              "decoder": ("decoder input (queries)", "decoder input (keys)"),
               "cross": ("decoder input (queries)", "source (keys)")}
 KINDS = tuple(ATTENTION_KINDS)  # encoder, decoder, cross
 SCALE = 255  # weights are stored as round(SCALE * weight) in one byte
@@ -99,11 +100,13 @@ def attention(model: Transformer, tokenizer: Tokenizer, sentences: list[str], be
     for sentence, src, hyps in zip(sentences, sources, results):
         hyp = hyps[0][0][: model.config.max_positions - 1]
         tgt_in = [tokenizer.bos_id] + hyp
-        _, maps = model(torch.tensor([src], device=device), torch.tensor([tgt_in], device=device), return_attention=True)
+        src_t, tgt_t = torch.tensor([src], device=device), torch.tensor([tgt_in], device=device)  # (1, S), (1, T)
+        _, maps = model(src_t, tgt_t, return_attention=True)
         weights = {kind: torch.cat(maps[kind]).float().cpu() for kind in KINDS}  # (layers, h, Lq, Lk)
         out.append(SentenceAttention(
             source=sentence.strip(), translation=tokenizer.decode(hyp),
-            source_pieces=[tokenizer.id_to_piece(i) for i in src], target_pieces=[tokenizer.id_to_piece(i) for i in tgt_in],
+            source_pieces=[tokenizer.id_to_piece(i) for i in src],
+            target_pieces=[tokenizer.id_to_piece(i) for i in tgt_in],
             weights=weights, entropy={kind: attention_entropy(w.unsqueeze(0).flatten(1, 2)).view(w.shape[:2])
                                       for kind, w in weights.items()}))  # (layers, h)
     return Attention(out, head_gates(model))
@@ -154,12 +157,16 @@ def page_html(result: Attention, title: str = "Attention explorer") -> str:
   <label>Head <select id="head"></select></label>
 </header>
 <p class="caption"><span id="source"></span> &rarr; <span id="translation"></span></p>
-<p class="hint">Hover over a token (click to pin) to see what it attends to and what attends to it; <span id="axes"></span>.</p>
+<p class="hint">Hover over a token (click to pin) to see what it attends to and what attends to it;
+  <span id="axes"></span>.</p>
 <main>
   <section><h2>Head view</h2><div id="head-view"></div></section>
   <section><h2>Matrix</h2><div id="matrix"></div></section>
 </main>
-<section><h2>Model view: every layer &times; head (H: mean entropy in nats; click to select)</h2><div id="model-view"></div></section>
+<section>
+  <h2>Model view: every layer &times; head (H: mean entropy in nats; click to select)</h2>
+  <div id="model-view"></div>
+</section>
 <script type="application/json" id="explorer-data">{payload}</script>
 <script>
 {script}</script>

@@ -46,6 +46,14 @@
 
   function gated(kind, layer, head) { return data.gates[kind][layer][head] === 0; }
 
+  function pruned(kind, layer, head) { return gated(kind, layer, head) ? " pruned" : ""; }
+
+  // A highlighted line or cell as numbers: {head, q, k, w}.
+  function link(node) {
+    const d = node.dataset;
+    return {head: Number(d.head), q: Number(d.q), k: Number(d.k), w: Number(d.w)};
+  }
+
   function el(tag, attrs, text) {
     const node = tag.startsWith("svg:") ? document.createElementNS(SVG, tag.slice(4)) : document.createElement(tag);
     for (const [name, value] of Object.entries(attrs || {})) node.setAttribute(name, value);
@@ -70,7 +78,7 @@
     fillSelect("layer", [...Array(L).keys()].map(l => [l, "layer " + l]), state.layer);
     const entropy = data.sentences[state.sentence].entropy[state.kind][state.layer];
     fillSelect("head", [["all", "all heads"]].concat([...Array(H).keys()].map(h =>
-      [h, "head " + h + " (entropy " + entropy[h].toFixed(2) + ")" + (gated(state.kind, state.layer, h) ? " pruned" : "")])),
+      [h, "head " + h + " (entropy " + entropy[h].toFixed(2) + ")" + pruned(state.kind, state.layer, h)])),
       state.head);
   }
 
@@ -137,7 +145,8 @@
       }
     }
     for (const cell of document.querySelectorAll("#matrix td")) {
-      cell.classList.toggle("hl", isFocused(Number(cell.dataset.q), Number(cell.dataset.k)) && Number(cell.dataset.w) > 0);
+      const focused = isFocused(Number(cell.dataset.q), Number(cell.dataset.k));
+      cell.classList.toggle("hl", focused && Number(cell.dataset.w) > 0);
     }
   }
 
@@ -196,7 +205,7 @@
       grid.appendChild(el("div", {class: "grid-label"}, "layer " + l));
       for (let h = 0; h < H; h++) {
         const selected = l === state.layer && (state.head === "all" || state.head === h);
-        const box = el("figure", {class: "thumb" + (selected ? " selected" : "") + (gated(state.kind, l, h) ? " pruned" : ""),
+        const box = el("figure", {class: "thumb" + (selected ? " selected" : "") + pruned(state.kind, l, h),
                                   "data-layer": l, "data-head": h, "data-entropy": entropy[l][h].toFixed(3)});
         const canvas = el("canvas", {width: K * cell, height: Q * cell});
         const context = canvas.getContext("2d");
@@ -207,7 +216,7 @@
           }
         }
         box.appendChild(canvas);
-        box.appendChild(el("figcaption", {}, "H " + entropy[l][h].toFixed(2) + (gated(state.kind, l, h) ? " pruned" : "")));
+        box.appendChild(el("figcaption", {}, "H " + entropy[l][h].toFixed(2) + pruned(state.kind, l, h)));
         box.addEventListener("click", () => select({layer: l, head: h}));
         grid.appendChild(box);
       }
@@ -269,10 +278,8 @@
     // The page as a test (or a person at the console) sees it: selection, focus and highlighted lines/cells.
     state: () => ({
       sentence: state.sentence, kind: state.kind, layer: state.layer, head: state.head, focus: state.focus,
-      lines: [...document.querySelectorAll("#head-view line.hl")].map(line => ({
-        head: Number(line.dataset.head), q: Number(line.dataset.q), k: Number(line.dataset.k), w: Number(line.dataset.w)})),
-      cells: [...document.querySelectorAll("#matrix td.hl")].map(cell => ({
-        head: Number(cell.dataset.head), q: Number(cell.dataset.q), k: Number(cell.dataset.k), w: Number(cell.dataset.w)})),
+      lines: [...document.querySelectorAll("#head-view line.hl")].map(link),
+      cells: [...document.querySelectorAll("#matrix td.hl")].map(link),
     }),
   };
   render();

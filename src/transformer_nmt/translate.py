@@ -35,7 +35,8 @@ from pathlib import Path
 
 import torch
 
-from transformer_nmt.alignment import ALIGNMENT_DEFAULTS, ALIGNMENT_MODES, align, alignment_line, check_alignment_options
+from transformer_nmt.alignment import (ALIGNMENT_DEFAULTS, ALIGNMENT_MODES, align, alignment_line,
+                                       check_alignment_options)
 from transformer_nmt.checkpoint import load_checkpoint
 from transformer_nmt.ctranslate2_engine import CTranslate2Model
 from transformer_nmt.decoding import beam_search, greedy_decode
