@@ -119,6 +119,18 @@ def test_prune_gates_off_the_least_important_heads_from_analyze_heads(tiny, tmp_
     assert off == set(heads[: len(heads) // 2])  # the first half of the CSV: smallest loss increase
     with pytest.raises(SystemExit, match="prune="):
         explore.main([f"ckpt={path}", SENTENCES[0], "prune=2", f"importance={importance}"])
+    with pytest.raises(SystemExit, match="head_importance.csv does not exist"):
+        explore.main([f"ckpt={path}", SENTENCES[0], "prune=0.5"])  # analyze_heads was not run beside it
+
+
+def test_options_are_key_value_and_everything_else_a_sentence(tiny):
+    path = tiny[0]
+    assert explore.split_arguments([f"ckpt={path}", "A = B, says he.", "beam=1", "Two men."]) == (
+        [f"ckpt={path}", "beam=1"], ["A = B, says he.", "Two men."])
+    with pytest.raises(SystemExit, match="beams"):  # a typo is an error, not a sentence
+        explore.main([f"ckpt={path}", "beams=2", "A dog."])
+    with pytest.raises(SystemExit, match="no sentence"):
+        explore.main([f"ckpt={path}", " "])
 
 
 # --- the page in a real browser -----------------------------------------------------------------

@@ -6,7 +6,7 @@ cross-attention (after bertviz's head and model views, with no network at view t
     python -m transformer_nmt.explore ckpt=model.ckpt input=sentences.en output=attention.html beam=1
     python -m transformer_nmt.explore ckpt=model.ckpt prune=0.3 "A dog runs."   # 30% of heads gated off
 
-Every argument that is not ``key=value`` for a known key is a sentence. Options: ``input`` (a file, one
+Every argument that is not ``key=value`` (without spaces) is a sentence. Options: ``input`` (a file, one
 sentence a line, instead of or after the arguments), ``output`` (the page; default ``attention.html``),
 ``beam``/``alpha``/``max_len_offset`` (as translate), ``device``, and ``prune`` (a fraction of heads to
 gate off, least important first, read from ``importance``: the ``head_importance.csv`` that
@@ -24,6 +24,7 @@ from __future__ import annotations
 import base64
 import html
 import json
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -183,10 +184,11 @@ def write_page(result: Attention, path: str | Path, title: str = "Attention expl
 
 
 def split_arguments(argv: list[str]) -> tuple[list[str], list[str]]:
-    """(key=value options for a known key, sentences): everything else is a sentence."""
+    """(options, sentences): an argument ``key=value`` without spaces is an option (an unknown key is then an
+    error naming it, not a sentence); every other argument is a sentence."""
     options, sentences = [], []
     for arg in argv:
-        (options if arg.split("=", 1)[0] in OPTIONS and "=" in arg else sentences).append(arg)
+        (options if re.fullmatch(r"[A-Za-z_]\w*=\S*", arg) else sentences).append(arg)
     return options, sentences
 
 
