@@ -67,7 +67,7 @@ def test_translate_prints_hard_and_soft_alignments_over_words(checkpoint, tmp_pa
     common = [f"ckpt={checkpoint}", f"input={src}", "beam=1", "max_len_offset=3"]
     translate_main(common + [f"output={tmp_path / 'hard'}", "print_alignment=hard"])
     translate_main(common + [f"output={tmp_path / 'soft'}", "print_alignment=soft", "alignment_layer=0",
-                             "alignment_heads=[1]"])
+                             "alignment_heads=1"])
     hard = (tmp_path / "hard").read_text().split("\n")[:-1]
     soft = (tmp_path / "soft").read_text().split("\n")[:-1]
     assert len(hard) == len(soft) == 3 and hard[1] == soft[1] == "\t"  # one line per input line, blank kept

@@ -255,5 +255,7 @@ def test_the_page_of_a_trained_model_in_chromium(browser, request, tmp_path):
     state = browser.execute_script("return window.explorer.state()")
     assert {line["head"] for line in state["lines"]} == set(range(4))  # each head in its own colour
     assert all(line["q"] == 3 for line in state["lines"])
+    legend = browser.find_elements("css selector", "#head-view .legend-item")
+    assert [item.text for item in legend] == ["head 0", "head 1", "head 2", "head 3"]
     screenshot(browser, "attention_explorer.png", tmp_path)
     assert [e for e in browser.get_log("browser") if e["level"] == "SEVERE"] == []

@@ -116,7 +116,21 @@
     });
     side(queries, "query", TEXT, "end");
     side(keys, "key", TEXT + GAP, "start");
-    document.getElementById("head-view").replaceChildren(svg);
+    document.getElementById("head-view").replaceChildren(legend(), svg);
+  }
+
+  // One coloured swatch per shown head (a click shows that head alone).
+  function legend() {
+    const box = el("div", {class: "legend"});
+    for (const head of shownHeads()) {
+      const item = el("span", {class: "legend-item" + pruned(state.kind, state.layer, head), "data-head": head});
+      const swatch = el("span", {class: "swatch"});
+      swatch.style.background = headColour(head, 1);
+      item.append(swatch, "head " + head + pruned(state.kind, state.layer, head));
+      item.addEventListener("click", () => select({head: head}));
+      box.appendChild(item);
+    }
+    return box;
   }
 
   function isFocused(q, k) {

@@ -173,7 +173,8 @@ def main(argv: list[str] | None = None) -> None:
     if mode and options["engine"] != "native":
         raise SystemExit("print_alignment= needs engine=native (it reads the model's cross-attention)")
     model, tokenizer, _ = load_model(options)
-    alignment = (options["alignment_layer"], options["alignment_heads"], options["alignment_position"])
+    heads = options["alignment_heads"]
+    alignment = (options["alignment_layer"], [heads] if isinstance(heads, int) else heads, options["alignment_position"])
     if mode:
         try:
             check_alignment_options(model, *alignment)
