@@ -139,10 +139,12 @@ assert torch.allclose(blocked, plain, atol=1e-5)"""),
 MAPS = [
     ("md", """# Every head of every layer: attention maps of a trained checkpoint
 
-Loads a checkpoint written by `python -m transformer_nmt.train`, translates one sentence with beam search,
-then runs the model once more on (source, translation) and plots the attention weights of every head:
-encoder self-attention, decoder self-attention and cross-attention. Set `NMT_CKPT` to choose the
-checkpoint; by default the newest `outputs/*/*/checkpoints/last.ckpt`.
+Loads a checkpoint written by `python -m transformer_nmt.train`, then `transformer_nmt.explore.attention`
+translates one sentence with beam search and runs the model once more on (source, translation): it returns
+the attention weights of every head (encoder self-attention, decoder self-attention, cross-attention) and
+each head's entropy, which this notebook plots. The same data, as an interactive page, comes from
+`python -m transformer_nmt.explore ckpt=... "your sentence"`. Set `NMT_CKPT` to choose the checkpoint; by
+default the newest `outputs/*/*/checkpoints/last.ckpt`.
 
 **The outputs shown here come from a tiny random model** (1+1 layers, 2 heads, d_model 16,
 `tests/tiny_checkpoint.py`), which CI rebuilds to check that they are current: its translation is noise and
@@ -150,9 +152,8 @@ its maps show no alignment. Run the notebook on a checkpoint of yours to see a t
     ("code", """import os
 from pathlib import Path
 import matplotlib.pyplot as plt
-import torch
+from transformer_nmt import explore
 from transformer_nmt.checkpoint import load_checkpoint
-from transformer_nmt.translate import translate_lines
 %config InlineBackend.figure_formats = ["png"]
 plt.rcParams["figure.dpi"] = 80
 
@@ -161,35 +162,30 @@ ckpt = os.environ.get("NMT_CKPT") or str(max(Path("..").glob("outputs/*/*/checkp
 model, tokenizer, meta = load_checkpoint(ckpt)
 print("checkpoint:", ckpt, "| step", meta["global_step"], "|", model.num_parameters(), "parameters")
 sentence = os.environ.get("NMT_SENTENCE", "A little girl climbing into a wooden playhouse.")
-translation = translate_lines(model, tokenizer, [sentence], beam=4)[0][0][0]
-print("source:     ", sentence)
-print("translation:", translation)"""),
+result = explore.attention(model, tokenizer, [sentence], beam=4).sentences[0]
+print("source:     ", result.source)
+print("translation:", result.translation)"""),
     ("code", """MAX_TOKENS = 32  # longer sentences are cut, so that the labels stay readable
-src_ids = tokenizer.encode(sentence)[: MAX_TOKENS - 1] + [tokenizer.eos_id]
-tgt_ids = [tokenizer.bos_id] + tokenizer.encode(translation)[: MAX_TOKENS - 1]  # the decoder's input
-src, tgt_in = torch.tensor([src_ids]), torch.tensor([tgt_ids])
-with torch.no_grad():
-    _, attention = model(src, tgt_in, return_attention=True)
-src_tokens = [tokenizer.id_to_piece(i) for i in src_ids]
-tgt_in_tokens = [tokenizer.id_to_piece(i) for i in tgt_ids]
+src_tokens, tgt_in_tokens = result.source_pieces[:MAX_TOKENS], result.target_pieces[:MAX_TOKENS]
 axes_labels = {"encoder": (src_tokens, src_tokens), "decoder": (tgt_in_tokens, tgt_in_tokens),
                "cross": (tgt_in_tokens, src_tokens)}
-for kind, layers in attention.items():
-    print(kind, "attention:", len(layers), "layers x", tuple(layers[0].shape[1:]), "(heads, queries, keys)")"""),
+for kind, weights in result.weights.items():  # (layers, heads, queries, keys)
+    print(kind, "attention:", weights.shape[0], "layers x", tuple(weights.shape[1:]), "(heads, queries, keys)")"""),
     ("code", """def plot_kind(kind):
-    layers = attention[kind]
-    n_layers, n_heads = len(layers), layers[0].shape[1]
+    weights, entropy = result.weights[kind], result.entropy[kind]  # (layers, h, Lq, Lk), (layers, h)
+    n_layers, n_heads = weights.shape[:2]
     rows, cols = axes_labels[kind]
     inches = max(3.0, 0.14 * max(len(rows), len(cols)))  # per map: about 11 pixels per token
     fig, axes = plt.subplots(n_layers, n_heads, figsize=(inches * n_heads, inches * n_layers), squeeze=False)
-    for layer, weights in enumerate(layers):
+    for layer in range(n_layers):
         for head in range(n_heads):
             ax = axes[layer][head]
-            ax.imshow(weights[0, head].numpy(), cmap="viridis", vmin=0)  # colour: 0 to this map's largest weight
+            shown = weights[layer, head, :len(rows), :len(cols)]
+            ax.imshow(shown.numpy(), cmap="viridis", vmin=0)  # colour: 0 to this map's largest weight
             ax.set_xticks(range(len(cols)), cols, rotation=90, fontsize=7)
             ax.set_yticks(range(len(rows)), rows, fontsize=7)
             ax.tick_params(length=0, pad=1)
-            ax.set_title(f"layer {layer} head {head}", fontsize=9)
+            ax.set_title(f"layer {layer} head {head}, entropy {entropy[layer, head]:.2f}", fontsize=9)
     fig.suptitle(f"{kind} attention (rows: queries, columns: keys)")
     fig.tight_layout()
     plt.show()
@@ -198,7 +194,8 @@ for kind in ("encoder", "decoder", "cross"):
     plot_kind(kind)"""),
     ("md", """Each row of a map sums to 1 over the keys it may see; decoder self-attention is lower-triangular
 (causal). Cross-attention heads of a trained model tend to follow the alignment between source and target
-words; compare with `python -m transformer_nmt.analyze_heads`, which measures what each head is worth."""),
+words (`python -m transformer_nmt.translate print_alignment=hard` prints it); compare with
+`python -m transformer_nmt.analyze_heads`, which measures what each head is worth."""),
 ]
 
 

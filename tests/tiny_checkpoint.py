@@ -26,11 +26,13 @@ def tiny_tokenizer(vocab_size=200):
     return train_sentencepiece(iter(sentences), vocab_size=vocab_size)
 
 
-def write_checkpoint(path, tokenizer, seed=0, step=10, max_positions=64):
-    """Write a loadable checkpoint of a random 1+1-layer model; returns the model."""
+def write_checkpoint(path, tokenizer, seed=0, step=10, max_positions=64, **config):
+    """Write a loadable checkpoint of a random model (1+1 layers unless ``config`` overrides TransformerConfig);
+    returns the model."""
     torch.manual_seed(seed)
-    config = TransformerConfig(vocab_size=tokenizer.vocab_size, d_model=16, n_heads=2, n_encoder_layers=1,
-                               n_decoder_layers=1, d_ff=32, dropout=0.0, max_positions=max_positions)
+    config = TransformerConfig(**{"vocab_size": tokenizer.vocab_size, "d_model": 16, "n_heads": 2,
+                                  "n_encoder_layers": 1, "n_decoder_layers": 1, "d_ff": 32, "dropout": 0.0,
+                                  "max_positions": max_positions, **config})
     model = Transformer(config)
     checkpoint = {"state_dict": {f"model.{k}": v for k, v in model.state_dict().items()},
                   CKPT_MODEL_CONFIG: config.to_dict(), CKPT_TOKENIZER: tokenizer.model_proto,

@@ -108,9 +108,30 @@ def head_ablation(model, tokenizer, sources, references, beam=1, max_tokens=4096
     return {"bleu": base_bleu, "loss": base_loss}, rows
 
 
+def pruning_order(rows: list[dict]) -> list[tuple[str, int, int]]:
+    """(kind, layer, head), least important first: smallest loss increase when masked alone."""
+    return [(r["kind"], int(r["layer"]), int(r["head"])) for r in sorted(rows, key=lambda r: float(r["delta_loss"]))]
+
+
+def read_importance(path: str | Path) -> list[dict]:
+    """The rows of a ``head_importance.csv`` that ``main`` wrote."""
+    if not Path(path).is_file():
+        raise SystemExit(f"{path} does not exist: write it with python -m transformer_nmt.analyze_heads ckpt=...")
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def pruned_heads(rows: list[dict], fraction: float) -> set[tuple[str, int, int]]:
+    """The heads ``pruning_curve`` removes at ``fraction`` (0..1) of all heads."""
+    if not 0 <= fraction <= 1:
+        raise ValueError(f"prune={fraction}: give the fraction of heads to remove, from 0 to 1")
+    order = pruning_order(rows)
+    return set(order[: round(fraction * len(order))])
+
+
 def pruning_curve(model, tokenizer, sources, references, rows, steps=10, beam=1, max_tokens=4096, log=print):
     """Remove heads least important first (smallest loss increase alone); BLEU at ``steps`` fractions."""
-    order = [(r["kind"], r["layer"], r["head"]) for r in sorted(rows, key=lambda r: r["delta_loss"])]
+    order = pruning_order(rows)
     curve = []
     for step in range(steps + 1):
         n_removed = round(step * len(order) / steps)

@@ -14,6 +14,13 @@ source length + 50 tokens out), ``max_tokens`` (4096 source tokens per batch, pa
 ``compute_type`` (default: as exported; ``int8`` quantizes at load) and ``threads`` (0: the engine's default)
 tune it. The same rules apply as natively: same length limit, length penalty and n-best.
 
+``print_alignment=hard|soft`` (native engine) writes each translation's word alignment after a tab, as
+fairseq's ``--print-alignment`` does: ``hard`` gives ``i-j`` pairs (source word i, target word j), ``soft``
+each target word's weights over the source words (transformer_nmt.alignment says how pieces become words).
+``alignment_layer`` (-1: the last decoder layer), ``alignment_heads`` (null: the mean of all heads, or a
+list such as ``[0,3]``) and ``alignment_position`` (output: the query that predicts the target piece, or
+input: the query whose input it is) choose the cross-attention used.
+
 Nothing is dropped or reordered: an empty (or blank) line gives an empty line; a line longer than
 the model's ``max_positions`` is cut to fit, with a warning naming the line, and still translated.
 """
@@ -28,6 +35,8 @@ from pathlib import Path
 
 import torch
 
+from transformer_nmt.alignment import (ALIGNMENT_DEFAULTS, ALIGNMENT_MODES, align, alignment_line,
+                                       check_alignment_options)
 from transformer_nmt.checkpoint import load_checkpoint
 from transformer_nmt.ctranslate2_engine import CTranslate2Model
 from transformer_nmt.decoding import beam_search, greedy_decode
@@ -38,7 +47,7 @@ from transformer_nmt.tokenizer import Tokenizer
 
 OPTIONS = {"ckpt": None, "input": None, "output": None, "beam": 4, "alpha": 0.6, "max_len_offset": 50,
            "max_tokens": 4096, "n_best": 1, "device": "cpu", "engine": "native", "model_dir": None,
-           "compute_type": "default", "threads": 0}
+           "compute_type": "default", "threads": 0, "print_alignment": None, **ALIGNMENT_DEFAULTS}
 
 
 def encode_sources(tokenizer: Tokenizer, lines: list[str], max_positions: int) -> list[list[int] | None]:
@@ -69,21 +78,22 @@ def token_batches(lengths: list[int], max_tokens: int) -> list[list[int]]:
 
 
 @torch.no_grad()
-def translate_lines(model: Transformer | CTranslate2Model, tokenizer: Tokenizer, lines: list[str], beam: int = 4,
-                    alpha: float = 0.6, max_len_offset: int = 50, max_tokens: int = 4096, n_best: int = 1
-                    ) -> list[list[tuple[str, float]]]:
-    """Translate ``lines``; for each, its ``n_best`` (translation, score) pairs, best first, in input order.
-    Greedy decoding (``beam`` 1) scores 0.0."""
+def translate_ids(model: Transformer | CTranslate2Model, tokenizer: Tokenizer, lines: list[str], beam: int = 4,
+                  alpha: float = 0.6, max_len_offset: int = 50, max_tokens: int = 4096, n_best: int = 1
+                  ) -> tuple[list[list[int] | None], list[list[tuple[list[int], float]]]]:
+    """Translate ``lines``: (source ids as ``encode_sources`` gives them, and for each line its ``n_best``
+    (target ids without bos/eos, score) pairs, best first, in input order). Greedy decoding (``beam`` 1)
+    scores 0.0; a blank line gives empty hypotheses."""
     if beam < 1 or not 1 <= n_best <= beam:
         raise ValueError(f"need beam >= 1 and 1 <= n_best <= beam, got beam={beam}, n_best={n_best}")
     sources = encode_sources(tokenizer, lines, model.config.max_positions)
-    results: list[list[tuple[str, float]]] = [[("", 0.0)] * n_best for _ in lines]
+    results: list[list[tuple[list[int], float]]] = [[([], 0.0)] * n_best for _ in lines]
     todo = [i for i, ids in enumerate(sources) if ids is not None]
     if isinstance(model, CTranslate2Model):  # batches and searches on its own
         outputs = model.translate_ids([sources[i] for i in todo], beam, alpha, max_len_offset, max_tokens, n_best)
         for i, hyps in zip(todo, outputs):
-            results[i] = [(tokenizer.decode(ids), score) for ids, score in hyps]
-        return results
+            results[i] = hyps
+        return sources, results
     device = model.positions.device
     for batch in token_batches([len(sources[i]) for i in todo], max_tokens):
         rows = [todo[j] for j in batch]
@@ -99,8 +109,17 @@ def translate_lines(model: Transformer | CTranslate2Model, tokenizer: Tokenizer,
             outputs = [[(h.tokens, h.score) for h in hyps] for hyps in beam_search(
                 model, src, beam, alpha, max_len_offset, n_best, tokenizer.bos_id, tokenizer.eos_id)]
         for i, hyps in zip(rows, outputs):
-            results[i] = [(tokenizer.decode(ids), score) for ids, score in hyps]
-    return results
+            results[i] = hyps
+    return sources, results
+
+
+def translate_lines(model: Transformer | CTranslate2Model, tokenizer: Tokenizer, lines: list[str], beam: int = 4,
+                    alpha: float = 0.6, max_len_offset: int = 50, max_tokens: int = 4096, n_best: int = 1
+                    ) -> list[list[tuple[str, float]]]:
+    """Translate ``lines``; for each, its ``n_best`` (translation, score) pairs, best first, in input order.
+    Greedy decoding (``beam`` 1) scores 0.0."""
+    _, results = translate_ids(model, tokenizer, lines, beam, alpha, max_len_offset, max_tokens, n_best)
+    return [[(tokenizer.decode(ids), score) for ids, score in hyps] for hyps in results]
 
 
 def read_lines(path: str | Path | None) -> list[str]:
@@ -148,17 +167,32 @@ def load_model(options: dict) -> tuple[Transformer | CTranslate2Model, Tokenizer
 
 def main(argv: list[str] | None = None) -> None:
     options = parse_options(sys.argv[1:] if argv is None else argv, OPTIONS)
+    mode = options["print_alignment"]
+    if mode is not None and mode not in ALIGNMENT_MODES:
+        raise SystemExit(f"print_alignment={mode!r}: use hard or soft")
+    if mode and options["engine"] != "native":
+        raise SystemExit("print_alignment= needs engine=native (it reads the model's cross-attention)")
     model, tokenizer, _ = load_model(options)
+    heads = options["alignment_heads"]
+    alignment = (options["alignment_layer"], [heads] if isinstance(heads, int) else heads, options["alignment_position"])
+    if mode:
+        try:
+            check_alignment_options(model, *alignment)
+        except ValueError as error:
+            raise SystemExit(str(error)) from None
     lines = read_lines(options["input"])
-    results = translate_lines(model, tokenizer, lines, options["beam"], options["alpha"],
-                              options["max_len_offset"], options["max_tokens"], options["n_best"])
+    sources, results = translate_ids(model, tokenizer, lines, options["beam"], options["alpha"],
+                                     options["max_len_offset"], options["max_tokens"], options["n_best"])
     out_path = options["output"]
     with (open(out_path, "w", encoding="utf-8") if out_path else nullcontext(sys.stdout)) as out:
-        for number, hyps in enumerate(results, start=1):
-            if options["n_best"] == 1:
-                out.write(hyps[0][0] + "\n")
-            else:
-                out.writelines(f"{number}\t{score:.4f}\t{text}\n" for text, score in hyps)
+        for number, (src, hyps) in enumerate(zip(sources, results), start=1):
+            for ids, score in hyps:
+                fields = [tokenizer.decode(ids)] if options["n_best"] == 1 else [str(number), f"{score:.4f}",
+                                                                                  tokenizer.decode(ids)]
+                if mode:
+                    fields.append(alignment_line(align(model, tokenizer, src, ids, *alignment), mode)
+                                  if src is not None and ids else "")
+                out.write("\t".join(fields) + "\n")
 
 
 if __name__ == "__main__":

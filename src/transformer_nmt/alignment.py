@@ -1,0 +1,133 @@
+"""Word alignments from cross-attention, as fairseq's ``--print-alignment hard|soft`` prints them.
+
+A target piece is aligned through the cross-attention of one decoder query: with ``position="output"``
+(the default, as fairseq) the query that *predicts* the piece, with ``position="input"`` the query whose
+*input* is the piece (the shifted position, which predicts the next piece). Shift-Att (Chen et al. 2020)
+finds the input position aligns better in large NMT models; on the permutation task of
+scripts/alignment_aer.py, where the truth is known, the output position is right (AER <= 0.01) and the
+input position wrong (AER ~0.9), so output is the default. The weights are averaged over ``heads``
+(default: all) of decoder layer ``layer`` (default: the last, -1).
+
+Pieces are merged into words, a word being a run of pieces that starts with SentencePiece's "▁" (a
+whitespace-separated token of the text): a source word's weight is the sum over its pieces (the mass
+the query puts on the word), a target word's row is the mean over its pieces' rows. The source eos is
+dropped and each row renormalised over the source words, so soft rows sum to 1. Hard alignments give
+each target word the source word of largest weight.
+
+Lines, beside each translation: hard ``i-j`` pairs (source word i, target word j, both from 0, in
+target order), soft ``w_0,w_1,...`` per target word (its weights over the source words), one group per
+target word, separated by spaces. Quality is measured with AER (``alignment_error_rate``).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from transformer_nmt.model import Transformer
+
+ALIGNMENT_MODES = ("hard", "soft")
+ALIGNMENT_POSITIONS = ("output", "input")
+ALIGNMENT_DEFAULTS = {"alignment_layer": -1, "alignment_heads": None, "alignment_position": "output"}
+WORD_START = "\u2581"  # SentencePiece's "▁": the piece begins a whitespace-separated word
+
+
+def check_alignment_options(model: Transformer, layer: int, heads: list[int] | None, position: str) -> None:
+    """Errors that name the option: ``alignment_layer`` inside the decoder, ``alignment_heads`` inside the
+    heads, ``alignment_position`` input or output."""
+    n_layers, n_heads = model.config.n_decoder_layers, model.config.n_heads
+    if not -n_layers <= layer < n_layers:
+        raise ValueError(f"alignment_layer={layer}: the decoder has {n_layers} layers (0..{n_layers - 1}, or -1 "
+                         "for the last)")
+    if heads is not None and (not heads or any(not 0 <= h < n_heads for h in heads)):
+        raise ValueError(f"alignment_heads={heads}: give head numbers in 0..{n_heads - 1}, or null for all")
+    if position not in ALIGNMENT_POSITIONS:
+        raise ValueError(f"alignment_position={position!r}: use one of {', '.join(ALIGNMENT_POSITIONS)}")
+
+
+def word_ids(pieces: list[str]) -> list[int]:
+    """Word index of each piece, the words being those of the text split on whitespace: a piece starting with
+    "▁" begins a new word once the current one has a visible character; pieces of "▁" alone after the last
+    visible character belong to no word (-1)."""
+    ids, word, visible = [], 0, False
+    for piece in pieces:
+        if piece.startswith(WORD_START) and visible:
+            word, visible = word + 1, False
+        visible = visible or bool(piece.strip(WORD_START))
+        ids.append(word)
+    if not visible:  # a trailing run without visible characters: no word
+        ids = [-1 if i == word else i for i in ids]
+    return ids
+
+
+@torch.no_grad()
+def piece_alignment(model: Transformer, src: list[int], hyp: list[int], bos_id: int,
+                    layer: int = ALIGNMENT_DEFAULTS["alignment_layer"], heads: list[int] | None = None,
+                    position: str = ALIGNMENT_DEFAULTS["alignment_position"]) -> Tensor:
+    """Cross-attention of each target piece of ``hyp`` (ids without bos/eos) over the source pieces of
+    ``src`` (ids ending in eos), averaged over ``heads`` of decoder ``layer``. -> (len(hyp), len(src))"""
+    check_alignment_options(model, layer, heads, position)
+    device = model.positions.device
+    src_t = torch.tensor([src], device=device)  # (1, S)
+    tgt_in = torch.tensor([[bos_id] + hyp], device=device)  # (1, T + 1): query t holds piece t - 1
+    _, attention = model(src_t, tgt_in, return_attention=True)
+    weights = attention["cross"][layer][0].float()  # (h, T + 1, S)
+    weights = weights.mean(0) if heads is None else weights[heads].mean(0)  # (T + 1, S)
+    return (weights[1:] if position == "input" else weights[:-1]).cpu()  # (T, S)
+
+
+def word_alignment(piece_weights: Tensor, src_words: list[int], tgt_words: list[int]) -> Tensor:
+    """Merge pieces into words. piece_weights (T, S) over target/source pieces; ``src_words`` (S,) and
+    ``tgt_words`` (T,) give each piece's word, -1 for a piece outside every word (the eos), which is dropped.
+    -> (target words, source words), each row summing to 1."""
+    src_index, tgt_index = torch.tensor(src_words, dtype=torch.long), torch.tensor(tgt_words, dtype=torch.long)
+    n_src, n_tgt = max(src_words, default=-1) + 1, max(tgt_words, default=-1) + 1
+    keep_src, keep_tgt = src_index >= 0, tgt_index >= 0
+    weights = piece_weights[keep_tgt][:, keep_src]  # (T', S')
+    by_src = torch.zeros(weights.shape[0], n_src).index_add_(1, src_index[keep_src], weights)  # sum: (T', Ws)
+    by_tgt = torch.zeros(n_tgt, n_src).index_add_(0, tgt_index[keep_tgt], by_src)  # (Wt, Ws)
+    by_tgt /= torch.bincount(tgt_index[keep_tgt], minlength=n_tgt).unsqueeze(1)  # mean over a word's pieces
+    return by_tgt / by_tgt.sum(1, keepdim=True).clamp_min(1e-12)
+
+
+def hard_alignment(soft: Tensor) -> list[tuple[int, int]]:
+    """(source word, target word) pairs: each target word with its most attended source word."""
+    if soft.shape[1] == 0:  # a source without words aligns nothing
+        return []
+    return [(int(i), j) for j, i in enumerate(soft.argmax(1))]
+
+
+def format_hard(pairs: list[tuple[int, int]]) -> str:
+    return " ".join(f"{i}-{j}" for i, j in pairs)
+
+
+def format_soft(soft: Tensor) -> str:
+    return " ".join(",".join(f"{w:.3f}" for w in row) for row in soft.tolist())
+
+
+def alignment_error_rate(predicted: set[tuple[int, int]], sure: set[tuple[int, int]],
+                         possible: set[tuple[int, int]] | None = None) -> float:
+    """Och and Ney (2003): AER = 1 - (|A & S| + |A & P|) / (|A| + |S|), with A the predicted pairs, S the sure
+    gold pairs and P the possible ones (S is a subset of P; P = S when not given). 0 is perfect."""
+    possible = sure | (possible or set())
+    if not predicted and not sure:
+        return 0.0
+    return 1.0 - (len(predicted & sure) + len(predicted & possible)) / (len(predicted) + len(sure))
+
+
+def align(model: Transformer, tokenizer, src: list[int], hyp: list[int],
+          layer: int = ALIGNMENT_DEFAULTS["alignment_layer"], heads: list[int] | None = None,
+          position: str = ALIGNMENT_DEFAULTS["alignment_position"]) -> Tensor:
+    """Soft word alignment (target words, source words) of one translation: pieces as ``tokenizer`` splits them
+    (the source's final eos belongs to no word)."""
+    pieces = piece_alignment(model, src, hyp, tokenizer.bos_id, layer, heads, position)  # (T, S)
+    src_words = word_ids([tokenizer.id_to_piece(i) for i in src[:-1]]) + [-1]  # the eos: no word
+    tgt_words = word_ids([tokenizer.id_to_piece(i) for i in hyp])
+    return word_alignment(pieces, src_words, tgt_words)
+
+
+def alignment_line(soft: Tensor, mode: str) -> str:
+    """The text printed beside a translation for ``print_alignment=mode``."""
+    if mode not in ALIGNMENT_MODES:
+        raise ValueError(f"print_alignment={mode!r}: use hard or soft")
+    return format_hard(hard_alignment(soft)) if mode == "hard" else format_soft(soft)

@@ -1,0 +1,93 @@
+"""Alignments from cross-attention: pieces merged into words, AER, the permutation task whose truth is
+known, and translate's print_alignment lines."""
+
+import pytest
+import torch
+
+from transformer_nmt.alignment import (alignment_error_rate, check_alignment_options, hard_alignment, word_alignment,
+                                       word_ids)
+from transformer_nmt.checkpoint import load_checkpoint
+from transformer_nmt.translate import main as translate_main
+
+from script_module import load_script
+from tiny_checkpoint import tiny_tokenizer, write_checkpoint
+
+
+def test_pieces_merge_into_the_whitespace_words_of_the_text():
+    assert word_ids(["\u2581A", "\u2581d", "og", "\u2581runs", "."]) == [0, 1, 1, 2, 2]
+    # A lone "▁" joins the next visible piece; trailing ones belong to no word.
+    assert word_ids(["\u2581", "(", "x", "\u2581", "\u2581y", "\u2581"]) == [0, 0, 0, 1, 1, -1]
+
+
+def test_word_weights_sum_over_source_pieces_and_average_over_target_pieces():
+    pieces = torch.tensor([[0.1, 0.2, 0.3, 0.4],   # target piece 0 (word 0) over source pieces (eos last)
+                           [0.5, 0.1, 0.1, 0.3],   # target piece 1 (word 0)
+                           [0.2, 0.2, 0.2, 0.4]])  # target piece 2 (word 1)
+    soft = word_alignment(pieces, src_words=[0, 1, 1, -1], tgt_words=[0, 0, 1])
+    # word 0: mean of [0.1, 0.5] and [0.5, 0.2] = [0.3, 0.35], renormalised without the eos
+    assert torch.allclose(soft, torch.tensor([[0.3 / 0.65, 0.35 / 0.65], [1 / 3, 2 / 3]]))
+    assert hard_alignment(soft) == [(1, 0), (1, 1)]
+
+
+def test_aer_is_zero_for_the_truth_and_follows_och_and_ney():
+    sure = {(0, 0), (1, 1), (2, 2)}
+    assert alignment_error_rate(sure, sure) == 0
+    assert alignment_error_rate({(0, 0), (2, 1)}, sure) == pytest.approx(1 - 2 / 5)
+    # a possible (not sure) link counts in the numerator once, and costs no recall
+    assert alignment_error_rate({(0, 0), (1, 1), (2, 2), (2, 1)}, sure, possible={(2, 1)}) == pytest.approx(1 - 7 / 7)
+
+
+def test_hard_alignments_recover_a_known_permutation():
+    """A tiny model trained (seconds) to copy in a fixed reordering; its default alignments (mean of the last
+    decoder layer's heads, output position) must find the permutation: AER <= 0.05, each layer reported."""
+    task = load_script("alignment_aer")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # on a tiny model more threads only add contention
+    try:
+        model = task.train_permutation_model()
+    finally:
+        torch.set_num_threads(threads)
+    table = task.aer_table(model)
+    print("\n" + task.markdown(table))
+    last = model.config.n_decoder_layers - 1
+    assert table[last, "output"] <= 0.05
+    assert min(table[layer, "output"] for layer in range(last + 1)) <= 0.05
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    path = tmp_path_factory.mktemp("align") / "tiny.ckpt"
+    write_checkpoint(path, tiny_tokenizer(), n_decoder_layers=2)
+    return path
+
+
+def test_translate_prints_hard_and_soft_alignments_over_words(checkpoint, tmp_path):
+    src = tmp_path / "in.en"
+    src.write_text("A dog runs on the beach.\n\nTwo men talk.\n")
+    common = [f"ckpt={checkpoint}", f"input={src}", "beam=1", "max_len_offset=3"]
+    translate_main(common + [f"output={tmp_path / 'hard'}", "print_alignment=hard"])
+    translate_main(common + [f"output={tmp_path / 'soft'}", "print_alignment=soft", "alignment_layer=0",
+                             "alignment_heads=1"])
+    hard = (tmp_path / "hard").read_text().split("\n")[:-1]
+    soft = (tmp_path / "soft").read_text().split("\n")[:-1]
+    assert len(hard) == len(soft) == 3 and hard[1] == soft[1] == "\t"  # one line per input line, blank kept
+    for line, source in zip(hard[::2], ["A dog runs on the beach.", "Two men talk."]):
+        translation, pairs = line.split("\t")
+        pairs = [tuple(map(int, p.split("-"))) for p in pairs.split()]
+        assert [j for _, j in pairs] == list(range(len(translation.split())))  # every target word, in order
+        assert all(0 <= i < len(source.split()) for i, _ in pairs)
+    for line, source in zip(soft[::2], ["A dog runs on the beach.", "Two men talk."]):
+        translation, rows = line.split("\t")
+        rows = [[float(w) for w in row.split(",")] for row in rows.split()]
+        assert len(rows) == len(translation.split()) and all(len(r) == len(source.split()) for r in rows)
+        assert all(sum(r) == pytest.approx(1, abs=0.01) for r in rows)
+
+
+def test_alignment_options_are_checked_by_name(checkpoint):
+    model, _, _ = load_checkpoint(checkpoint)
+    for layer, heads, position, name in [(2, None, "output", "alignment_layer"), (-1, [5], "output", "alignment_heads"),
+                                         (-1, None, "middle", "alignment_position")]:
+        with pytest.raises(ValueError, match=name):
+            check_alignment_options(model, layer, heads, position)
+    with pytest.raises(SystemExit, match="engine=native"):
+        translate_main([f"ckpt={checkpoint}", "engine=ctranslate2", "print_alignment=hard"])
