@@ -14,6 +14,8 @@
 from __future__ import annotations
 
 import copy
+import importlib
+import pkgutil
 import re
 import shlex
 from functools import cache
@@ -111,12 +113,17 @@ def commands(code: str) -> list[tuple[str, list[str], str]]:
 # --- what the tools accept -----------------------------------------------------------------------------------
 @cache
 def tool_options() -> dict[str, object]:
-    """key=value options of every tool that is not a Hydra app: a dict of defaults or a tuple of names."""
-    from transformer_nmt import analyze_heads, average, evaluate, export, translate
+    """key=value options of every tool that is not a Hydra app (each module of the package with an OPTIONS
+    table of defaults or names), and of the scripts that take key=value options."""
+    import transformer_nmt
 
-    return {"translate": translate.OPTIONS, "evaluate": evaluate.OPTIONS, "export": export.OPTIONS,
-            "analyze_heads": analyze_heads.OPTIONS, "average": average.OPTIONS,
-            "scripts/benchmark_decode.py": load_script("benchmark_decode").OPTIONS}
+    tools = {}
+    for module in pkgutil.iter_modules(transformer_nmt.__path__):
+        options = getattr(importlib.import_module(f"transformer_nmt.{module.name}"), "OPTIONS", None)
+        if options is not None:
+            tools[module.name] = options
+    tools["scripts/benchmark_decode.py"] = load_script("benchmark_decode").OPTIONS
+    return tools
 
 
 GROUPS = {d.name for d in CONF_DIR.iterdir() if d.is_dir()}  # data, experiment, model, trainer

@@ -44,7 +44,8 @@ def tiny_overrides(corpus: Path) -> list[str]:
     return [
         "model=tiny", "data=local", f"data.train={corpus}/train", f"data.val={corpus}/val", f"data.test={corpus}/test",
         f"data.cache_dir={corpus}/cache", "data.vocab_size=256", "data.max_tokens=512", "data.num_proc=1",
-        "trainer=cpu", "trainer.precision=32-true", "trainer.enable_progress_bar=false", "trainer.max_epochs=-1", "trainer.log_every_n_steps=1",
+        "trainer=cpu", "trainer.precision=32-true", "trainer.enable_progress_bar=false", "trainer.max_epochs=-1",
+        "trainer.log_every_n_steps=1",
         "train.warmup_steps=20", "train.lr_factor=1.0", "train.val_bleu_max_sentences=8",
         "train.test_bleu_max_sentences=8", "run_test=false", "attention_maps.every_n_validations=0",
     ]
@@ -144,8 +145,8 @@ def test_auto_precision_trains_in_what_the_cpu_answers(tmp_path, cpu_bf16, caplo
     assert machines_auto_precision() == expected
     corpus = write_tiny_corpus(tmp_path / "corpus", n_train=24, n_eval=4)
     with caplog.at_level("INFO", logger="transformer_nmt.train"):
-        trainer = train(tiny_config(corpus, "trainer.precision=auto", "trainer.max_steps=1", "trainer.limit_val_batches=0"),
-                        tmp_path / "run")
+        trainer = train(tiny_config(corpus, "trainer.precision=auto", "trainer.max_steps=1",
+                                    "trainer.limit_val_batches=0"), tmp_path / "run")
     assert trainer.global_step == 1 and trainer.precision == expected
     assert f"precision {expected} (auto: the CPU has {'native' if cpu_bf16 == 'native' else 'no native'} bf16 " \
            f"({CPU_BF16_ENV}={cpu_bf16})" in caplog.text
