@@ -7,9 +7,9 @@ from pathlib import Path
 
 import datasets
 import hydra
-import torch
 from hydra import compose, initialize_config_dir
 
+from test_train_app import one_thread  # noqa: F401 (fixture: one thread, restored afterwards)
 from transformer_nmt.prepare import format_statistics
 from transformer_nmt.train import CONF_DIR, train
 
@@ -49,7 +49,6 @@ def test_wmt14_config_on_a_saved_hub_directory_prepares_and_trains_a_step(tmp_pa
     assert dm.splits["train"].report.total == 400 and dm.splits["val"].report.total == 30
     assert "\x00" not in dm.sources("train")[7] + dm.references("train")[7]
 
-    torch.set_num_threads(1)
     trainer = train(train_cfg, tmp_path / "run")
     assert trainer.global_step == 1
     assert not any(s.tokenized_now for s in trainer.datamodule.splits.values())  # prepare's caches reused

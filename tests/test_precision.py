@@ -4,7 +4,13 @@ import pytest
 import torch
 
 import transformer_nmt.precision as precision
-from transformer_nmt.precision import cpu_flags, resolve_precision
+from transformer_nmt.precision import CPU_BF16_ENV, cpu_flags, resolve_precision
+
+
+@pytest.fixture(autouse=True)
+def no_override(monkeypatch):
+    """These tests set the CPU's flags themselves: an override in the environment (CI's guard) must not answer."""
+    monkeypatch.delenv(CPU_BF16_ENV, raising=False)
 
 
 @pytest.fixture
@@ -56,6 +62,23 @@ def test_cpu_flags_reads_the_flags_line(tmp_path):
     cpuinfo.write_text("processor\t: 0\nmodel name\t: X\nflags\t\t: fpu sse2 avx2 amx_bf16\n\nprocessor\t: 1\n")
     assert cpu_flags(cpuinfo) == {"fpu", "sse2", "avx2", "amx_bf16"}
     assert cpu_flags(tmp_path / "missing") == set()
+
+
+@pytest.mark.parametrize("answer, flags, expected", [
+    ("native", set(), "bf16-mixed"), ("emulated", {"avx2", "avx512_bf16", "amx_bf16"}, "32-true")])
+def test_the_environment_answers_for_the_cpu_whatever_its_flags(monkeypatch, answer, flags, expected):
+    monkeypatch.setattr(precision, "cpu_flags", lambda: flags)
+    monkeypatch.setenv(CPU_BF16_ENV, answer)
+    chosen, why = resolve_precision("auto", "cpu")
+    assert chosen == expected and why.endswith(f"({CPU_BF16_ENV}={answer})" + ("" if answer == "native" else
+                                                 ", where bf16 autocast is emulated and slower than fp32"))
+    assert resolve_precision("32-true", "cpu")[0] == "32-true"  # an explicit precision is never overridden
+
+
+def test_an_unknown_answer_names_the_variable_and_its_values(monkeypatch):
+    monkeypatch.setenv(CPU_BF16_ENV, "yes")
+    with pytest.raises(ValueError, match=f"{CPU_BF16_ENV}='yes': use one of \\('native', 'emulated'\\)"):
+        resolve_precision("auto", "cpu")
 
 
 @pytest.mark.parametrize("major, expected", [(7, "16-mixed"), (8, "bf16-mixed"), (9, "bf16-mixed")])

@@ -4,15 +4,21 @@ bf16 autocast pays on CUDA devices that support bf16 (Ampere and newer) and on C
 instructions (AVX512-BF16 or AMX). On other CPUs (AVX2 laptops and servers) PyTorch emulates bf16
 arithmetic: a training step is many times slower than in fp32 (README, "Training on GPUs"), so auto
 picks 32-true there.
+
+The environment variable ``TRANSFORMER_NMT_CPU_BF16=native|emulated`` makes the CPU answer as one with
+or without native bf16, whatever its flags: the test suite runs auto's CPU branch both ways on any machine.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import torch
 
 NATIVE_BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
+CPU_BF16_ENV = "TRANSFORMER_NMT_CPU_BF16"
+CPU_BF16_ANSWERS = ("native", "emulated")
 
 
 def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str]:
@@ -25,6 +31,19 @@ def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str]:
         if line.startswith("flags"):
             return set(line.partition(":")[2].split())
     return set()
+
+
+def cpu_native_bf16() -> tuple[bool, str]:
+    """(whether the CPU computes bf16 natively, the evidence): ``TRANSFORMER_NMT_CPU_BF16`` where it is set,
+    else the native-bf16 flags found in /proc/cpuinfo (an empty string where there are none)."""
+    answer = os.environ.get(CPU_BF16_ENV)
+    if answer:
+        if answer not in CPU_BF16_ANSWERS:
+            raise ValueError(f"{CPU_BF16_ENV}={answer!r}: use one of {CPU_BF16_ANSWERS}, or unset it to read "
+                             f"the CPU's flags")
+        return answer == "native", f"{CPU_BF16_ENV}={answer}"
+    found = sorted(set(NATIVE_BF16_CPU_FLAGS) & cpu_flags())
+    return bool(found), ", ".join(found)
 
 
 def uses_cuda(accelerator: str) -> bool:
@@ -43,8 +62,8 @@ def resolve_precision(precision: str, accelerator: str) -> tuple[str, str]:
             return "16-mixed", (f"auto: {torch.cuda.get_device_name()} has no native bf16 (pre-Ampere); fp16 "
                                 f"autocast with a gradient scaler runs on its tensor cores")
         return "32-true", "auto: no CUDA device is visible"
-    native = sorted(set(NATIVE_BF16_CPU_FLAGS) & cpu_flags())
+    native, evidence = cpu_native_bf16()
     if native:
-        return "bf16-mixed", f"auto: the CPU has native bf16 ({', '.join(native)})"
-    return "32-true", (f"auto: the CPU has no native bf16 ({' or '.join(NATIVE_BF16_CPU_FLAGS)}), where bf16 "
-                       f"autocast is emulated and slower than fp32")
+        return "bf16-mixed", f"auto: the CPU has native bf16 ({evidence})"
+    return "32-true", (f"auto: the CPU has no native bf16 ({evidence or ' or '.join(NATIVE_BF16_CPU_FLAGS)}), "
+                       f"where bf16 autocast is emulated and slower than fp32")

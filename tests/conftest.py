@@ -1,0 +1,13 @@
+"""Fixtures shared across test modules."""
+
+import pytest
+
+from transformer_nmt.precision import CPU_BF16_ANSWERS, CPU_BF16_ENV
+
+
+@pytest.fixture(params=CPU_BF16_ANSWERS)
+def cpu_bf16(request, monkeypatch):
+    """Each answer that trainer.precision=auto's CPU branch can get, whatever this machine's flags: a test that
+    takes this fixture runs once as on a CPU with native bf16 and once as on one without (the CI guard)."""
+    monkeypatch.setenv(CPU_BF16_ENV, request.param)
+    return request.param
