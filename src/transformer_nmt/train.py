@@ -29,6 +29,7 @@ from omegaconf import DictConfig, OmegaConf
 from transformer_nmt.attention import check_attention
 from transformer_nmt.callbacks import AttentionMaps, LastCheckpoint, TokenProgressBar
 from transformer_nmt.checkpoint import AtomicCheckpointIO
+from transformer_nmt.fingerprint import RecordFingerprint, check_resume, run_fingerprint
 from transformer_nmt.launch import resume_checkpoint  # also registers hydra.run.dir's ${run_name:} resolver
 from transformer_nmt.model import TransformerConfig
 from transformer_nmt.precision import resolve_precision
@@ -102,7 +103,7 @@ def build_callbacks(cfg: DictConfig, checkpoint_dir: Path) -> list[pl.Callback]:
         auto_insert_metric_name=False, monitor="val/bleu" if bleu else "val/loss", mode="max" if bleu else "min",
         save_top_k=cfg.checkpoint.save_top_k, save_last=False)
     last = LastCheckpoint(checkpoint_dir, every_n_train_steps=cfg.checkpoint.every_n_train_steps)
-    callbacks = [best]
+    callbacks = [best, RecordFingerprint(run_fingerprint(cfg))]
     recent = cfg.checkpoint.recent
     if recent.keep:  # a rolling window of the newest K, for checkpoint averaging (paper section 6.1)
         minutes = recent.every_n_minutes
@@ -185,6 +186,7 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: Sequence[str] = ()) -
     run_dir = Path(run_dir)
     validate_config(cfg)
     ckpt_path, resume = resume_checkpoint(cfg.ckpt_path, run_dir)
+    check_resume(cfg, ckpt_path)  # the run dir's checkpoint must come from a run with this command's settings
     if rank_zero_only.rank == 0:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
