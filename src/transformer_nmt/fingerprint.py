@@ -4,7 +4,8 @@ The fingerprint is the ``model``, ``data`` and ``train`` config groups and ``see
 (``model.dropout``, ``train.lr_factor``, ``data.max_tokens``): whatever keys the groups hold, so a new setting
 is covered without being listed here. Left out is what a resumed run may change without training something
 else: the ``trainer`` group (devices, nodes, precision, max_steps, max_time, logging), checkpointing, attention
-maps, names and directories, and ``MAY_CHANGE`` (how many processes load the data, not which data).
+maps, names and directories, and ``MAY_CHANGE``: how many processes load the data, and how evaluation batches
+and how many sentences it decodes for BLEU.
 
 Every checkpoint carries the fingerprint of the run that wrote it (``RecordFingerprint``). Resuming the run
 dir's own checkpoint (``ckpt_path=auto`` or ``last``) with another fingerprint is refused (``check_resume``):
@@ -29,7 +30,8 @@ log = logging.getLogger(__name__)
 
 CKPT_FINGERPRINT = "run_fingerprint"  # the checkpoint key
 GROUPS = ("model", "data", "train")
-MAY_CHANGE = ("data.num_workers", "data.num_proc")
+MAY_CHANGE = ("data.num_workers", "data.num_proc",  # how many processes load the data
+              "data.eval_max_tokens", "train.val_bleu_max_sentences", "train.test_bleu_max_sentences")  # evaluation
 
 
 class ResumeError(ValueError):

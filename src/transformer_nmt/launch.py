@@ -5,17 +5,22 @@ Every process of a job (torchrun or SLURM ranks, a requeued SLURM job) must agre
 so its name comes from the job's identity, not from each process's clock (``run_name``, the
 ``${run_name:...}`` resolver of ``hydra.run.dir``): an explicit ``run_id=``, else ``slurm-$SLURM_JOB_ID``,
 else ``torchrun-$TORCHELASTIC_RUN_ID`` (torchrun's ``--rdzv_id``), else, for a single process only, the
-launch time. ``ckpt_path=auto`` then resumes from the newest checkpoint in that directory, if any
+launch time. ``torchrun --standalone`` draws a new random id at every launch: there the name is
+``torchrun-standalone-`` and a hash of the command's overrides, so that the same command run again finds its
+run dir and resumes (another command, another dir). A sweep's directory is named by ``sweep_id=``, else
+the launch time (``sweep_name``). ``ckpt_path=auto`` then resumes from the newest checkpoint in that directory, if any
 (``resume_checkpoint``), which is what a restarted or requeued job needs (``SlurmRequeue``).
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import signal
 import subprocess
 import time
+import uuid
 from pathlib import Path
 
 from lightning.pytorch.callbacks import Checkpoint
@@ -34,20 +39,32 @@ class LaunchError(ValueError):
     """A launch that cannot work as configured; the message says what to pass."""
 
 
-def job_identity(run_id: str | None = None, environ=os.environ) -> str | None:
-    """The name every process and every requeue of one job share, or None outside a launcher."""
+def standalone(torchrun_id: str) -> bool:
+    """Whether a torchrun run id is the random UUID that ``torchrun --standalone`` draws at every launch."""
+    try:
+        return str(uuid.UUID(torchrun_id)) == torchrun_id
+    except ValueError:
+        return False
+
+
+def job_identity(run_id: str | None = None, environ=os.environ, overrides: str = "") -> str | None:
+    """The name every process and every requeue of one job share, or None outside a launcher.
+    ``overrides``: the command's (Hydra's ``override_dirname``), which name a ``torchrun --standalone`` run."""
     if run_id not in (None, ""):
         return str(run_id)
     if environ.get("SLURM_JOB_ID"):  # kept by scontrol requeue
         return f"slurm-{environ['SLURM_JOB_ID']}"
-    if environ.get("TORCHELASTIC_RUN_ID", "none") != "none":  # torchrun --rdzv_id (static rendezvous: "none")
-        return f"torchrun-{environ['TORCHELASTIC_RUN_ID']}"
+    torchrun = environ.get("TORCHELASTIC_RUN_ID", "none")  # torchrun --rdzv_id (static rendezvous: "none")
+    if torchrun != "none" and standalone(torchrun):
+        return f"torchrun-standalone-{hashlib.sha256(overrides.encode()).hexdigest()[:10]}"
+    if torchrun != "none":
+        return f"torchrun-{torchrun}"
     return None
 
 
-def run_name(run_id: str | None = None) -> str:
+def run_name(run_id: str | None = None, overrides: str = "") -> str:
     """The last component of ``hydra.run.dir``: the job identity, or the launch time for one process."""
-    name = job_identity(run_id)
+    name = job_identity(run_id, overrides=overrides)
     if name is not None:
         return name
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
@@ -59,7 +76,14 @@ def run_name(run_id: str | None = None) -> str:
     return time.strftime(TIME_FORMAT)
 
 
+def sweep_name(sweep_id: str | None = None) -> str:
+    """The last component of ``hydra.sweep.dir``: ``sweep_id``, or the launch time. The same command with the same
+    ``sweep_id`` runs the sweep again: runs that finished are skipped, the others resume (``finished_already``)."""
+    return str(sweep_id) if sweep_id not in (None, "") else time.strftime(TIME_FORMAT)
+
+
 OmegaConf.register_new_resolver("run_name", run_name, use_cache=True, replace=True)
+OmegaConf.register_new_resolver("sweep_name", sweep_name, use_cache=True, replace=True)
 
 
 def resume_checkpoint(ckpt_path: str | None, run_dir: Path) -> tuple[Path | None, str]:
