@@ -37,9 +37,8 @@ def test_auto_refuses_the_checkpoint_of_a_run_with_other_settings(corpus, tmp_pa
     with pytest.raises(ResumeError) as refused:
         run(corpus, tmp_path, 4, "train.lr_factor=2.0", "model.dropout=0.3")
     message = str(refused.value)
-    assert f"ckpt_path=auto found {last} (step 3)" in message
-    assert "  model.dropout: 0.1 in the checkpoint, 0.3 now\n  train.lr_factor: 1.0 in the checkpoint, 2.0 now\n" \
-        in message
+    assert f"ckpt_path=auto found {last} (step 3), written by a run with other settings" in message
+    assert "  model.dropout: 0.1 there, 0.3 now\n  train.lr_factor: 1.0 there, 2.0 now\n" in message
     assert "pass model.dropout=0.1 train.lr_factor=1.0" in message and "force_resume=true" in message
     assert "run_id=NAME" in message
     assert read_checkpoint(last)["global_step"] == 3  # nothing was trained

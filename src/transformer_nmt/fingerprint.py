@@ -86,16 +86,28 @@ def check_resume(cfg: DictConfig, path: Path | None) -> None:
     if saved is None:
         log.warning("%s predates run fingerprints: its settings cannot be compared with this command's", path)
         return
+    check_same_run(cfg, saved, f"ckpt_path={cfg.ckpt_path} found {path} (step {checkpoint.get('global_step')}), "
+                               f"written by a run", "Resuming it would continue that run's weights and schedule")
+
+
+def check_finished_run(cfg: DictConfig, config_file: Path) -> None:
+    """Refuse to skip a sweep's finished run (its ``config_file``, the resolved config it ran with) when it ran
+    with other settings than ``cfg``'s: its results are not this command's."""
+    saved = run_fingerprint(OmegaConf.load(config_file))
+    check_same_run(cfg, saved, f"the sweep's run in {config_file.parent} finished, but it ran",
+                   "Skipping it would report its results as this command's")
+
+
+def check_same_run(cfg: DictConfig, saved: dict[str, Any], found: str, consequence: str) -> None:
+    """Raise ``ResumeError`` when ``saved`` differs from ``cfg``'s fingerprint: one line per key, and the fixes."""
     changed = differences(saved, run_fingerprint(cfg))
-    if not changed:
+    if not changed or cfg.get("force_resume"):
         return
-    lines = "\n".join(f"  {key}: {_override(old)} in the checkpoint, {_override(new)} now"
-                      for key, (old, new) in changed.items())
+    lines = "\n".join(f"  {key}: {_override(old)} there, {_override(new)} now" for key, (old, new) in changed.items())
     as_it_was = " ".join(f"~{key}" if old == "absent" else f"{key}={_override(old)}"
                          for key, (old, new) in changed.items())
     raise ResumeError(
-        f"ckpt_path={cfg.ckpt_path} found {path} (step {checkpoint.get('global_step')}), written by a run with "
-        f"other settings than this command's:\n{lines}\nResuming it would continue that run's weights and schedule "
-        f"under the new settings. To resume it as it was, pass {as_it_was}; to start a new run, give it its own "
-        f"directory (run_id=NAME or hydra.run.dir=DIR); to resume it with the new settings anyway, pass "
+        f"{found} with other settings than this command's:\n{lines}\n{consequence} under the new settings. To "
+        f"resume it as it was, pass {as_it_was}; to start a new run, give it its own directory (run_id=NAME or "
+        f"hydra.run.dir=DIR; in a sweep, sweep_id=NAME); to resume it with the new settings anyway, pass "
         f"force_resume=true.")

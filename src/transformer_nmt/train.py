@@ -20,6 +20,7 @@ import hydra
 import lightning.pytorch as pl
 from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.strategies import DDPStrategy
@@ -29,7 +30,7 @@ from omegaconf import DictConfig, OmegaConf
 from transformer_nmt.attention import check_attention
 from transformer_nmt.callbacks import AttentionMaps, LastCheckpoint, TokenProgressBar
 from transformer_nmt.checkpoint import AtomicCheckpointIO
-from transformer_nmt.fingerprint import RecordFingerprint, check_resume, run_fingerprint
+from transformer_nmt.fingerprint import RecordFingerprint, check_finished_run, check_resume, run_fingerprint
 from transformer_nmt.launch import resume_checkpoint  # also registers hydra.run.dir's ${run_name:} resolver
 from transformer_nmt.model import TransformerConfig
 from transformer_nmt.precision import resolve_precision
@@ -219,7 +220,20 @@ def main(cfg: DictConfig) -> None:
         logging.getLogger(name).handlers.clear()
         logging.getLogger(name).propagate = True
     hydra_config = HydraConfig.get()
+    if hydra_config.mode == RunMode.MULTIRUN and finished_already(cfg, Path(hydra_config.runtime.output_dir)):
+        return
     train(cfg, hydra_config.runtime.output_dir, overrides=hydra_config.overrides.task)
+
+
+def finished_already(cfg: DictConfig, run_dir: Path) -> bool:
+    """A sweep run again (same command, same sweep_id) skips the runs that wrote results.json; the others resume.
+    A finished run with other settings than this command's is an error (fingerprint.check_finished_run)."""
+    if not (run_dir / RESULTS_FILE).is_file():
+        return False
+    check_finished_run(cfg, run_dir / "config.yaml")
+    log.info("%s exists: this run of the sweep finished already, skipped (delete the file to run it again)",
+             run_dir / RESULTS_FILE)
+    return True
 
 
 if __name__ == "__main__":
