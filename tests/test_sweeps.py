@@ -68,12 +68,16 @@ def sweep(tmp_path_factory):
     sweep_dir = root / "multirun" / "sweep" / "s1"
 
     first = subprocess.Popen(command, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    interrupted = {}
-    for job, sig in ((1, signal.SIGKILL), (2, signal.SIGUSR2)):
-        wait_for(lambda: (sweep_dir / str(job) / LAST).exists() and task_pid(sweep_dir, job))
-        pid = task_pid(sweep_dir, job)
-        os.kill(pid, sig)
-        interrupted[job] = pid
+    interrupted, signals = {}, {1: signal.SIGKILL, 2: signal.SIGUSR2}
+
+    def interrupt_each_once_it_checkpointed() -> bool:  # the jobs run at once: whichever gets there first
+        for job in set(signals) - set(interrupted):
+            pid = (sweep_dir / str(job) / LAST).exists() and task_pid(sweep_dir, job)
+            if pid:
+                os.kill(pid, signals[job])
+                interrupted[job] = pid
+        return len(interrupted) == len(signals)
+    wait_for(interrupt_each_once_it_checkpointed)
     first_output = first.communicate(timeout=300)[0]
     for pid in interrupted.values():
         wait_for(lambda: not running(pid))
