@@ -6,8 +6,10 @@
 
 Prints markdown tables (``--tables`` picks them):
 - ``throughput``: training throughput (target tokens/s for forward + backward + Adam step) of our model
-  and of torch.nn.Transformer with the same dimensions, embeddings, output layer and dropout, in fp32
-  and in bf16 autocast, batch 128 x 20;
+  with the plain and the fused kernel and with ``auto`` (what attention.auto_kernel picks for the
+  precision), and of torch.nn.Transformer with the same dimensions, embeddings, output layer and
+  dropout, in fp32 and in bf16 autocast, batch 128 x 20; where the CPU has no native bf16 the bf16 rows
+  measure emulation (the table's heading says which);
 - ``kernels``: the same training step in fp32 at target lengths 32, 128 and 512 (1,024 target tokens
   per batch), ours with the fused kernel (SDPA, is_causal and key-padding masks: Flash-eligible on a
   GPU), ours with the plain kernel, and nn.Transformer;
@@ -35,8 +37,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from transformer_nmt.attention import blocked_attention, scaled_dot_product_attention
+from transformer_nmt.attention import auto_kernel, blocked_attention, scaled_dot_product_attention
 from transformer_nmt.model import Transformer, TransformerConfig
+from transformer_nmt.precision import REPORTED_CPU_FLAGS, cpu_flags, cpu_native_bf16
 
 DIMS = dict(vocab_size=8000, d_model=256, n_heads=4, n_encoder_layers=3, n_decoder_layers=3, d_ff=1024,
             dropout=0.1, max_positions=256)
@@ -102,6 +105,8 @@ def throughput_table(steps, batch, length):
         torch.manual_seed(0)
         models = {f"ours ({kernel})": Transformer(TransformerConfig(**DIMS, attention=kernel))
                   for kernel in ("plain", "fused")}
+        auto = auto_kernel("cpu", torch.bfloat16 if precision == "bf16" else torch.float32)[0]
+        models[f"ours (auto = {auto})"] = Transformer(TransformerConfig(**DIMS, attention="auto"))
         models["nn.Transformer"] = TorchTransformerMT(models["ours (plain)"])
         optimizers = {name: torch.optim.Adam(m.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
                       for name, m in models.items()}
@@ -308,7 +313,10 @@ def main():
     if args.memory_probe:
         memory_probe(args.memory_probe, args.length, args.heads, 64)
         return
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s)")
+    native, evidence = cpu_native_bf16()
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s); CPU flags: "
+          f"{' '.join(f for f in REPORTED_CPU_FLAGS if f in cpu_flags())}; bf16 "
+          f"{'native (' + evidence + ')' if native else 'emulated: the bf16 rows measure emulation'}")
     tables = {
         "throughput": lambda: throughput_table(steps=3 if args.quick else 10, batch=128, length=20),
         "kernels": lambda: kernel_table(steps=2 if args.quick else 5, tokens=1024, lengths=(32, 128, 512)),

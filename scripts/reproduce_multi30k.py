@@ -32,10 +32,9 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from transformer_nmt.precision import NATIVE_BF16_CPU_FLAGS, cpu_flags
+from transformer_nmt.precision import REPORTED_CPU_FLAGS, cpu_flags
 
 ROOT = Path(__file__).resolve().parent.parent
-REPORTED_FLAGS = ("avx2", *NATIVE_BF16_CPU_FLAGS)  # as lscpu | grep -o 'avx512_bf16\|amx_bf16\|avx2'
 
 
 def run_step(name: str, args: list[str], timings: dict) -> None:
@@ -122,7 +121,7 @@ def main(argv: list[str]) -> dict:
     }
     curve = validation_curve(run_dir)
     report = {
-        "run_dir": str(run_dir), "overrides": overrides, "cpu_flags": [f for f in REPORTED_FLAGS if f in cpu_flags()],
+        "run_dir": str(run_dir), "overrides": overrides, "cpu_flags": [f for f in REPORTED_CPU_FLAGS if f in cpu_flags()],
         "train_minutes": timings.get("train"), "total_minutes": round(sum(timings.values()), 2), "timings": timings,
         "val_bleu_chosen_on": {stem: s["bleu"] for stem, s in val.items()}, "chosen": chosen.name,
         "scores": {f"{split}_beam{width}": {k: s[k] for k in ("bleu", "bleu_lowercase", "chrf", "length_ratio", "bp")}

@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import transformer_nmt.attention as attention_module
 from transformer_nmt.attention import (
     MultiHeadAttention,
     blocked_attention,
@@ -331,8 +332,27 @@ def test_choose_kernel():
         assert choose_kernel(kernel, "cuda", need_weights=True) == "plain"
     for kernel in ("plain", "blocked", "fused"):  # an explicit choice is kept
         assert choose_kernel(kernel, "cuda", need_weights=False) == kernel
-    assert choose_kernel("auto", "cuda", need_weights=False) == "fused"
-    assert choose_kernel("auto", "cpu", need_weights=False) == "fused"  # measured faster (README, Benchmark)
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):  # on CUDA only fused can reach Flash
+        assert choose_kernel("auto", "cuda", need_weights=False, dtype=dtype) == "fused"
+    # on CPU, what scripts/benchmark_model.py measured faster: fused in fp32, plain under bf16 autocast
+    assert choose_kernel("auto", "cpu", need_weights=False, dtype=torch.float32) == "fused"
+    assert choose_kernel("auto", "cpu", need_weights=False, dtype=torch.bfloat16) == "plain"
+    assert choose_kernel("auto", "cpu", need_weights=False, dtype=torch.float16) == "plain"
+
+
+@pytest.mark.parametrize("precision, expected", [("fp32", "fused"), ("bf16", "plain")])
+def test_auto_runs_the_kernel_of_the_calls_dtype(monkeypatch, precision, expected):
+    """The dtype auto decides by is the one the projections give: bf16 under CPU autocast."""
+    ran = []
+    for name, kernel in (("fused_attention", "fused"), ("scaled_dot_product_attention", "plain")):
+        real = getattr(attention_module, name)
+        monkeypatch.setattr(attention_module, name, lambda *a, _real=real, _kernel=kernel, **k: (
+            ran.append(_kernel), _real(*a, **k))[1])
+    mha = MultiHeadAttention(16, 4)
+    x = torch.randn(2, 5, 16)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+        out, weights = mha(x, x, x)
+    assert ran == [expected] and weights is None and out.shape == (2, 5, 16)
 
 
 def test_is_causal_with_fewer_queries_than_keys_is_refused():

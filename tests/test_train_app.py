@@ -149,6 +149,9 @@ def test_auto_precision_trains_in_what_the_cpu_answers(tmp_path, cpu_bf16, caplo
     assert trainer.global_step == 1 and trainer.precision == expected
     assert f"precision {expected} (auto: the CPU has {'native' if cpu_bf16 == 'native' else 'no native'} bf16 " \
            f"({CPU_BF16_ENV}={cpu_bf16})" in caplog.text
+    kernel = {"native": "plain (auto: plain on CPU in bfloat16", "emulated": "fused (auto: fused (torch's SDPA) on cpu "
+                                                                              "in float32"}[cpu_bf16]
+    assert f"attention   {kernel}" in caplog.text  # model.attention=auto follows the precision
 
 
 def test_missing_data_file_is_named(tmp_path):

@@ -13,7 +13,8 @@ Three interchangeable kernels compute softmax(Q K^T / sqrt(d_k)) V:
   reaches it as a (B, 1, 1, Lk) key mask, never a materialised (B, 1, Lq, Lk) one.
 
 ``auto`` (the default) picks per call (``choose_kernel``): ``plain`` when weights are asked for
-(attention maps, analysis), ``fused`` everywhere else, the kernel measured faster on CPU too.
+(attention maps, analysis), else by device and dtype (``auto_kernel``): ``fused`` on CUDA and on CPU in
+fp32, ``plain`` on CPU in bf16, each the kernel measured faster there.
 
 Masks are boolean, True = "this query may attend to this key", broadcastable to
 ``(..., Lq, Lk)``; ``is_causal=True`` adds "query i sees keys <= i" (as many queries as keys).
@@ -43,19 +44,34 @@ def check_attention(d_model: int, n_heads: int, kernel: str | None = None, prefi
         raise error(f"{prefix}attention must be one of {ATTENTION_KERNELS}, got {kernel!r}")
 
 
-def choose_kernel(kernel: str, device_type: str, need_weights: bool) -> str:
-    """The kernel one call runs. Weights exist only in ``plain``; otherwise an explicit choice is kept.
+LOW_PRECISION = (torch.bfloat16, torch.float16)
 
-    ``auto`` is ``fused`` wherever no weights are asked for, on every device: on CUDA it is the only
-    kernel that can reach Flash; on CPU, fp32, scripts/benchmark_model.py measured it faster than
-    ``plain`` in training steps at target lengths 32, 128 and 512 (1.10x, 1.11x, 1.35x) and in cached
-    decoding steps at 8, 32 and 128 cached tokens (1.18x, 1.15x, 1.07x): README, "Benchmark".
+
+def auto_kernel(device_type: str, dtype: torch.dtype) -> tuple[str, str]:
+    """(the kernel ``auto`` runs where no weights are asked for, why), by device and the dtype the
+    projections give (bf16 under bf16 autocast). scripts/benchmark_model.py measures each choice on CPU:
+
+    - CUDA: ``fused``, the only kernel that can reach Flash.
+    - CPU, fp32: ``fused``, faster than ``plain`` in training steps at target lengths 32, 128 and 512
+      (1.10x, 1.11x, 1.35x on AVX2) and in cached decoding steps.
+    - CPU, bf16 or fp16: ``plain``. Torch's CPU SDPA under bf16 autocast is the slowest kernel there: the
+      small model's training step ran at 0.92x nn.Transformer's speed with ``fused`` and 1.25x with
+      ``plain`` (avx512_bf16, one thread), and the Multi30k recipe at 2,088 target tokens/s against 3,024
+      (avx512_bf16 + amx_bf16, two threads).
     """
+    if device_type == "cpu" and dtype in LOW_PRECISION:
+        return "plain", f"auto: plain on CPU in {str(dtype).removeprefix('torch.')} (torch's SDPA is slower there)"
+    return "fused", f"auto: fused (torch's SDPA) on {device_type} in {str(dtype).removeprefix('torch.')}"
+
+
+def choose_kernel(kernel: str, device_type: str, need_weights: bool, dtype: torch.dtype = torch.float32) -> str:
+    """The kernel one call runs. Weights exist only in ``plain``; otherwise an explicit choice is kept, and
+    ``auto`` follows ``auto_kernel`` for the device and the dtype of the call's queries."""
     if need_weights:
         return "plain"
     if kernel != "auto":
         return kernel
-    return "fused"
+    return auto_kernel(device_type, dtype)[0]
 
 
 def causal_mask(length: int, device=None) -> Tensor:
@@ -342,7 +358,7 @@ class MultiHeadAttention(nn.Module):
                 cache.k, cache.v = k, v
 
         dropout_p = self.dropout if self.training else 0.0
-        kernel = choose_kernel(self.kernel, q.device.type, need_weights)
+        kernel = choose_kernel(self.kernel, q.device.type, need_weights, q.dtype)
         if kernel == "plain":
             out, weights = scaled_dot_product_attention(q, k, v, mask, dropout_p, is_causal)  # (B, h, Lq, d_k)
         elif kernel == "blocked":

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 NATIVE_BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
+REPORTED_CPU_FLAGS = ("avx2", *NATIVE_BF16_CPU_FLAGS)  # as lscpu | grep -o 'avx512_bf16\|amx_bf16\|avx2'
 CPU_BF16_ENV = "TRANSFORMER_NMT_CPU_BF16"
 CPU_BF16_ANSWERS = ("native", "emulated")
 
@@ -44,6 +45,11 @@ def cpu_native_bf16() -> tuple[bool, str]:
         return answer == "native", f"{CPU_BF16_ENV}={answer}"
     found = sorted(set(NATIVE_BF16_CPU_FLAGS) & cpu_flags())
     return bool(found), ", ".join(found)
+
+
+def compute_dtype(precision: str) -> torch.dtype:
+    """The dtype a Lightning precision runs the matrix products in: bf16 or fp16 under mixed precision."""
+    return {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(str(precision), torch.float32)
 
 
 def uses_cuda(accelerator: str) -> bool:

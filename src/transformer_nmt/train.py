@@ -27,13 +27,13 @@ from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
-from transformer_nmt.attention import check_attention
+from transformer_nmt.attention import auto_kernel, check_attention
 from transformer_nmt.callbacks import AttentionMaps, LastCheckpoint, TokenProgressBar
 from transformer_nmt.checkpoint import AtomicCheckpointIO
 from transformer_nmt.fingerprint import RecordFingerprint, check_finished_run, check_resume, run_fingerprint
 from transformer_nmt.launch import resume_checkpoint  # also registers hydra.run.dir's ${run_name:} resolver
 from transformer_nmt.model import TransformerConfig
-from transformer_nmt.precision import resolve_precision
+from transformer_nmt.precision import compute_dtype, resolve_precision
 from transformer_nmt.training import TRAIN_DEFAULTS, TranslationModule
 
 log = logging.getLogger(__name__)
@@ -135,6 +135,14 @@ def build_trainer(cfg: DictConfig, run_dir: Path, callbacks: list[pl.Callback]) 
                       default_root_dir=str(run_dir), use_distributed_sampler=False)
 
 
+def attention_kernel(kernel: str, trainer: pl.Trainer) -> str:
+    """model.attention as the training step runs it: ``auto`` resolved for the device and the precision."""
+    if kernel != "auto":
+        return f"{kernel} (set in model.attention; plain wherever attention maps are drawn)"
+    chosen, why = auto_kernel(trainer.strategy.root_device.type, compute_dtype(trainer.precision))
+    return f"{chosen} ({why}; plain wherever attention maps are drawn)"
+
+
 def summary(cfg: DictConfig, datamodule, module: TranslationModule, trainer: pl.Trainer, resume: str) -> str:
     """Parameters, corpus sizes, tokens per optimizer step, devices, precision, run dir, what it resumes."""
     sizes = ", ".join(f"{name} {split.report.kept:,}" for name, split in datamodule.splits.items())
@@ -148,6 +156,7 @@ def summary(cfg: DictConfig, datamodule, module: TranslationModule, trainer: pl.
         f"{datamodule.max_tokens} x accumulate {trainer.accumulate_grad_batches} x {trainer.world_size} ranks)",
         f"devices     {trainer.num_nodes} node(s) x {trainer.num_devices} {type(trainer.accelerator).__name__}, "
         f"strategy {type(trainer.strategy).__name__}, precision {trainer.precision} ({trainer_precision(cfg)[1]})",
+        f"attention   {attention_kernel(c.attention, trainer)}",
         f"schedule    warmup {cfg.train.warmup_steps} steps, lr_factor {cfg.train.lr_factor}, "
         f"max_steps {trainer.max_steps}, max_epochs {trainer.max_epochs}",
         f"run dir     {trainer.default_root_dir}",
