@@ -10,12 +10,13 @@ import sys
 import textwrap
 
 import pytest
+from omegaconf import OmegaConf
 
 from test_resume import SCONTROL
 from test_train_app import one_thread, tiny_config, write_tiny_corpus  # noqa: F401 (fixture)
 from transformer_nmt.checkpoint import read_checkpoint
 from transformer_nmt.fingerprint import CKPT_FINGERPRINT, ResumeError, run_fingerprint
-from transformer_nmt.train import train
+from transformer_nmt.train import finished_already, train
 
 
 @pytest.fixture(scope="module")
@@ -57,6 +58,17 @@ def test_a_mid_epoch_resume_with_another_token_budget_is_refused_even_when_force
     with pytest.raises(ValueError, match="stopped in epoch 0 after 3 batches, planned with data.max_tokens=512 .* "
                                          "Resume with data.max_tokens=512"):
         run(corpus, tmp_path, 4, "data.max_tokens=600", "force_resume=true")
+
+
+def test_a_sweep_run_again_skips_a_finished_run_only_if_it_ran_with_these_settings(corpus, tmp_path):
+    cfg = tiny_config(corpus)
+    assert not finished_already(cfg, tmp_path)  # no results.json: run (or resume) it
+    (tmp_path / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    (tmp_path / "results.json").write_text("{}")
+    assert finished_already(tiny_config(corpus, "trainer.devices=1", "trainer.max_time=00:02:00:00"), tmp_path)
+    with pytest.raises(ResumeError, match=r"the sweep's run in .* finished, but it ran with other settings than this "
+                                          r"command's:\n  model.n_heads: 2 there, 4 now\n.*sweep_id=NAME"):
+        finished_already(tiny_config(corpus, "model.n_heads=4"), tmp_path)
 
 
 # --- the requeue signal under DDP -------------------------------------------------------------
