@@ -106,6 +106,7 @@ AGREEMENT = textwrap.dedent("""
             stopped = trainer.global_step
             break
     requeue.teardown(trainer, None, "fit")
+    dist.destroy_process_group()  # as Lightning's teardown does
     print(json.dumps({"stopped": stopped, "saved": saved}))
 """)
 

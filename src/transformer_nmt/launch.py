@@ -189,11 +189,14 @@ class SlurmRequeue(Checkpoint):
             self.armed = True
 
     def teardown(self, trainer, pl_module, stage) -> None:
-        self._agreement = LaggedAgreement()  # the last step's, finished by now on every rank; not waited for
+        self._agreement = LaggedAgreement()  # after an exception, not waited for: another rank may be gone
         for s, previous in self._previous.items():
             if signal.getsignal(s) == self._note:
                 signal.signal(s, previous)  # not SIG_DFL: that would kill the process on a late signal
         self._previous, self.armed = {}, False
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self._agreement.result()  # the last step's, started on every rank: none is left running at the teardown
 
     def _note(self, signum, frame) -> None:
         self.received = True
