@@ -3,7 +3,8 @@
 Builds the datamodule, the LightningModule, callbacks, TensorBoard logger and Trainer from ``conf/``
 (see conf/train.yaml), checks the config before anything expensive, prints a start-up summary, then
 ``fit`` and ``test``, and writes a summary of the run to ``results.json``. Everything the run writes goes
-under Hydra's run directory.
+under Hydra's run directory. A sweep run again with the same ``sweep_id`` skips the runs that wrote
+``results.json`` (``finished_already``) and resumes the others.
 """
 
 from __future__ import annotations
