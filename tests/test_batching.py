@@ -96,6 +96,29 @@ def test_resume_mid_epoch_skips_consumed_batches():
     assert len(list(resumed)) == len(full)  # the next epoch is whole again
 
 
+@pytest.mark.parametrize("changed", [{"max_tokens": 1200}, {"pad_to_multiple": 8}], ids=["max_tokens", "pad"])
+def test_resume_mid_epoch_with_another_token_budget_or_pad_multiple_is_refused(changed):
+    """The rest of the epoch is the checkpoint's plan: re-derived from other settings, the batches already taken
+    no longer match it, and pairs would be seen twice or never, silently."""
+    src, tgt = random_lengths()
+    sampler = TokenBucketBatchSampler(src, tgt, 1500, seed=11)
+    it = iter(sampler)
+    taken = [next(it) for _ in range(5)]
+    state = sampler.state_dict()
+    options = {"max_tokens": 1500, "seed": 11, **changed}
+    resumed = TokenBucketBatchSampler(src, tgt, options.pop("max_tokens"), **options)
+    with pytest.raises(ValueError, match=r"stopped in epoch 0 after 5 batches, planned with data.max_tokens=1500 and "
+                                         r"batch widths a multiple of 1; .* some pairs twice and others never. "
+                                         r"Resume with data.max_tokens=1500 and data.pad_to_multiple=1"):
+        resumed.load_state_dict(state)
+    # what the silent re-derivation would have done: some pairs of the epoch twice, some never
+    rest = TokenBucketBatchSampler(src, tgt, **{"max_tokens": 1500, "seed": 11, **changed}).epoch_batches(0, [(1, 5)])
+    seen = np.concatenate([np.concatenate(taken), *rest])
+    assert len(np.unique(seen)) != len(seen) or len(seen) != len(src)
+    list(it)  # at the epoch boundary the settings may change
+    TokenBucketBatchSampler(src, tgt, 1200, seed=11).load_state_dict(sampler.state_dict())
+
+
 def test_pair_longer_than_max_tokens_is_an_error():
     with pytest.raises(ValueError, match="data.max_tokens=50 is smaller than the longest pair"):
         TokenBucketBatchSampler([10, 60], [10, 10], max_tokens=50)
@@ -237,7 +260,7 @@ def test_same_world_size_resume_keeps_one_count():
     resumed.load_state_dict(state)
     next(iter(resumed))
     assert resumed.state_dict() == {"epoch": 0, "batches_yielded": 4, "num_replicas": 2, "dealt_before": [],
-                                    "seed": 1}
+                                    "seed": 1, "max_tokens": 1500, "pad_to_multiple": 1}
     assert len(resumed) == len(samplers[0])  # the epoch's length as Lightning counts it, resumed or not
 
 

@@ -3,6 +3,7 @@
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,7 +18,7 @@ from transformer_nmt.model import Transformer, TransformerConfig
 from transformer_nmt.translate import encode_sources, token_batches, translate_lines
 from transformer_nmt.translate import main as translate_main
 
-from tiny_checkpoint import multi30k_lines, tiny_tokenizer, trained_checkpoint
+from tiny_checkpoint import multi30k_lines, tiny_tokenizer, trained_checkpoint, write_checkpoint
 
 ctranslate2 = pytest.importorskip("ctranslate2")
 from transformer_nmt.ctranslate2_engine import CTranslate2Model  # noqa: E402
@@ -203,3 +204,40 @@ def test_errors_name_the_option(tmp_path, trained, exported, monkeypatch):
     monkeypatch.setitem(sys.modules, "ctranslate2", None)  # as if not installed
     with pytest.raises(SystemExit, match=r'pip install -e "\.\[serve\]"'):
         translate_main([f"ckpt={path}", "engine=ctranslate2"])
+
+
+RACER = """
+import os, sys, time
+from pathlib import Path
+from transformer_nmt.ctranslate2_engine import CTranslate2Model
+from transformer_nmt.export import cached_export
+barrier, replace = Path(sys.argv[2]), os.replace
+def replace_together(src, dst):  # both processes publish their export at the same moment: the worst interleaving
+    if Path(dst).parent.name == "ctranslate2":
+        (barrier / str(os.getpid())).touch()
+        deadline = time.monotonic() + 60
+        while len(list(barrier.iterdir())) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    return replace(src, dst)
+os.replace = replace_together
+model_dir = cached_export(sys.argv[1])
+CTranslate2Model(model_dir, threads=1)
+print(model_dir)
+"""
+
+
+def test_two_concurrent_first_uses_of_the_export_cache_both_succeed(tmp_path):
+    """Two translate processes on one new checkpoint both export it; neither may fail nor remove the other's."""
+    ckpt = tmp_path / "model.ckpt"
+    write_checkpoint(ckpt, tiny_tokenizer(vocab_size=100))
+    (tmp_path / "barrier").mkdir()
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
+    racers = [subprocess.Popen([sys.executable, "-c", RACER, str(ckpt), str(tmp_path / "barrier")], env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    results = [(racer.communicate(timeout=180), racer.returncode) for racer in racers]
+    assert len(list((tmp_path / "barrier").iterdir())) == 2, "the two exports did not meet"
+    for (out, err), code in results:
+        assert code == 0, err[-2000:]
+    assert results[0][0][0] == results[1][0][0]  # one cache entry, complete, and nothing left beside it
+    assert [p.name for p in (tmp_path / "cache" / "transformer_nmt" / "ctranslate2").iterdir()] == \
+        [Path(results[0][0][0].strip()).name]

@@ -1,6 +1,8 @@
 """The run directory comes from the job's identity, so every rank and every requeue of a job agree on it, and
 ``ckpt_path=auto`` resumes from that directory's newest checkpoint."""
 
+import uuid
+
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
@@ -43,6 +45,20 @@ def test_every_rank_of_a_job_resolves_the_same_run_dir(monkeypatch):
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "wmt")
     assert hydra_run_dir() == "outputs/x/torchrun-wmt"
     assert hydra_run_dir("run_id=base-1") == "outputs/x/base-1"
+
+
+def test_torchrun_standalone_run_again_finds_its_run_dir(monkeypatch):
+    """torchrun --standalone draws a new random TORCHELASTIC_RUN_ID at every launch: the run dir must not follow
+    it, or a relaunch starts fresh in a new directory instead of resuming. The same command finds the same dir,
+    another command another dir."""
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    dirs = []
+    for launch in range(2):
+        monkeypatch.setenv("TORCHELASTIC_RUN_ID", str(uuid.uuid4()))
+        dirs.append(hydra_run_dir("trainer=ddp", "train.lr_factor=2"))
+    assert dirs[0] == dirs[1] and dirs[0].startswith("outputs/x/torchrun-standalone-")
+    assert hydra_run_dir("trainer=ddp", "train.lr_factor=3") != dirs[0]
+    assert hydra_run_dir("trainer=ddp", "run_id=mine") == "outputs/x/mine"
 
 
 def test_several_processes_without_a_job_identity_are_told_what_to_pass(monkeypatch):

@@ -36,7 +36,7 @@ def test_auto_on_cpu_follows_native_bf16(monkeypatch, flags, expected):
     assert why.startswith("auto: the CPU has") and ("no native bf16" in why) == (expected == "32-true")
 
 
-@pytest.mark.parametrize("bf16, expected", [(True, "bf16-mixed"), (False, "32-true")])
+@pytest.mark.parametrize("bf16, expected", [(True, "bf16-mixed"), (False, "16-mixed")])
 @pytest.mark.parametrize("accelerator", ["gpu", "cuda", "auto"])
 def test_auto_on_cuda_follows_the_devices_bf16_support(monkeypatch, cuda, bf16, expected, accelerator):
     cuda(bf16)
@@ -79,3 +79,19 @@ def test_an_unknown_answer_names_the_variable_and_its_values(monkeypatch):
     monkeypatch.setenv(CPU_BF16_ENV, "yes")
     with pytest.raises(ValueError, match=f"{CPU_BF16_ENV}='yes': use one of \\('native', 'emulated'\\)"):
         resolve_precision("auto", "cpu")
+
+
+@pytest.mark.parametrize("major, expected", [(7, "16-mixed"), (8, "bf16-mixed"), (9, "bf16-mixed")])
+def test_auto_on_a_pre_ampere_gpu_does_not_train_in_emulated_bf16(monkeypatch, major, expected):
+    """torch.cuda.is_bf16_supported() itself runs: on a V100 (compute capability 7.0) it answers True by default,
+    because bf16 tensors can be created there (emulated); auto must ask for native support."""
+    monkeypatch.setattr(torch.version, "hip", None)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: type("Props", (), {"major": major})())
+    monkeypatch.setattr(torch.cuda, "_check_bf16_tensor_supported", lambda device: True)  # emulation works
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Tesla V100" if major == 7 else "A100")
+    assert torch.cuda.is_bf16_supported()  # the default counts emulation: what auto must not rely on
+    chosen, why = resolve_precision("auto", "gpu")
+    assert chosen == expected
+    assert ("no native bf16" in why) == (major == 7)

@@ -129,6 +129,7 @@ class TokenBucketBatchSampler:
                 f"with bos/eos): raise data.max_tokens or lower data.max_positions"
             )
         self.max_tokens, self.shuffle, self.seed = max_tokens, shuffle, seed
+        self.pad_to_multiple = pad_to_multiple
         self.num_replicas, self.rank = num_replicas, rank
         self.epoch = 0
         self.dealt_before: list[tuple[int, int]] = []  # earlier runs of this epoch: (ranks, batches per rank)
@@ -199,7 +200,8 @@ class TokenBucketBatchSampler:
         if earlier and earlier[-1][0] == self.num_replicas:  # same world size: one count
             taken += earlier.pop()[1]
         return {"epoch": epoch, "batches_yielded": taken, "num_replicas": self.num_replicas,
-                "dealt_before": earlier, "seed": self.seed}
+                "dealt_before": earlier, "seed": self.seed, "max_tokens": self.max_tokens,
+                "pad_to_multiple": self.pad_to_multiple}
 
     def state_dict(self) -> dict:
         return self.position(self.epoch, self.dealt_before, self._yielded)
@@ -210,7 +212,23 @@ class TokenBucketBatchSampler:
         dealt = [(int(r), int(k)) for r, k in state.get("dealt_before", [])]
         if int(state["batches_yielded"]):  # checkpoints without num_replicas were written by as many ranks
             dealt.append((int(state.get("num_replicas", self.num_replicas)), int(state["batches_yielded"])))
+        if dealt:
+            self._check_same_plan(state, int(state["epoch"]), sum(k for _, k in dealt))
         self.epoch, self.dealt_before = int(state["epoch"]), dealt
+
+    def _check_same_plan(self, state: dict, epoch: int, taken: int) -> None:
+        """Mid-epoch, the batches not yet taken are those of the checkpoint's plan: planned from other token
+        budgets or widths, the rest of the epoch would repeat some pairs and never show others."""
+        saved = {key: state.get(key, getattr(self, key)) for key in ("max_tokens", "pad_to_multiple")}
+        if saved == {"max_tokens": self.max_tokens, "pad_to_multiple": self.pad_to_multiple}:
+            return
+        raise ValueError(
+            f"the checkpoint stopped in epoch {epoch} after {taken} batches, planned with data.max_tokens="
+            f"{saved['max_tokens']} and batch widths a multiple of {saved['pad_to_multiple']}; this run plans "
+            f"with data.max_tokens={self.max_tokens} and a multiple of {self.pad_to_multiple}: the rest of the "
+            f"epoch would show some pairs twice and others never. Resume with data.max_tokens={saved['max_tokens']} "
+            f"and data.pad_to_multiple={saved['pad_to_multiple']} (train.compile=true pads to a multiple of 8), "
+            f"and change them at an epoch boundary (a checkpoint written at the end of an epoch)")
 
     def __getstate__(self) -> dict:  # the background plan does not travel
         return {**self.__dict__, "_ahead": None, "_executor": None}

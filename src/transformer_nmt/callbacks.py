@@ -111,7 +111,6 @@ class AttentionMaps(Callback):
         self.inches, self.dpi = inches, dpi
         self.validations = 0
         self._render: threading.Thread | None = None
-        self._render_error: BaseException | None = None
 
     def state_dict(self) -> dict:
         return {"validations": self.validations}
@@ -135,6 +134,10 @@ class AttentionMaps(Callback):
         pl_module.eval()
         try:
             maps = self.attention_weights(pl_module.model, pl_module.tokenizer, self._probe_pairs(trainer))
+        except Exception:  # only this rank draws: raising would stop it alone, and hang the others
+            log.exception("attention maps at step %d: the probes failed; training goes on without these maps",
+                          trainer.global_step)
+            return
         finally:
             pl_module.train(was_training)
         seconds, step = time.perf_counter() - start, trainer.global_step
@@ -152,17 +155,14 @@ class AttentionMaps(Callback):
             writer.flush()
             log.info("attention maps at step %d: %.2f s on the training path, %.2f s rendering %d images in the "
                      "background", step, seconds, render_seconds, images)
-        except BaseException as error:  # raised on the training thread by wait()
-            self._render_error = error
+        except Exception:  # logged, never raised: a drawing must not stop training, nor the test after fit
+            log.exception("attention maps at step %d could not be drawn; training goes on without them", step)
 
     def wait(self) -> None:
-        """Block until the maps being rendered are written; raise what the rendering raised."""
+        """Block until the maps being rendered are written (or their failure logged)."""
         if self._render is not None:
             self._render.join()
             self._render = None
-        if self._render_error is not None:
-            error, self._render_error = self._render_error, None
-            raise RuntimeError("AttentionMaps: rendering the attention maps failed") from error
 
     def teardown(self, trainer, pl_module, stage: str) -> None:
         self.wait()  # before the logger closes its writer

@@ -152,15 +152,17 @@ def transformer_spec(model: Transformer, tokenizer: Tokenizer):
 
 
 def export_model(model: Transformer, tokenizer: Tokenizer, output: str | os.PathLike, quantization: str = "none",
-                 meta: dict | None = None, force: bool = False) -> Path:
+                 meta: dict | None = None, force: bool = False, exist_ok: bool = False) -> Path:
     """Write ``model`` as a CTranslate2 model directory ``output``; returns its path.
 
     The directory is written under a temporary name and renamed into place, so ``output`` is either
-    absent or complete. ``meta`` (as from ``load_checkpoint``) records where the model came from."""
+    absent or complete. ``meta`` (as from ``load_checkpoint``) records where the model came from.
+    ``force``: replace an existing ``output``. ``exist_ok``: keep an ``output`` that another process completed
+    meanwhile (the cache, where the same key is the same export) and discard this one."""
     ctranslate2 = import_ctranslate2()
     weight_type = check_quantization(quantization)
     output = Path(output)
-    if output.exists() and not force:
+    if output.exists() and not (force or exist_ok):
         raise SystemExit(f"output={output} already exists; choose another directory or give force=true")
     spec = transformer_spec(model, tokenizer)
     spec.validate()
@@ -176,9 +178,13 @@ def export_model(model: Transformer, tokenizer: Tokenizer, output: str | os.Path
                 "checkpoint": meta.get("path"), "global_step": meta.get("global_step"),
                 "quantization": quantization or "none", "ctranslate2_version": ctranslate2.__version__}
         (tmp / EXPORT_INFO).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
-        if output.exists():
+        if force and output.exists():
             shutil.rmtree(output)
-        os.replace(tmp, output)
+        try:
+            os.replace(tmp, output)  # atomic; fails when output is a directory that is not empty
+        except OSError:
+            if not (exist_ok and (output / EXPORT_INFO).is_file()):
+                raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return output
@@ -188,7 +194,9 @@ def cached_export(ckpt: str | os.PathLike) -> Path:
     """The float32 CTranslate2 export of checkpoint ``ckpt``, written on first use to
     ``$XDG_CACHE_HOME/transformer_nmt/ctranslate2/`` (default ``~/.cache/...``) under a hash of its path, size and
     modification time (checkpoints are replaced atomically, never edited: a new file is a new key; hashing the
-    bytes would read gigabytes of optimizer state on every call)."""
+    bytes would read gigabytes of optimizer state on every call). Concurrent first uses (two ``translate``
+    processes) each write their own temporary export; the first rename wins and the others keep it: an entry,
+    once there, is never removed or replaced under a reader."""
     path = Path(ckpt)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {path} does not exist")
@@ -198,7 +206,7 @@ def cached_export(ckpt: str | os.PathLike) -> Path:
     output = cache / f"{digest.hexdigest()[:20]}-v{EXPORT_FORMAT}"
     if not (output / EXPORT_INFO).is_file():
         model, tokenizer, meta = load_checkpoint(path)
-        export_model(model, tokenizer, output, meta=meta, force=True)
+        export_model(model, tokenizer, output, meta=meta, exist_ok=True)
     return output
 
 

@@ -5,19 +5,25 @@ Every process of a job (torchrun or SLURM ranks, a requeued SLURM job) must agre
 so its name comes from the job's identity, not from each process's clock (``run_name``, the
 ``${run_name:...}`` resolver of ``hydra.run.dir``): an explicit ``run_id=``, else ``slurm-$SLURM_JOB_ID``,
 else ``torchrun-$TORCHELASTIC_RUN_ID`` (torchrun's ``--rdzv_id``), else, for a single process only, the
-launch time. ``ckpt_path=auto`` then resumes from the newest checkpoint in that directory, if any
+launch time. ``torchrun --standalone`` draws a new random id at every launch: there the name is
+``torchrun-standalone-`` and a hash of the command's overrides, so that the same command run again finds its
+run dir and resumes (another command, another dir). A sweep's directory is named by ``sweep_id=``, else
+the launch time (``sweep_name``). ``ckpt_path=auto`` then resumes from the newest checkpoint in that directory, if any
 (``resume_checkpoint``), which is what a restarted or requeued job needs (``SlurmRequeue``).
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import signal
 import subprocess
 import time
+import uuid
 from pathlib import Path
 
+import torch
 from lightning.pytorch.callbacks import Checkpoint
 from omegaconf import OmegaConf
 
@@ -34,20 +40,32 @@ class LaunchError(ValueError):
     """A launch that cannot work as configured; the message says what to pass."""
 
 
-def job_identity(run_id: str | None = None, environ=os.environ) -> str | None:
-    """The name every process and every requeue of one job share, or None outside a launcher."""
+def standalone(torchrun_id: str) -> bool:
+    """Whether a torchrun run id is the random UUID that ``torchrun --standalone`` draws at every launch."""
+    try:
+        return str(uuid.UUID(torchrun_id)) == torchrun_id
+    except ValueError:
+        return False
+
+
+def job_identity(run_id: str | None = None, environ=os.environ, overrides: str = "") -> str | None:
+    """The name every process and every requeue of one job share, or None outside a launcher.
+    ``overrides``: the command's (Hydra's ``override_dirname``), which name a ``torchrun --standalone`` run."""
     if run_id not in (None, ""):
         return str(run_id)
     if environ.get("SLURM_JOB_ID"):  # kept by scontrol requeue
         return f"slurm-{environ['SLURM_JOB_ID']}"
-    if environ.get("TORCHELASTIC_RUN_ID", "none") != "none":  # torchrun --rdzv_id (static rendezvous: "none")
-        return f"torchrun-{environ['TORCHELASTIC_RUN_ID']}"
+    torchrun = environ.get("TORCHELASTIC_RUN_ID", "none")  # torchrun --rdzv_id (static rendezvous: "none")
+    if torchrun != "none" and standalone(torchrun):
+        return f"torchrun-standalone-{hashlib.sha256(overrides.encode()).hexdigest()[:10]}"
+    if torchrun != "none":
+        return f"torchrun-{torchrun}"
     return None
 
 
-def run_name(run_id: str | None = None) -> str:
+def run_name(run_id: str | None = None, overrides: str = "") -> str:
     """The last component of ``hydra.run.dir``: the job identity, or the launch time for one process."""
-    name = job_identity(run_id)
+    name = job_identity(run_id, overrides=overrides)
     if name is not None:
         return name
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
@@ -59,7 +77,14 @@ def run_name(run_id: str | None = None) -> str:
     return time.strftime(TIME_FORMAT)
 
 
+def sweep_name(sweep_id: str | None = None) -> str:
+    """The last component of ``hydra.sweep.dir``: ``sweep_id``, or the launch time. The same command with the same
+    ``sweep_id`` runs the sweep again: runs that finished are skipped, the others resume (``finished_already``)."""
+    return str(sweep_id) if sweep_id not in (None, "") else time.strftime(TIME_FORMAT)
+
+
 OmegaConf.register_new_resolver("run_name", run_name, use_cache=True, replace=True)
+OmegaConf.register_new_resolver("sweep_name", sweep_name, use_cache=True, replace=True)
 
 
 def resume_checkpoint(ckpt_path: str | None, run_dir: Path) -> tuple[Path | None, str]:
@@ -88,33 +113,90 @@ def resume_checkpoint(ckpt_path: str | None, run_dir: Path) -> tuple[Path | None
     return path, f"from {path}, step {steps[path]} (ckpt_path={ckpt_path})"
 
 
+def slurm_job(environ=os.environ) -> str:
+    """The id ``scontrol requeue`` takes for this job: ``ARRAYID_TASKID`` for a task of a job array (a sweep
+    under hydra-submitit-launcher), else ``$SLURM_JOB_ID``."""
+    if environ.get("SLURM_ARRAY_JOB_ID") and environ.get("SLURM_ARRAY_TASK_ID"):
+        return f"{environ['SLURM_ARRAY_JOB_ID']}_{environ['SLURM_ARRAY_TASK_ID']}"
+    return environ["SLURM_JOB_ID"]
+
+
+class LaggedAgreement:
+    """Whether any rank raised its flag, agreed every step without waiting for the other ranks: each step
+    starts an asynchronous all-reduce (MAX) of this rank's flag and reads the one started a step earlier,
+    long finished by then. Every rank reads the same value at the same step. On CUDA the result is copied
+    to pinned host memory behind an event, so reading it waits for the previous step's kernels at most."""
+
+    def __init__(self):
+        self._pending = None  # (work, result on the host or the tensor, event or None)
+
+    def exchange(self, flag: bool, device: torch.device) -> bool:
+        """Start agreeing on ``flag``; return what the ranks agreed on at the previous call."""
+        previous = self.result()
+        value = torch.tensor([float(flag)], device=device)
+        work = torch.distributed.all_reduce(value, op=torch.distributed.ReduceOp.MAX, async_op=True)
+        event = None
+        if value.is_cuda:
+            work.wait()  # NCCL: orders the current stream after the all-reduce; the host does not wait
+            host = torch.empty(1, pin_memory=True)
+            host.copy_(value, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record()
+            value = host
+        self._pending = (work, value, event)
+        return previous
+
+    def result(self) -> bool:
+        """What the last started agreement gave (False if none), waiting for it if it is still running."""
+        if self._pending is None:
+            return False
+        work, value, event = self._pending
+        self._pending = None
+        if event is not None:
+            event.synchronize()
+        else:
+            work.wait()
+        return bool(value.item())
+
+
 class SlurmRequeue(Checkpoint):
-    """Under SLURM: on ``requeue_signal`` (``sbatch --signal=USR1@120`` sends it 120 s before the time limit),
-    finish the optimizer step in progress, write ``checkpoints/last.ckpt``, ``scontrol requeue $SLURM_JOB_ID``
-    and stop. The requeued job keeps its id, hence its run dir, and resumes from that checkpoint exactly.
+    """Under SLURM: on one of ``requeue_signals``, finish the optimizer step in progress, write
+    ``checkpoints/last.ckpt``, ``scontrol requeue`` the job and stop. The requeued job keeps its id (a sweep's
+    array task keeps its pickled config), hence its run dir, and resumes from that checkpoint exactly.
+    SIGUSR1 is what ``sbatch --signal=USR1@120`` sends; SIGUSR2 is what hydra-submitit-launcher's jobs get
+    (submitit's ``--signal=USR2@signal_delay_s``) before the time limit or on preemption.
 
     Lightning's own auto-requeue (``SLURMEnvironment(auto_requeue=True)``) writes its checkpoint from inside
-    the signal handler, wherever training is: the resumed run then differs from an uninterrupted one. Installed
-    at ``setup``, before Lightning's, this handler only takes note; Lightning then leaves the signal alone.
-    A ``Checkpoint`` callback, listed after the others: it runs after them, so the file holds their state.
+    the signal handler, wherever training is, and submitit's requeues without a Lightning checkpoint: the
+    resumed run would differ from an uninterrupted one. Installed at ``setup``, over submitit's and before
+    Lightning's, this handler only takes note; Lightning then leaves the signal alone, and submitit's is put
+    back at ``teardown``. Under DDP the signal may reach one rank only: the ranks agree every optimizer step,
+    one step late and without a host sync (``LaggedAgreement``). A ``Checkpoint`` callback, listed after the
+    others: it runs after them, so the file holds their state.
     """
 
-    def __init__(self, requeue_signal: str = "SIGUSR1"):
-        self.signal = signal.Signals[requeue_signal]
+    def __init__(self, requeue_signals: tuple[str, ...] | list[str] = ("SIGUSR1", "SIGUSR2")):
+        self.signals = [signal.Signals[name] for name in requeue_signals]
         self.received = False
         self.armed = False  # only under SLURM: elsewhere the callback does nothing, not even a check
         self._step = None
-        self._previous = None
+        self._previous: dict = {}
+        self._agreement = LaggedAgreement()
 
     def setup(self, trainer, pl_module, stage) -> None:
         if stage == "fit" and os.environ.get("SLURM_JOB_ID"):
-            self._previous = signal.signal(self.signal, self._note)
+            self._previous = {s: signal.signal(s, self._note) for s in self.signals}
             self.armed = True
 
     def teardown(self, trainer, pl_module, stage) -> None:
-        if self.armed and signal.getsignal(self.signal) == self._note:
-            signal.signal(self.signal, self._previous)  # not SIG_DFL: that would kill the process on a late signal
-        self.armed = False
+        self._agreement = LaggedAgreement()  # after an exception, not waited for: another rank may be gone
+        for s, previous in self._previous.items():
+            if signal.getsignal(s) == self._note:
+                signal.signal(s, previous)  # not SIG_DFL: that would kill the process on a late signal
+        self._previous, self.armed = {}, False
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self._agreement.result()  # the last step's, started on every rank: none is left running at the teardown
 
     def _note(self, signum, frame) -> None:
         self.received = True
@@ -125,18 +207,21 @@ class SlurmRequeue(Checkpoint):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if not self.armed or trainer.global_step == self._step:  # off SLURM, or inside gradient accumulation
             return
-        if trainer.world_size > 1 and trainer.global_step % trainer.log_every_n_steps:
-            return  # under DDP the ranks agree (one all-reduce, a host sync) only at the logging interval
-        if not trainer.strategy.reduce_boolean_decision(self.received, all=False):  # any rank got it
+        if trainer.world_size > 1:  # any rank got it, one step ago
+            stop = self._agreement.exchange(self.received, trainer.strategy.root_device)
+        else:
+            stop = self.received
+        if not stop:
             return
+        self._agreement.result()  # this step's agreement, started on every rank: finish it before stopping
         path = Path(trainer.default_root_dir) / LAST
         trainer.save_checkpoint(path)
-        job = os.environ["SLURM_JOB_ID"]
+        job = slurm_job()
         if trainer.is_global_zero:
             result = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True)
             if result.returncode:
                 log.error("scontrol requeue %s failed (%s): %s", job, result.returncode, result.stderr.strip())
             else:
-                log.info("%s at step %d: wrote %s and requeued SLURM job %s; it resumes from there",
-                         self.signal.name, trainer.global_step, path, job)
+                log.info("requeue signal at step %d: wrote %s and requeued SLURM job %s; it resumes from there",
+                         trainer.global_step, path, job)
         raise SystemExit(0)

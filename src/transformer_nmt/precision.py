@@ -62,9 +62,12 @@ def resolve_precision(precision: str, accelerator: str) -> tuple[str, str]:
     if precision != "auto":
         return precision, "set in trainer.precision"
     if uses_cuda(accelerator):
-        if torch.cuda.is_available() and torch.cuda.is_bf16_supported():
+        if torch.cuda.is_available() and torch.cuda.is_bf16_supported(including_emulation=False):
             return "bf16-mixed", f"auto: {torch.cuda.get_device_name()} supports bf16"
-        return "32-true", "auto: the CUDA device does not support bf16"
+        if torch.cuda.is_available():  # pre-Ampere (V100, T4): bf16 would be emulated; their tensor cores are fp16
+            return "16-mixed", (f"auto: {torch.cuda.get_device_name()} has no native bf16 (pre-Ampere); fp16 "
+                                f"autocast with a gradient scaler runs on its tensor cores")
+        return "32-true", "auto: no CUDA device is visible"
     native, evidence = cpu_native_bf16()
     if native:
         return "bf16-mixed", f"auto: the CPU has native bf16 ({evidence})"

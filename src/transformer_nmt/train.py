@@ -3,7 +3,8 @@
 Builds the datamodule, the LightningModule, callbacks, TensorBoard logger and Trainer from ``conf/``
 (see conf/train.yaml), checks the config before anything expensive, prints a start-up summary, then
 ``fit`` and ``test``, and writes a summary of the run to ``results.json``. Everything the run writes goes
-under Hydra's run directory.
+under Hydra's run directory. A sweep run again with the same ``sweep_id`` skips the runs that wrote
+``results.json`` (``finished_already``) and resumes the others.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import hydra
 import lightning.pytorch as pl
 from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.strategies import DDPStrategy
@@ -29,6 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 from transformer_nmt.attention import auto_kernel, check_attention
 from transformer_nmt.callbacks import AttentionMaps, LastCheckpoint, TokenProgressBar
 from transformer_nmt.checkpoint import AtomicCheckpointIO
+from transformer_nmt.fingerprint import RecordFingerprint, check_finished_run, check_resume, run_fingerprint
 from transformer_nmt.launch import resume_checkpoint  # also registers hydra.run.dir's ${run_name:} resolver
 from transformer_nmt.model import TransformerConfig
 from transformer_nmt.precision import compute_dtype, resolve_precision
@@ -102,7 +105,7 @@ def build_callbacks(cfg: DictConfig, checkpoint_dir: Path) -> list[pl.Callback]:
         auto_insert_metric_name=False, monitor="val/bleu" if bleu else "val/loss", mode="max" if bleu else "min",
         save_top_k=cfg.checkpoint.save_top_k, save_last=False)
     last = LastCheckpoint(checkpoint_dir, every_n_train_steps=cfg.checkpoint.every_n_train_steps)
-    callbacks = [best]
+    callbacks = [best, RecordFingerprint(run_fingerprint(cfg))]
     recent = cfg.checkpoint.recent
     if recent.keep:  # a rolling window of the newest K, for checkpoint averaging (paper section 6.1)
         minutes = recent.every_n_minutes
@@ -194,6 +197,7 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: Sequence[str] = ()) -
     run_dir = Path(run_dir)
     validate_config(cfg)
     ckpt_path, resume = resume_checkpoint(cfg.ckpt_path, run_dir)
+    check_resume(cfg, ckpt_path)  # the run dir's checkpoint must come from a run with this command's settings
     if rank_zero_only.rank == 0:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
@@ -226,7 +230,20 @@ def main(cfg: DictConfig) -> None:
         logging.getLogger(name).handlers.clear()
         logging.getLogger(name).propagate = True
     hydra_config = HydraConfig.get()
+    if hydra_config.mode == RunMode.MULTIRUN and finished_already(cfg, Path(hydra_config.runtime.output_dir)):
+        return
     train(cfg, hydra_config.runtime.output_dir, overrides=hydra_config.overrides.task)
+
+
+def finished_already(cfg: DictConfig, run_dir: Path) -> bool:
+    """A sweep run again (same command, same sweep_id) skips the runs that wrote results.json; the others resume.
+    A finished run with other settings than this command's is an error (fingerprint.check_finished_run)."""
+    if not (run_dir / RESULTS_FILE).is_file():
+        return False
+    check_finished_run(cfg, run_dir / "config.yaml")
+    log.info("%s exists: this run of the sweep finished already, skipped (delete the file to run it again)",
+             run_dir / RESULTS_FILE)
+    return True
 
 
 if __name__ == "__main__":

@@ -1,0 +1,113 @@
+"""What defines a run, so that ``ckpt_path=auto`` resumes only the run this command started.
+
+The fingerprint is the ``model``, ``data`` and ``train`` config groups and ``seed``, flattened to dotted keys
+(``model.dropout``, ``train.lr_factor``, ``data.max_tokens``): whatever keys the groups hold, so a new setting
+is covered without being listed here. Left out is what a resumed run may change without training something
+else: the ``trainer`` group (devices, nodes, precision, max_steps, max_time, logging), checkpointing, attention
+maps, names and directories, and ``MAY_CHANGE``: how many processes load the data, and how evaluation batches
+and how many sentences it decodes for BLEU.
+
+Every checkpoint carries the fingerprint of the run that wrote it (``RecordFingerprint``). Resuming the run
+dir's own checkpoint (``ckpt_path=auto`` or ``last``) with another fingerprint is refused (``check_resume``):
+inside one SLURM allocation, or after a relaunch with another learning rate, the directory holds another run,
+and continuing its weights and schedule under new settings trains neither run. ``force_resume=true`` resumes
+anyway; an explicit ``ckpt_path=FILE`` (fine-tuning from another run) is never checked.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from lightning.pytorch.callbacks import Callback
+from omegaconf import DictConfig, OmegaConf
+
+from transformer_nmt.checkpoint import read_checkpoint
+
+log = logging.getLogger(__name__)
+
+CKPT_FINGERPRINT = "run_fingerprint"  # the checkpoint key
+GROUPS = ("model", "data", "train")
+MAY_CHANGE = ("data.num_workers", "data.num_proc",  # how many processes load the data
+              "data.eval_max_tokens", "train.val_bleu_max_sentences", "train.test_bleu_max_sentences")  # evaluation
+
+
+class ResumeError(ValueError):
+    """A checkpoint that this command must not resume; the message names each differing key and the fix."""
+
+
+def _flatten(value: Any, prefix: str, out: dict) -> dict:
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _flatten(item, f"{prefix}.{key}", out)
+    else:
+        out[prefix] = value
+    return out
+
+
+def run_fingerprint(cfg: DictConfig) -> dict[str, Any]:
+    """{dotted key: resolved value} of what defines the run (see the module doc)."""
+    found: dict[str, Any] = {"seed": cfg.seed}
+    for group in GROUPS:
+        _flatten(OmegaConf.to_container(cfg[group], resolve=True), group, found)
+    return {key: value for key, value in sorted(found.items()) if key not in MAY_CHANGE}
+
+
+class RecordFingerprint(Callback):
+    """Writes the run's fingerprint into every checkpoint it saves (key ``run_fingerprint``)."""
+
+    def __init__(self, fingerprint: dict[str, Any]):
+        self.fingerprint = fingerprint
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
+        checkpoint[CKPT_FINGERPRINT] = self.fingerprint
+
+
+def _override(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def differences(saved: dict[str, Any], current: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """{key: (saved value, current value)} for each key whose value differs ("absent" where one lacks it)."""
+    absent = "absent"
+    return {key: (saved.get(key, absent), current.get(key, absent)) for key in sorted(saved.keys() | current.keys())
+            if saved.get(key, absent) != current.get(key, absent)}
+
+
+def check_resume(cfg: DictConfig, path: Path | None) -> None:
+    """Refuse to resume ``path``, the run dir's own checkpoint, when it was written by a run with another
+    fingerprint than ``cfg``'s; ``force_resume=true`` and explicit checkpoint paths are not checked."""
+    if path is None or cfg.ckpt_path not in ("auto", "last") or cfg.get("force_resume"):
+        return
+    checkpoint = read_checkpoint(path, mmap=True)
+    saved = checkpoint.get(CKPT_FINGERPRINT)
+    if saved is None:
+        log.warning("%s predates run fingerprints: its settings cannot be compared with this command's", path)
+        return
+    check_same_run(cfg, saved, f"ckpt_path={cfg.ckpt_path} found {path} (step {checkpoint.get('global_step')}), "
+                               f"written by a run", "Resuming it would continue that run's weights and schedule")
+
+
+def check_finished_run(cfg: DictConfig, config_file: Path) -> None:
+    """Refuse to skip a sweep's finished run (its ``config_file``, the resolved config it ran with) when it ran
+    with other settings than ``cfg``'s: its results are not this command's."""
+    saved = run_fingerprint(OmegaConf.load(config_file))
+    check_same_run(cfg, saved, f"the sweep's run in {config_file.parent} finished, but it ran",
+                   "Skipping it would report its results as this command's")
+
+
+def check_same_run(cfg: DictConfig, saved: dict[str, Any], found: str, consequence: str) -> None:
+    """Raise ``ResumeError`` when ``saved`` differs from ``cfg``'s fingerprint: one line per key, and the fixes."""
+    changed = differences(saved, run_fingerprint(cfg))
+    if not changed or cfg.get("force_resume"):
+        return
+    lines = "\n".join(f"  {key}: {_override(old)} there, {_override(new)} now" for key, (old, new) in changed.items())
+    as_it_was = " ".join(f"~{key}" if old == "absent" else f"{key}={_override(old)}"
+                         for key, (old, new) in changed.items())
+    raise ResumeError(
+        f"{found} with other settings than this command's:\n{lines}\n{consequence} under the new settings. To "
+        f"resume it as it was, pass {as_it_was}; to start a new run, give it its own directory (run_id=NAME or "
+        f"hydra.run.dir=DIR; in a sweep, sweep_id=NAME); to resume it with the new settings anyway, pass "
+        f"force_resume=true.")

@@ -1,0 +1,134 @@
+"""Resumes that refuse to train the wrong thing: ``ckpt_path=auto`` resumes only a checkpoint written with this
+command's model, data, train and seed settings (the run fingerprint), and says which keys differ and how to
+force it."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from omegaconf import OmegaConf
+
+from test_resume import SCONTROL
+from test_train_app import one_thread, tiny_config, write_tiny_corpus  # noqa: F401 (fixture)
+from transformer_nmt.checkpoint import read_checkpoint
+from transformer_nmt.fingerprint import CKPT_FINGERPRINT, ResumeError, run_fingerprint
+from transformer_nmt.train import finished_already, train
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    return write_tiny_corpus(tmp_path_factory.mktemp("corpus"))
+
+
+def run(corpus, run_dir, max_steps, *overrides):
+    return train(tiny_config(corpus, f"trainer.max_steps={max_steps}", "train.val_bleu_max_sentences=0",
+                             *overrides), run_dir)
+
+
+def test_auto_refuses_the_checkpoint_of_a_run_with_other_settings(corpus, tmp_path):
+    """One SLURM allocation, one run dir (slurm-$SLURM_JOB_ID): a second command with another lr and dropout
+    must not continue the first run's weights and schedule."""
+    run(corpus, tmp_path, 3, "checkpoint.every_n_train_steps=3")
+    last = tmp_path / "checkpoints" / "last.ckpt"
+    assert read_checkpoint(last)[CKPT_FINGERPRINT] == run_fingerprint(tiny_config(corpus, "train.lr_factor=1"))
+    with pytest.raises(ResumeError) as refused:
+        run(corpus, tmp_path, 4, "train.lr_factor=2.0", "model.dropout=0.3")
+    message = str(refused.value)
+    assert f"ckpt_path=auto found {last} (step 3), written by a run with other settings" in message
+    assert "  model.dropout: 0.1 there, 0.3 now\n  train.lr_factor: 1.0 there, 2.0 now\n" in message
+    assert "pass model.dropout=0.1 train.lr_factor=1.0" in message and "force_resume=true" in message
+    assert "run_id=NAME" in message
+    assert read_checkpoint(last)["global_step"] == 3  # nothing was trained
+
+    # What may change between launches does not count: devices, logging, time limits, loader processes.
+    resumed = run(corpus, tmp_path, 4, "trainer.log_every_n_steps=2", "trainer.max_time=00:01:00:00",
+                  "data.num_workers=0", "train.test_bleu_max_sentences=4", "checkpoint.every_n_train_steps=1")
+    assert resumed.global_step == 4
+    forced = run(corpus, tmp_path, 5, "train.lr_factor=2.0", "force_resume=true")
+    assert forced.global_step == 5 and forced.lightning_module.optim["lr_factor"] == 2.0
+    assert read_checkpoint(last)[CKPT_FINGERPRINT]["train.lr_factor"] == 2.0  # from now on, the run is this one
+
+
+def test_a_mid_epoch_resume_with_another_token_budget_is_refused_even_when_forced(corpus, tmp_path):
+    run(corpus, tmp_path, 3, "checkpoint.every_n_train_steps=3")
+    with pytest.raises(ValueError, match="stopped in epoch 0 after 3 batches, planned with data.max_tokens=512 .* "
+                                         "Resume with data.max_tokens=512"):
+        run(corpus, tmp_path, 4, "data.max_tokens=600", "force_resume=true")
+
+
+def test_a_sweep_run_again_skips_a_finished_run_only_if_it_ran_with_these_settings(corpus, tmp_path):
+    cfg = tiny_config(corpus)
+    assert not finished_already(cfg, tmp_path)  # no results.json: run (or resume) it
+    (tmp_path / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    (tmp_path / "results.json").write_text("{}")
+    assert finished_already(tiny_config(corpus, "trainer.devices=1", "trainer.max_time=00:02:00:00"), tmp_path)
+    with pytest.raises(ResumeError, match=r"the sweep's run in .* finished, but it ran with other settings than this "
+                                          r"command's:\n  model.n_heads: 2 there, 4 now\n.*sweep_id=NAME"):
+        finished_already(tiny_config(corpus, "model.n_heads=4"), tmp_path)
+
+
+# --- the requeue signal under DDP -------------------------------------------------------------
+
+AGREEMENT = textwrap.dedent("""
+    import json, os, signal, sys
+    from types import SimpleNamespace
+    import torch, torch.distributed as dist
+    from transformer_nmt.launch import SlurmRequeue
+
+    rank, port, out = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+    dist.init_process_group("gloo", rank=rank, world_size=2, init_method=f"tcp://127.0.0.1:{port}")
+    saved = []
+
+    def reduce_boolean_decision(decision, all=True):
+        flag = torch.tensor([float(decision)])
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
+
+    trainer = SimpleNamespace(global_step=0, world_size=2, log_every_n_steps=100, is_global_zero=rank == 0,
+                              default_root_dir=out, save_checkpoint=lambda path: saved.append(trainer.global_step),
+                              strategy=SimpleNamespace(root_device=torch.device("cpu"),
+                                                       reduce_boolean_decision=reduce_boolean_decision))
+    requeue = SlurmRequeue()
+    requeue.setup(trainer, None, "fit")
+    stopped = None
+    for batch_idx in range(12):
+        requeue.on_train_batch_start(trainer, None, None, batch_idx)
+        trainer.global_step += 1  # the optimizer step
+        if rank == 1 and trainer.global_step == 4:  # SLURM's warning reaches one rank, mid-interval
+            os.kill(os.getpid(), getattr(signal, sys.argv[4]))
+        try:
+            requeue.on_train_batch_end(trainer, None, None, None, batch_idx)
+        except SystemExit:
+            stopped = trainer.global_step
+            break
+    requeue.teardown(trainer, None, "fit")
+    dist.destroy_process_group()  # as Lightning's teardown does
+    print(json.dumps({"stopped": stopped, "saved": saved}))
+""")
+
+
+@pytest.mark.parametrize("name", ["SIGUSR2"])
+def test_under_ddp_a_signal_on_one_rank_stops_every_rank_at_the_next_step_between_logging_steps(tmp_path, name):
+    """log_every_n_steps=100 and a 120-second warning: the ranks must agree at every optimizer step, not only at
+    logging steps, or the job is killed before it writes last.ckpt. Two gloo processes; the signal reaches one."""
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "scontrol").write_text(SCONTROL)
+    (tmp_path / "bin" / "scontrol").chmod(0o755)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "PATH": f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}", "OMP_NUM_THREADS": "1",
+           "SCONTROL_LOG": str(tmp_path / "scontrol.log"), "SLURM_JOB_ID": "4243", "SLURM_ARRAY_JOB_ID": "4240",
+           "SLURM_ARRAY_TASK_ID": "3"}
+    ranks = [subprocess.Popen([sys.executable, "-c", AGREEMENT, str(rank), str(port), str(tmp_path), name], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in range(2)]
+    outputs = [rank.communicate(timeout=120) for rank in ranks]
+    for (out, err), rank in zip(outputs, ranks):
+        assert rank.returncode == 0, err[-3000:]
+    results = [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
+    assert results == [{"stopped": 5, "saved": [5]}] * 2  # both ranks, the same step: the one after the signal
+    assert (tmp_path / "scontrol.log").read_text() == "requeue 4240_3\n"  # rank 0 requeues this array task

@@ -1,0 +1,126 @@
+"""Sweeps through hydra-submitit-launcher (hydra/launcher=submitit_local on CPU): a sweep runs each job in its own
+run dir; a job killed mid-run (SIGKILL) or signalled as submitit signals a SLURM job before its time limit
+(SIGUSR2) resumes when the same command with the same sweep_id runs again, and ends with the weights of an
+uninterrupted run, while the job that finished is skipped."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import transformer_nmt
+from test_resume import SCONTROL
+from test_train_app import tiny_overrides, write_tiny_corpus
+from transformer_nmt.checkpoint import read_checkpoint
+
+pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+
+TOTAL_STEPS = 14
+# Three runs of one training configuration: trainer.log_every_n_steps is outside the run fingerprint and leaves the
+# weights alone, so job 0 (never interrupted) is the reference the interrupted jobs 1 and 2 must end equal to.
+AXIS = "trainer.log_every_n_steps=1,2,3"
+LAST = "checkpoints/last.ckpt"
+
+
+def task_pid(sweep_dir: Path, job: int) -> int | None:
+    """The training process of sweep job ``job``: the child of the submitit controller whose log names its run dir."""
+    for log in sweep_dir.glob(".submitit/*/*_0_log.out"):
+        if f"run dir     {sweep_dir.resolve()}/{job}\n" in log.read_text():
+            controller = log.parent.name
+            children = Path(f"/proc/{controller}/task/{controller}/children").read_text().split()
+            return int(children[0]) if children else None
+    return None
+
+
+def wait_for(predicate, seconds=240):
+    deadline = time.monotonic() + seconds
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
+    except (FileNotFoundError, IndexError):
+        return False
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    """The sweep run twice with the same command: the first time job 1 is killed and job 2 signalled mid-run."""
+    root = tmp_path_factory.mktemp("sweep")
+    corpus = write_tiny_corpus(root / "corpus")
+    (root / "bin").mkdir()
+    (root / "bin" / "scontrol").write_text(SCONTROL)
+    (root / "bin" / "scontrol").chmod(0o755)
+    src = Path(transformer_nmt.__file__).resolve().parents[1]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{src}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+           "PATH": f"{root / 'bin'}{os.pathsep}{os.environ['PATH']}", "SCONTROL_LOG": str(root / "scontrol.log"),
+           "SLURM_JOB_ID": "5150"}  # the jobs believe they run under SLURM: SlurmRequeue is armed
+    command = [sys.executable, "-m", "transformer_nmt.train", "-m", "hydra/launcher=submitit_local",
+               "hydra.launcher.timeout_min=10", *tiny_overrides(corpus), f"trainer.max_steps={TOTAL_STEPS}",
+               "trainer.val_check_interval=5", "checkpoint.every_n_train_steps=2", "name=sweep", "sweep_id=s1", AXIS]
+    sweep_dir = root / "multirun" / "sweep" / "s1"
+
+    first = subprocess.Popen(command, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    interrupted, signals = {}, {1: signal.SIGKILL, 2: signal.SIGUSR2}
+
+    def interrupt_each_once_it_checkpointed() -> bool:  # the jobs run at once: whichever gets there first
+        for job in set(signals) - set(interrupted):
+            pid = (sweep_dir / str(job) / LAST).exists() and task_pid(sweep_dir, job)
+            if pid:
+                os.kill(pid, signals[job])
+                interrupted[job] = pid
+        return len(interrupted) == len(signals)
+    wait_for(interrupt_each_once_it_checkpointed)
+    first_output = first.communicate(timeout=300)[0]
+    for pid in interrupted.values():
+        wait_for(lambda: not running(pid))
+    stopped = {job: read_checkpoint(sweep_dir / str(job) / LAST)["global_step"] for job in interrupted}
+    finished = (sweep_dir / "0" / "results.json").stat().st_mtime_ns
+    scontrol = (root / "scontrol.log").read_text() if (root / "scontrol.log").exists() else ""
+
+    second = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    return {"dir": sweep_dir, "first": (first.returncode, first_output), "stopped": stopped, "scontrol": scontrol,
+            "finished": finished, "second": second}
+
+
+def logs(sweep_dir: Path, job: int) -> str:
+    return "".join(p.read_text() for p in sorted(sweep_dir.glob(".submitit/*/*_0_log.*"))
+                   if f"{sweep_dir.resolve()}/{job}" in p.read_text())
+
+
+def test_the_same_command_completes_the_sweep_and_skips_the_finished_job(sweep):
+    code, output = sweep["first"]
+    assert code != 0, output[-3000:]  # the killed job failed the first sweep
+    assert sweep["second"].returncode == 0, sweep["second"].stdout[-3000:] + sweep["second"].stderr[-3000:]
+    sweep_dir = sweep["dir"]
+    for job in range(3):
+        assert (sweep_dir / str(job) / "results.json").is_file()
+        assert read_checkpoint(sweep_dir / str(job) / LAST)["global_step"] == TOTAL_STEPS
+    assert (sweep_dir / "0" / "results.json").stat().st_mtime_ns == sweep["finished"]  # not run again
+    assert "results.json exists: this run of the sweep finished already, skipped" in logs(sweep_dir, 0)
+
+
+@pytest.mark.parametrize("job", [1, 2], ids=["SIGKILL", "SIGUSR2"])
+def test_an_interrupted_job_resumes_and_ends_with_the_weights_of_the_uninterrupted_one(sweep, job):
+    sweep_dir = sweep["dir"]
+    stopped = sweep["stopped"][job]
+    assert 2 <= stopped < TOTAL_STEPS
+    assert f"resume      from {sweep_dir.resolve()}/{job}/{LAST}, step {stopped} (ckpt_path=auto)" in logs(sweep_dir, job)
+    reference = read_checkpoint(sweep_dir / "0" / LAST)["state_dict"]
+    final = read_checkpoint(sweep_dir / str(job) / LAST)["state_dict"]
+    difference = max((final[k].float() - reference[k].float()).abs().max().item() for k in reference)
+    assert difference == 0.0, f"job {job} stopped at step {stopped}: max abs weight difference {difference}"
+
+
+def test_submitits_usr2_writes_last_ckpt_after_the_step_and_requeues_the_job(sweep):
+    """The job got USR2 where submitit's handler would requeue it without a Lightning checkpoint: SlurmRequeue
+    finished the optimizer step, wrote last.ckpt and requeued the SLURM job itself (once: job 1 was killed)."""
+    assert sweep["scontrol"] == "requeue 5150\n"
+    assert "requeue signal at step" in logs(sweep["dir"], 2)
