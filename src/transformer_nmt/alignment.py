@@ -60,20 +60,15 @@ def word_ids(pieces: list[str]) -> list[int]:
     return ids
 
 
-@torch.no_grad()
 def piece_alignment(model: Transformer, src: list[int], hyp: list[int], bos_id: int,
                     layer: int = ALIGNMENT_DEFAULTS["alignment_layer"], heads: list[int] | None = None,
                     position: str = ALIGNMENT_DEFAULTS["alignment_position"]) -> Tensor:
     """Cross-attention of each target piece of ``hyp`` (ids without bos/eos) over the source pieces of
     ``src`` (ids ending in eos), averaged over ``heads`` of decoder ``layer``. -> (len(hyp), len(src))"""
     check_alignment_options(model, layer, heads, position)
-    device = model.positions.device
-    src_t = torch.tensor([src], device=device)  # (1, S)
-    tgt_in = torch.tensor([[bos_id] + hyp], device=device)  # (1, T + 1): query t holds piece t - 1
-    _, attention = model(src_t, tgt_in, return_attention=True)
-    weights = attention["cross"][layer][0].float()  # (h, T + 1, S)
+    weights = model.teacher_forced_attention(src, hyp, bos_id)["cross"][layer]  # (h, T + 1, S): query t, piece t - 1
     weights = weights.mean(0) if heads is None else weights[heads].mean(0)  # (T + 1, S)
-    return (weights[1:] if position == "input" else weights[:-1]).cpu()  # (T, S)
+    return weights[1:] if position == "input" else weights[:-1]  # (T, S)
 
 
 def word_alignment(piece_weights: Tensor, src_words: list[int], tgt_words: list[int]) -> Tensor:

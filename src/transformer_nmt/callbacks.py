@@ -192,15 +192,13 @@ class AttentionMaps(Callback):
             src_t = torch.tensor([src], device=device)  # (1, S)
             tgt_ids = tokenizer.encode(target) if target is not None else greedy_decode(
                 model, src_t, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id)[0]
-            tgt_in = [tokenizer.bos_id] + tgt_ids[: self.max_tokens - 1]
-            _, attention = model(src_t, torch.tensor([tgt_in], device=device), return_attention=True)
+            tgt_ids = tgt_ids[: self.max_tokens - 1]
             src_pieces = [tokenizer.id_to_piece(i) for i in src]
-            tgt_pieces = [tokenizer.id_to_piece(i) for i in tgt_in]
+            tgt_pieces = [tokenizer.id_to_piece(i) for i in [tokenizer.bos_id] + tgt_ids]
             keys = {"encoder": src_pieces, "decoder": tgt_pieces, "cross": src_pieces}
             queries = {"encoder": src_pieces, "decoder": tgt_pieces, "cross": tgt_pieces}
-            for kind, layers in attention.items():  # layers: per layer (1, h, Lq, Lk)
-                weights = torch.cat(layers).float().cpu()  # (layers, h, Lq, Lk)
-                maps.setdefault(kind, []).append((weights, keys[kind], queries[kind]))
+            for kind, weights in model.teacher_forced_attention(src, tgt_ids, tokenizer.bos_id).items():
+                maps.setdefault(kind, []).append((weights, keys[kind], queries[kind]))  # (layers, h, Lq, Lk)
         return maps
 
     def write(self, writer, maps: dict, step: int) -> int:

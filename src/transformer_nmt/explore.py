@@ -96,18 +96,14 @@ def attention(model: Transformer, tokenizer: Tokenizer, sentences: list[str], be
     else:
         sources = encode_sources(tokenizer, sentences, model.config.max_positions)
         results = [[(ids, 0.0)] for ids in tokenizer.encode_batch([translations[i] for i in keep])]
-    device = model.positions.device
     out = []
     for sentence, src, hyps in zip(sentences, sources, results):
         hyp = hyps[0][0][: model.config.max_positions - 1]
-        tgt_in = [tokenizer.bos_id] + hyp
-        src_t, tgt_t = torch.tensor([src], device=device), torch.tensor([tgt_in], device=device)  # (1, S), (1, T)
-        _, maps = model(src_t, tgt_t, return_attention=True)
-        weights = {kind: torch.cat(maps[kind]).float().cpu() for kind in KINDS}  # (layers, h, Lq, Lk)
+        weights = model.teacher_forced_attention(src, hyp, tokenizer.bos_id)  # kind -> (layers, h, Lq, Lk)
         out.append(SentenceAttention(
             source=sentence.strip(), translation=tokenizer.decode(hyp),
             source_pieces=[tokenizer.id_to_piece(i) for i in src],
-            target_pieces=[tokenizer.id_to_piece(i) for i in tgt_in],
+            target_pieces=[tokenizer.id_to_piece(i) for i in [tokenizer.bos_id] + hyp],
             weights=weights, entropy={kind: attention_entropy(w.unsqueeze(0).flatten(1, 2)).view(w.shape[:2])
                                       for kind, w in weights.items()}))  # (layers, h)
     return Attention(out, head_gates(model))

@@ -275,6 +275,18 @@ class Transformer(nn.Module):
         logits, dec_weights, cross_weights = self.decode(tgt_in, memory, src, need_weights=True)
         return logits, {"encoder": enc_weights, "decoder": dec_weights, "cross": cross_weights}
 
+    @torch.no_grad()
+    def teacher_forced_attention(self, src: list[int], tgt: list[int], bos_id: int) -> dict[str, Tensor]:
+        """Every head's attention on one sentence pair, the decoder teacher-forced with ``tgt``: ``src`` ids
+        (ending in eos), ``tgt`` ids without bos or eos; the decoder's inputs (its queries) are bos + ``tgt``.
+        -> {"encoder": (layers, h, S, S), "decoder": (layers, h, T + 1, T + 1), "cross": (layers, h, T + 1, S)},
+        float32 on the CPU."""
+        device = self.positions.device
+        src_t = torch.tensor([src], device=device)  # (1, S)
+        tgt_in = torch.tensor([[bos_id] + tgt], device=device)  # (1, T + 1): query t holds piece t - 1
+        _, attention = self(src_t, tgt_in, return_attention=True)  # kind -> per layer (1, h, Lq, Lk)
+        return {kind: torch.cat(layers).float().cpu() for kind, layers in attention.items()}  # (layers, h, Lq, Lk)
+
     # --- head importance ---------------------------------------------------------------------
     def attention_layers(self, kind: str) -> list[MultiHeadAttention]:
         """The attention modules of one kind: "encoder", "decoder" (self) or "cross"."""
