@@ -4,8 +4,8 @@ known, and translate's print_alignment lines."""
 import pytest
 import torch
 
-from transformer_nmt.alignment import (alignment_error_rate, check_alignment_options, hard_alignment, word_alignment,
-                                       word_ids)
+from transformer_nmt.alignment import (align, alignment_error_rate, check_alignment_options, hard_alignment,
+                                       word_alignment, word_ids)
 from transformer_nmt.checkpoint import load_checkpoint
 from transformer_nmt.translate import main as translate_main
 
@@ -14,9 +14,27 @@ from tiny_checkpoint import tiny_tokenizer, write_checkpoint
 
 
 def test_pieces_merge_into_the_whitespace_words_of_the_text():
-    assert word_ids(["\u2581A", "\u2581d", "og", "\u2581runs", "."]) == [0, 1, 1, 2, 2]
-    # A lone "▁" joins the next visible piece; trailing ones belong to no word.
-    assert word_ids(["\u2581", "(", "x", "\u2581", "\u2581y", "\u2581"]) == [0, 0, 0, 1, 1, -1]
+    assert word_ids([" A", " d", "og", " runs", "."]) == [0, 1, 1, 2, 2]
+    # A lone space joins the next visible piece; trailing ones belong to no word.
+    assert word_ids([" ", "(", "x", " ", " y", " "]) == [0, 0, 0, 1, 1, -1]
+    # A piece with spaces inside (an unknown piece decodes to " ⁇ ") ends the word before it and the one after.
+    assert word_ids(["d", " \u2047 ", "o", "g", "", " r", "uns"]) == [0, 1, 2, 2, 3, 3, 3]
+
+
+def test_words_are_those_of_the_printed_translation_and_of_the_input_line_with_unknown_pieces(checkpoint):
+    """An unknown target piece is printed as " ⁇ ", a word of its own, and a special id as nothing: the rows are
+    the words of the printed text. An unknown source character stays inside its word of the input line."""
+    model, tokenizer, _ = load_checkpoint(checkpoint)
+    piece_id = {tokenizer.id_to_piece(i): i for i in range(tokenizer.vocab_size)}
+    hyp = [piece_id[p] for p in ["\u2581d", "<unk>", "o", "g", "\u2581", "<s>", "r", "un", "s"]]
+    translation = tokenizer.decode(hyp)
+    assert translation == "d \u2047 og runs" and "".join(tokenizer.surfaces(hyp)) == translation
+    source = "A d\u2603og runs."  # the snowman is not in the vocabulary
+    src = tokenizer.encode(source) + [tokenizer.eos_id]
+    assert tokenizer.unk_id in src
+    soft = align(model, tokenizer, src, hyp)
+    assert soft.shape == (len(translation.split()), len(source.split())) == (4, 3)
+    assert torch.allclose(soft.sum(1), torch.ones(4))
 
 
 def test_word_weights_sum_over_source_pieces_and_average_over_target_pieces():

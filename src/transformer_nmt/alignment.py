@@ -8,9 +8,12 @@ scripts/alignment_aer.py, where the truth is known, the output position is right
 input position wrong (AER ~0.9), so output is the default. The weights are averaged over ``heads``
 (default: all) of decoder layer ``layer`` (default: the last, -1).
 
-Pieces are merged into words, a word being a run of pieces that starts with SentencePiece's "▁" (a
-whitespace-separated token of the text): a source word's weight is the sum over its pieces (the mass
-the query puts on the word), a target word's row is the mean over its pieces' rows. The source eos is
+Pieces are merged into words, the whitespace-separated words of the text the pieces spell: for the source,
+the input line (pieces as encoded, "▁" a space; an unknown character stays inside its word), for the target,
+the printed translation (each piece's text in ``tokenizer.decode``'s output, where an unknown piece is " ⁇ ",
+a word of its own, and a special id is no text). A piece belongs to the word of its first visible character;
+a piece with none ("▁" alone) to the next piece's word. A source word's weight is the sum over its pieces (the
+mass the query puts on the word), a target word's row is the mean over its pieces' rows. The source eos is
 dropped and each row renormalised over the source words, so soft rows sum to 1. Hard alignments give
 each target word the source word of largest weight.
 
@@ -29,7 +32,7 @@ from transformer_nmt.model import Transformer
 ALIGNMENT_MODES = ("hard", "soft")
 ALIGNMENT_POSITIONS = ("output", "input")
 ALIGNMENT_DEFAULTS = {"alignment_layer": -1, "alignment_heads": None, "alignment_position": "output"}
-WORD_START = "\u2581"  # SentencePiece's "▁": the piece begins a whitespace-separated word
+WORD_START = "\u2581"  # SentencePiece's "▁": a space in the text
 
 
 def check_alignment_options(model: Transformer, layer: int, heads: list[int] | None, position: str) -> None:
@@ -45,19 +48,27 @@ def check_alignment_options(model: Transformer, layer: int, heads: list[int] | N
         raise ValueError(f"alignment_position={position!r}: use one of {', '.join(ALIGNMENT_POSITIONS)}")
 
 
-def word_ids(pieces: list[str]) -> list[int]:
-    """Word index of each piece, the words being those of the text split on whitespace: a piece starting with
-    "▁" begins a new word once the current one has a visible character; pieces of "▁" alone after the last
-    visible character belong to no word (-1)."""
-    ids, word, visible = [], 0, False
-    for piece in pieces:
-        if piece.startswith(WORD_START) and visible:
-            word, visible = word + 1, False
-        visible = visible or bool(piece.strip(WORD_START))
-        ids.append(word)
-    if not visible:  # a trailing run without visible characters: no word
-        ids = [-1 if i == word else i for i in ids]
-    return ids
+def word_ids(texts: list[str]) -> list[int]:
+    """Word index of each piece, given the text of each (``texts``), the words being the whitespace-separated
+    words of their concatenation: a piece belongs to the word of its first visible character; a piece without
+    one (whitespace, or no text) to the next piece that has one, or, after the last visible character, to no
+    word (-1)."""
+    ids, word, in_word, pending = [], -1, False, 0  # pending: pieces waiting for the next visible character
+    for text in texts:
+        first = None
+        for char in text:
+            if char.isspace():
+                in_word = False
+                continue
+            if not in_word:
+                word, in_word = word + 1, True
+            first = word if first is None else first
+        if first is None:
+            pending += 1
+            continue
+        ids += [first] * (pending + 1)
+        pending = 0
+    return ids + [-1] * pending
 
 
 def piece_alignment(model: Transformer, src: list[int], hyp: list[int], bos_id: int,
@@ -116,8 +127,8 @@ def align(model: Transformer, tokenizer, src: list[int], hyp: list[int],
     """Soft word alignment (target words, source words) of one translation: pieces as ``tokenizer`` splits them
     (the source's final eos belongs to no word)."""
     pieces = piece_alignment(model, src, hyp, tokenizer.bos_id, layer, heads, position)  # (T, S)
-    src_words = word_ids([tokenizer.id_to_piece(i) for i in src[:-1]]) + [-1]  # the eos: no word
-    tgt_words = word_ids([tokenizer.id_to_piece(i) for i in hyp])
+    src_words = word_ids([tokenizer.id_to_piece(i).replace(WORD_START, " ") for i in src[:-1]]) + [-1]  # eos: none
+    tgt_words = word_ids(tokenizer.surfaces(hyp))  # the words of the printed translation
     return word_alignment(pieces, src_words, tgt_words)
 
 

@@ -67,6 +67,14 @@ class Tokenizer:
         """Detokenized text; special ids (pad, bos, eos) are dropped."""
         return self._sp.decode([int(i) for i in ids if i not in (PAD_ID, BOS_ID, EOS_ID)])
 
+    def surfaces(self, ids: list[int]) -> list[str]:
+        """The text each id adds to ``decode(ids)``, so that their concatenation is that text: "" for the special
+        ids decode drops, SentencePiece's " \u2047 " (space, "⁇", space) for an unknown piece, a space for "▁"."""
+        texts = [self.decode(ids[:k]) for k in range(len(ids) + 1)]  # each prefix's text
+        if any(not longer.startswith(text) for text, longer in zip(texts, texts[1:])):
+            raise ValueError(f"ids {ids}: a piece changes the text decoded before it (byte pieces?); no text per piece")
+        return [longer[len(text):] for text, longer in zip(texts, texts[1:])]
+
     def id_to_piece(self, token_id: int) -> str:
         return self._sp.id_to_piece(int(token_id))
 
