@@ -1,6 +1,8 @@
 """Alignments from cross-attention: pieces merged into words, AER, the permutation task whose truth is
 known, and translate's print_alignment lines."""
 
+import re
+
 import pytest
 import torch
 
@@ -85,7 +87,7 @@ def test_translate_prints_hard_and_soft_alignments_over_words(checkpoint, tmp_pa
     common = [f"ckpt={checkpoint}", f"input={src}", "beam=1", "max_len_offset=3"]
     translate_main(common + [f"output={tmp_path / 'hard'}", "print_alignment=hard"])
     translate_main(common + [f"output={tmp_path / 'soft'}", "print_alignment=soft", "alignment_layer=0",
-                             "alignment_heads=1"])
+                             "alignment_heads=[1]"])
     hard = (tmp_path / "hard").read_text().split("\n")[:-1]
     soft = (tmp_path / "soft").read_text().split("\n")[:-1]
     assert len(hard) == len(soft) == 3 and hard[1] == soft[1] == "\t"  # one line per input line, blank kept
@@ -102,10 +104,29 @@ def test_translate_prints_hard_and_soft_alignments_over_words(checkpoint, tmp_pa
 
 
 def test_alignment_options_are_checked_by_name(checkpoint):
-    model, _, _ = load_checkpoint(checkpoint)
-    for layer, heads, position, name in [(2, None, "output", "alignment_layer"), (-1, [5], "output", "alignment_heads"),
-                                         (-1, None, "middle", "alignment_position")]:
+    model, _, _ = load_checkpoint(checkpoint)  # 2 decoder layers, 2 heads
+    for layer, heads, position, name in [(2, None, "output", "alignment_layer"), ("x", None, "output", "alignment_layer"),
+                                         (True, None, "output", "alignment_layer"), (-1, [2], "output", "alignment_heads"),
+                                         (-1, [], "output", "alignment_heads"), (-1, [True], "output", "alignment_heads"),
+                                         (-1, 1, "output", "alignment_heads"), (-1, None, "middle", "alignment_position")]:
         with pytest.raises(ValueError, match=name):
             check_alignment_options(model, layer, heads, position)
+    check_alignment_options(model, -2, [0, 1], "input")  # in range: no error
+    # From the command line, as the option parser types the values: an error naming the option and what to write.
+    common = [f"ckpt={checkpoint}", "print_alignment=hard"]
+    for given, expected in [("alignment_heads=0,3", r"alignment_heads='0,3': give a list of head numbers in 0..1, "
+                                                    r"such as alignment_heads=\[0,1\]"),
+                            ("alignment_heads=true", "alignment_heads=True: give a list"),
+                            ("alignment_heads=1", "alignment_heads=1: give a list"),
+                            ("alignment_layer=x", "alignment_layer='x': give a decoder layer number, 0..1"),
+                            ("alignment_layer=99", "alignment_layer=99: give a decoder layer number")]:
+        with pytest.raises(SystemExit, match=expected):
+            translate_main(common + [given])
+    # Alignment options without print_alignment are refused, not ignored; print_alignment is checked once, first.
+    for given in ("alignment_layer=99", "alignment_heads=[0]", "alignment_position=input"):
+        with pytest.raises(SystemExit, match=f"{re.escape(given)} chooses the attention of print_alignment"):
+            translate_main([f"ckpt={checkpoint}", given])
+    with pytest.raises(SystemExit, match="print_alignment='middle': use hard or soft"):
+        translate_main([f"ckpt={checkpoint}", "print_alignment=middle"])
     with pytest.raises(SystemExit, match="engine=native"):
         translate_main([f"ckpt={checkpoint}", "engine=ctranslate2", "print_alignment=hard"])

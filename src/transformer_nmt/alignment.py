@@ -35,15 +35,21 @@ ALIGNMENT_DEFAULTS = {"alignment_layer": -1, "alignment_heads": None, "alignment
 WORD_START = "\u2581"  # SentencePiece's "▁": a space in the text
 
 
+def is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)  # a bool is an int to Python, not a number here
+
+
 def check_alignment_options(model: Transformer, layer: int, heads: list[int] | None, position: str) -> None:
-    """Errors that name the option: ``alignment_layer`` inside the decoder, ``alignment_heads`` inside the
-    heads, ``alignment_position`` input or output."""
+    """Errors that name the option and say what to write: ``alignment_layer`` a decoder layer number,
+    ``alignment_heads`` a list of head numbers (or None), ``alignment_position`` input or output."""
     n_layers, n_heads = model.config.n_decoder_layers, model.config.n_heads
-    if not -n_layers <= layer < n_layers:
-        raise ValueError(f"alignment_layer={layer}: the decoder has {n_layers} layers (0..{n_layers - 1}, or -1 "
-                         "for the last)")
-    if heads is not None and (not heads or any(not 0 <= h < n_heads for h in heads)):
-        raise ValueError(f"alignment_heads={heads}: give head numbers in 0..{n_heads - 1}, or null for all")
+    if not is_int(layer) or not -n_layers <= layer < n_layers:
+        raise ValueError(f"alignment_layer={layer!r}: give a decoder layer number, 0..{n_layers - 1} (the decoder "
+                         f"has {n_layers} layers), or -1 for the last")
+    if heads is not None and (not isinstance(heads, (list, tuple)) or not heads
+                              or any(not is_int(h) or not 0 <= h < n_heads for h in heads)):
+        raise ValueError(f"alignment_heads={heads!r}: give a list of head numbers in 0..{n_heads - 1}, such as "
+                         f"alignment_heads=[0,{n_heads - 1}], or null for the mean of all heads")
     if position not in ALIGNMENT_POSITIONS:
         raise ValueError(f"alignment_position={position!r}: use one of {', '.join(ALIGNMENT_POSITIONS)}")
 
@@ -133,7 +139,6 @@ def align(model: Transformer, tokenizer, src: list[int], hyp: list[int],
 
 
 def alignment_line(soft: Tensor, mode: str) -> str:
-    """The text printed beside a translation for ``print_alignment=mode``."""
-    if mode not in ALIGNMENT_MODES:
-        raise ValueError(f"print_alignment={mode!r}: use hard or soft")
+    """The text printed beside a translation for ``print_alignment=mode``, one of ALIGNMENT_MODES (translate
+    checks the option)."""
     return format_hard(hard_alignment(soft)) if mode == "hard" else format_soft(soft)

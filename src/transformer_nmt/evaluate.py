@@ -22,12 +22,14 @@ from pathlib import Path
 import hydra
 from sacrebleu.metrics import BLEU, CHRF
 
+from transformer_nmt.alignment import ALIGNMENT_DEFAULTS
 from transformer_nmt.corpus import ReadStats, read_pairs
 from transformer_nmt.options import parse_options
 from transformer_nmt.translate import OPTIONS as TRANSLATE_OPTIONS
 from transformer_nmt.translate import load_model, read_lines, translate_lines
 
-OPTIONS = {**{k: v for k, v in TRANSLATE_OPTIONS.items() if k not in ("input", "output", "n_best")},
+OPTIONS = {**{k: v for k, v in TRANSLATE_OPTIONS.items()  # translate's, less those of its output lines
+              if k not in ("input", "output", "n_best", "print_alignment", *ALIGNMENT_DEFAULTS)},
            "split": None, "src": None, "ref": None, "out": None, "name": None}
 
 

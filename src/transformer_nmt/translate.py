@@ -19,7 +19,8 @@ fairseq's ``--print-alignment`` does: ``hard`` gives ``i-j`` pairs (source word 
 each target word's weights over the source words (transformer_nmt.alignment says how pieces become words).
 ``alignment_layer`` (-1: the last decoder layer), ``alignment_heads`` (null: the mean of all heads, or a
 list such as ``[0,3]``) and ``alignment_position`` (output: the query that predicts the target piece, or
-input: the query whose input it is) choose the cross-attention used.
+input: the query whose input it is) choose the cross-attention used; without ``print_alignment`` they are an
+error, not ignored.
 
 Nothing is dropped or reordered: an empty (or blank) line gives an empty line; a line longer than
 the model's ``max_positions`` is cut to fit, with a warning naming the line, and still translated.
@@ -168,13 +169,17 @@ def load_model(options: dict) -> tuple[Transformer | CTranslate2Model, Tokenizer
 def main(argv: list[str] | None = None) -> None:
     options = parse_options(sys.argv[1:] if argv is None else argv, OPTIONS)
     mode = options["print_alignment"]
-    if mode is not None and mode not in ALIGNMENT_MODES:
+    alignment = tuple(options[name] for name in ALIGNMENT_DEFAULTS)  # layer, heads, position
+    if mode is None:
+        given = [f"{name}={options[name]}" for name, default in ALIGNMENT_DEFAULTS.items() if options[name] != default]
+        if given:
+            raise SystemExit(f"{' '.join(given)} chooses the attention of print_alignment=hard|soft: add "
+                             "print_alignment=hard or print_alignment=soft, or drop it")
+    elif mode not in ALIGNMENT_MODES:
         raise SystemExit(f"print_alignment={mode!r}: use hard or soft")
-    if mode and options["engine"] != "native":
+    elif options["engine"] != "native":
         raise SystemExit("print_alignment= needs engine=native (it reads the model's cross-attention)")
     model, tokenizer, _ = load_model(options)
-    heads = options["alignment_heads"]
-    alignment = (options["alignment_layer"], [heads] if isinstance(heads, int) else heads, options["alignment_position"])
     if mode:
         try:
             check_alignment_options(model, *alignment)
