@@ -7,9 +7,10 @@ import pytest
 import torch
 
 from transformer_nmt.alignment import (align, alignment_error_rate, check_alignment_options, hard_alignment,
-                                       word_alignment, word_ids)
+                                       piece_words, word_alignment, word_ids)
 from transformer_nmt.checkpoint import load_checkpoint
 from transformer_nmt.translate import main as translate_main
+from transformer_nmt.translate import translate_ids
 
 from script_module import load_script
 from tiny_checkpoint import tiny_tokenizer, write_checkpoint
@@ -59,7 +60,9 @@ def test_aer_is_zero_for_the_truth_and_follows_och_and_ney():
 
 def test_hard_alignments_recover_a_known_permutation():
     """A tiny model trained (seconds) to copy in a fixed reordering; its default alignments (mean of the last
-    decoder layer's heads, output position) must find the permutation: AER <= 0.05, each layer reported."""
+    decoder layer's heads, output position) must find the permutation: AER <= 0.05, each layer reported. The
+    input position, which transformer_nmt.alignment says is wrong on this task, must be clearly worse in every
+    layer (AER > 0.5), or the default would have no reason to be the output position."""
     task = load_script("alignment_aer")
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # on a tiny model more threads only add contention
@@ -71,7 +74,7 @@ def test_hard_alignments_recover_a_known_permutation():
     print("\n" + task.markdown(table))
     last = model.config.n_decoder_layers - 1
     assert table[last, "output"] <= 0.05
-    assert min(table[layer, "output"] for layer in range(last + 1)) <= 0.05
+    assert all(table[layer, "input"] > 0.5 for layer in range(last + 1))
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +86,8 @@ def checkpoint(tmp_path_factory):
 
 def test_translate_prints_hard_and_soft_alignments_over_words(checkpoint, tmp_path):
     src = tmp_path / "in.en"
-    src.write_text("A dog runs on the beach.\n\nTwo men talk.\n")
+    sentences = ["A dog runs on the beach.", "Two men talk."]
+    src.write_text(f"{sentences[0]}\n\n{sentences[1]}\n")
     common = [f"ckpt={checkpoint}", f"input={src}", "beam=1", "max_len_offset=3"]
     translate_main(common + [f"output={tmp_path / 'hard'}", "print_alignment=hard"])
     translate_main(common + [f"output={tmp_path / 'soft'}", "print_alignment=soft", "alignment_layer=0",
@@ -91,16 +95,33 @@ def test_translate_prints_hard_and_soft_alignments_over_words(checkpoint, tmp_pa
     hard = (tmp_path / "hard").read_text().split("\n")[:-1]
     soft = (tmp_path / "soft").read_text().split("\n")[:-1]
     assert len(hard) == len(soft) == 3 and hard[1] == soft[1] == "\t"  # one line per input line, blank kept
-    for line, source in zip(hard[::2], ["A dog runs on the beach.", "Two men talk."]):
+    for line, source in zip(hard[::2], sentences):
         translation, pairs = line.split("\t")
         pairs = [tuple(map(int, p.split("-"))) for p in pairs.split()]
         assert [j for _, j in pairs] == list(range(len(translation.split())))  # every target word, in order
         assert all(0 <= i < len(source.split()) for i, _ in pairs)
-    for line, source in zip(soft[::2], ["A dog runs on the beach.", "Two men talk."]):
+    for line, source in zip(soft[::2], sentences):
         translation, rows = line.split("\t")
         rows = [[float(w) for w in row.split(",")] for row in rows.split()]
         assert len(rows) == len(translation.split()) and all(len(r) == len(source.split()) for r in rows)
         assert all(sum(r) == pytest.approx(1, abs=0.01) for r in rows)
+
+    # The first soft line is head 1 of decoder layer 0, output position: the cross-attention of that head, the
+    # model teacher-forced with the hypothesis translate printed, row t the query that predicts piece t.
+    model, tokenizer, _ = load_checkpoint(checkpoint)
+    (src_ids,), (((hyp, _),),) = translate_ids(model, tokenizer, sentences[:1], beam=1, max_len_offset=3)
+    translation, rows = soft[0].split("\t")
+    assert tokenizer.decode(hyp) == translation
+    cross = model.teacher_forced_attention(src_ids, hyp, tokenizer.bos_id)["cross"]  # (layers, h, T + 1, S)
+
+    def words(weights):  # (T + 1, S) -> (target words, source words)
+        return word_alignment(weights[:-1], *piece_words(tokenizer, src_ids, hyp))
+
+    printed = torch.tensor([[float(w) for w in row.split(",")] for row in rows.split()])
+    assert torch.allclose(printed, words(cross[0, 1]), atol=6e-4)
+    # ...and not the default (the mean of the last layer's heads), nor the other head: the options were used.
+    for other in (cross[-1].mean(0), cross[0, 0]):
+        assert (printed - words(other)).abs().max() > 0.01
 
 
 def test_alignment_options_are_checked_by_name(checkpoint):

@@ -127,15 +127,20 @@ def alignment_error_rate(predicted: set[tuple[int, int]], sure: set[tuple[int, i
     return 1.0 - (len(predicted & sure) + len(predicted & possible)) / (len(predicted) + len(sure))
 
 
+def piece_words(tokenizer, src: list[int], hyp: list[int]) -> tuple[list[int], list[int]]:
+    """The word of each piece of ``src`` (ids ending in eos, which belongs to no word: -1) in the input line, and
+    of each piece of ``hyp`` in the printed translation (see the module docstring)."""
+    src_words = word_ids([tokenizer.id_to_piece(i).replace(WORD_START, " ") for i in src[:-1]]) + [-1]
+    return src_words, word_ids(tokenizer.surfaces(hyp))
+
+
 def align(model: Transformer, tokenizer, src: list[int], hyp: list[int],
           layer: int = ALIGNMENT_DEFAULTS["alignment_layer"], heads: list[int] | None = None,
           position: str = ALIGNMENT_DEFAULTS["alignment_position"]) -> Tensor:
     """Soft word alignment (target words, source words) of one translation: pieces as ``tokenizer`` splits them
     (the source's final eos belongs to no word)."""
     pieces = piece_alignment(model, src, hyp, tokenizer.bos_id, layer, heads, position)  # (T, S)
-    src_words = word_ids([tokenizer.id_to_piece(i).replace(WORD_START, " ") for i in src[:-1]]) + [-1]  # eos: none
-    tgt_words = word_ids(tokenizer.surfaces(hyp))  # the words of the printed translation
-    return word_alignment(pieces, src_words, tgt_words)
+    return word_alignment(pieces, *piece_words(tokenizer, src, hyp))
 
 
 def alignment_line(soft: Tensor, mode: str) -> str:
