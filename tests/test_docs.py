@@ -6,6 +6,8 @@
 - Every key=value in those commands is an option of that command: for the Hydra apps (train, prepare) the
   overrides compose, in-process, as `--cfg job` would compose them; the checkpoint tools and scripts parse it
   with their own option parser (transformer_nmt.options), and a script's `--flag` is one its argparse defines.
+  A module without an OPTIONS table takes no key=value, and a module's other words are errors, but for the
+  sentences explore takes.
 - A code span that holds only key=value overrides composes with train or prepare, or is an option of one of
   the tools; one whose value is a Python literal (`is_causal=True`, `stop="bound"`) is a Python argument, and an
   upper-case key (`NMT_CKPT=...`) an environment variable.
@@ -42,6 +44,7 @@ OVERRIDE = re.compile(r"^[+~]{0,2}[A-Za-z_][\w.@/-]*=")
 PYTHON_VALUE = re.compile(r"=(True|False|None|\"[^\"]*\"|'[^']*')$")  # is_causal=True: a Python argument
 ENV_VAR = re.compile(r"^[A-Z][A-Z0-9_]*=")  # NMT_CKPT=..., an environment variable, not an option
 HYDRA_APPS = {"train", "prepare"}
+FREE_WORDS = {"explore"}  # modules whose other arguments are free text (explore's are sentences)
 HYDRA_FLAGS = {"-m", "--multirun"}
 HYDRA_FLAGS_WITH_VALUE = {"--cfg", "-c", "--package", "-p"}
 SHELL_STOP = {"<", ">", "|", "||", "&&", ";", "&", "2>&1"}
@@ -212,8 +215,11 @@ def argv_problems(tool: str, argv: list[str]) -> list[str]:
             problem = option_problem(tool, pairs)
             problems += [f"{tool} {pairs}: {problem}"] if problem else []
         return problems
-    problem = option_problem(tool, pairs) if tool in tool_options() else None
-    return [f"{tool} {pairs}: {problem}"] if problem else []
+    if tool not in tool_options():  # a module without an OPTIONS table reads no key=value
+        return [f"transformer_nmt.{tool} takes no key=value options, given {pairs}"] if pairs else []
+    problems = [] if tool in FREE_WORDS else [f"{word!r} is not a key=value option of {tool}" for word in rest]
+    problem = option_problem(tool, pairs)
+    return problems + ([f"{tool} {pairs}: {problem}"] if problem else [])
 
 
 def standalone_problem(pairs: list[str]) -> str | None:
@@ -286,6 +292,9 @@ python -m transformer_nmt.train -m model.n_heads=1,2 trainer=cpu,ddp
 python -m transformer_nmt.train model.n_heads=1,2
 python -m transformer_nmt.translate ckpt=RUN/a.ckpt beam=4 < in.en > out.de
 python -m transformer_nmt.translate ckpt=RUN/a.ckpt bream=4
+python -m transformer_nmt.translate ckpt=RUN/a.ckpt in.en
+python -m transformer_nmt.explore ckpt=RUN/a.ckpt "A dog runs." beam=1
+python -m transformer_nmt.model d_model=4
 python scripts/summarize_ablation.py multirun/x
 python scripts/no_such_script.py
 python scripts/benchmark_model.py --tables kernels --no-such-flag
@@ -299,7 +308,8 @@ See `tests/no_such_test.py` and `scripts/gpu_check.sh`.
     links = link_problems(doc, text)
     assert len(links) == 3 and all(name in " ".join(links) for name in ("missing.md", "no-such-heading", "gone.png"))
     problems = command_problems(doc, text)
-    expected = ["transformer_nmt.trian", "no_such_recipe", "n_haeds", "needs -m", "bream", "no_such_script.py",
+    expected = ["transformer_nmt.trian", "no_such_recipe", "n_haeds", "needs -m", "bream", "'in.en' is not",
+                "transformer_nmt.model takes no key=value options", "no_such_script.py",
                 "--no-such-flag", "tests/no_such_test.py", "data.no_such_key"]
     assert len(problems) == len(expected), problems
     for word, problem in zip(expected, problems):
