@@ -121,6 +121,15 @@ def test_prune_gates_off_the_least_important_heads_from_analyze_heads(tiny, tmp_
         explore.main([f"ckpt={path}", SENTENCES[0], "prune=2", f"importance={importance}"])
     with pytest.raises(SystemExit, match="head_importance.csv does not exist"):
         explore.main([f"ckpt={path}", SENTENCES[0], "prune=0.5"])  # analyze_heads was not run beside it
+    with pytest.raises(SystemExit, match="prune='abc': give the fraction of heads to remove"):
+        explore.main([f"ckpt={path}", SENTENCES[0], "prune=abc", f"importance={importance}"])
+    with pytest.raises(SystemExit, match="importance= is the table that prune= reads"):  # not silently ignored
+        explore.main([f"ckpt={path}", SENTENCES[0], f"importance={importance}"])
+    # A table of another model's heads (here: one head more, in a layer this model lacks) names the file.
+    other = tmp_path / "other.csv"
+    other.write_text(importance.read_text() + "cross,7,0,9\n")
+    with pytest.raises(SystemExit, match=rf"{other} does not rank this model's heads.*\('cross', 7, 0\)"):
+        explore.main([f"ckpt={path}", SENTENCES[0], "prune=0.5", f"importance={other}"])
 
 
 def test_options_are_key_value_and_everything_else_a_sentence(tiny):

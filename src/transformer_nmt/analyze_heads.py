@@ -113,34 +113,45 @@ def pruning_order(rows: list[dict]) -> list[tuple[str, int, int]]:
     return [(r["kind"], int(r["layer"]), int(r["head"])) for r in sorted(rows, key=lambda r: float(r["delta_loss"]))]
 
 
-def read_importance(path: str | Path) -> list[dict]:
-    """The rows of a ``head_importance.csv`` that ``main`` wrote."""
+def read_importance(path: str | Path, model: Transformer) -> list[dict]:
+    """The rows of a ``head_importance.csv`` that ``main`` wrote for ``model``: one row per head of the model, or
+    an error naming the file (another model's file, or not analyze_heads' table)."""
     if not Path(path).is_file():
         raise SystemExit(f"{path} does not exist: write it with python -m transformer_nmt.analyze_heads ckpt=...")
     with open(path, newline="") as f:
-        return list(csv.DictReader(f))
+        rows = list(csv.DictReader(f))
+    try:
+        heads = [(r["kind"], int(r["layer"]), int(r["head"])) for r in rows]
+        pruning_order(rows)  # reads delta_loss
+    except (KeyError, TypeError, ValueError):
+        raise SystemExit(f"{path} is not a head importance table (columns kind, layer, head, delta_loss, as "
+                         "python -m transformer_nmt.analyze_heads writes it)") from None
+    if sorted(heads) != sorted(all_heads(model)):
+        unknown, missing = sorted(set(heads) - set(all_heads(model))), sorted(set(all_heads(model)) - set(heads))
+        raise SystemExit(f"{path} does not rank this model's heads, one row each (not in the model: {unknown}; "
+                         f"missing: {missing}; {len(heads)} rows for {len(all_heads(model))} heads): write it for "
+                         "this checkpoint with python -m transformer_nmt.analyze_heads ckpt=...")
+    return rows
 
 
 def pruned_heads(rows: list[dict], fraction: float) -> set[tuple[str, int, int]]:
-    """The heads ``pruning_curve`` removes at ``fraction`` (0..1) of all heads."""
-    if not 0 <= fraction <= 1:
-        raise ValueError(f"prune={fraction}: give the fraction of heads to remove, from 0 to 1")
+    """The ``round(fraction x heads)`` least important heads (``pruning_order``), ``fraction`` from 0 to 1."""
+    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 <= fraction <= 1:
+        raise ValueError(f"prune={fraction!r}: give the fraction of heads to remove, a number from 0 to 1")
     order = pruning_order(rows)
     return set(order[: round(fraction * len(order))])
 
 
 def pruning_curve(model, tokenizer, sources, references, rows, steps=10, beam=1, max_tokens=4096, log=print):
     """Remove heads least important first (smallest loss increase alone); BLEU at ``steps`` fractions."""
-    order = pruning_order(rows)
     curve = []
     for step in range(steps + 1):
-        n_removed = round(step * len(order) / steps)
-        removed = set(order[:n_removed])
+        removed = pruned_heads(rows, step / steps)
         set_gates(model, removed)
         bleu, loss = measure(model, tokenizer, sources, references, beam, max_tokens)
-        curve.append({"fraction_removed": n_removed / len(order), "heads_removed": n_removed, "bleu": bleu,
+        curve.append({"fraction_removed": len(removed) / len(rows), "heads_removed": len(removed), "bleu": bleu,
                       "loss": loss})
-        log(f"  pruned {n_removed:3d}/{len(order)} heads: BLEU {bleu:.2f}, loss {loss:.4f}")
+        log(f"  pruned {len(removed):3d}/{len(rows)} heads: BLEU {bleu:.2f}, loss {loss:.4f}")
     set_gates(model, set())
     return curve
 

@@ -10,7 +10,7 @@ Every argument that is not ``key=value`` (without spaces) is a sentence. Options
 sentence a line, instead of or after the arguments), ``output`` (the page; default ``attention.html``),
 ``beam``/``alpha``/``max_len_offset`` (as translate), ``device``, and ``prune`` (a fraction of heads to
 gate off, least important first, read from ``importance``: the ``head_importance.csv`` that
-``python -m transformer_nmt.analyze_heads`` wrote, by default in ``heads/`` beside the checkpoint).
+``python -m transformer_nmt.analyze_heads`` wrote for this checkpoint, by default in ``heads/`` beside it).
 
 The decoder is teacher-forced with its own translation: its queries are the decoder's inputs, ``<s>``
 and the translation's pieces. In Python, ``attention(model, tokenizer, sentences)`` gives the same data
@@ -37,10 +37,12 @@ from transformer_nmt.checkpoint import load_checkpoint
 from transformer_nmt.model import Transformer
 from transformer_nmt.options import parse_options
 from transformer_nmt.tokenizer import Tokenizer
+from transformer_nmt.translate import OPTIONS as TRANSLATE_OPTIONS
 from transformer_nmt.translate import encode_sources, read_lines, translate_ids
 
-OPTIONS = {"ckpt": None, "input": None, "output": "attention.html", "beam": 4, "alpha": 0.6, "max_len_offset": 50,
-           "device": "cpu", "prune": 0.0, "importance": None}
+OPTIONS = {"ckpt": None, "input": None, "output": "attention.html",
+           **{name: TRANSLATE_OPTIONS[name] for name in ("beam", "alpha", "max_len_offset", "device")},
+           "prune": 0.0, "importance": None}
 KIND_NAMES = {"encoder": "encoder self-attention", "decoder": "decoder self-attention", "cross": "cross-attention"}
 AXIS_NAMES = {"encoder": ("source (queries)", "source (keys)"),
               "decoder": ("decoder input (queries)", "decoder input (keys)"),
@@ -89,6 +91,8 @@ def attention(model: Transformer, tokenizer: Tokenizer, sentences: list[str], be
     if translations is not None and len(translations) != len(sentences):
         raise ValueError(f"{len(translations)} translations for {len(sentences)} sentences")
     keep = [i for i, s in enumerate(sentences) if s.strip()]
+    if not keep:
+        raise ValueError("no sentence to explore: give sentences as arguments or input=FILE")
     sentences = [sentences[i] for i in keep]
     if translations is None:
         sources, results = translate_ids(model, tokenizer, sentences, beam=beam, alpha=alpha,
@@ -132,8 +136,6 @@ def page_data(result: Attention) -> dict:
 
 def page_html(result: Attention, title: str = "Attention explorer") -> str:
     """One self-contained HTML page: the data, the script and the style inline."""
-    if not result.sentences:
-        raise ValueError("no sentence to explore: give sentences as arguments or input=FILE")
     script, style = (path.read_text(encoding="utf-8") for path in PAGE_ASSETS)
     # "<" escaped: no "</script>" or "<!--" inside the data can end the tag early.
     payload = json.dumps(page_data(result), ensure_ascii=False, separators=(",", ":")).replace("<", "\\u003c")
@@ -193,8 +195,8 @@ def main(argv: list[str] | None = None) -> Path:
     options = parse_options(option_args, OPTIONS)
     if options["input"]:
         sentences += read_lines(options["input"])
-    if not any(s.strip() for s in sentences):
-        raise SystemExit("no sentence to explore: give sentences as arguments or input=FILE")
+    if options["importance"] and not options["prune"]:
+        raise SystemExit("importance= is the table that prune= reads: give prune=FRACTION too (0 to 1)")
     model, tokenizer, _ = load_checkpoint(options["ckpt"], map_location=options["device"])
     if options["prune"]:
         # Imported here: analyze_heads switches matplotlib to Agg, which a notebook importing explore must not get.
@@ -202,12 +204,15 @@ def main(argv: list[str] | None = None) -> Path:
 
         importance = options["importance"] or Path(options["ckpt"]).parent / "heads" / "head_importance.csv"
         try:
-            removed = pruned_heads(read_importance(importance), float(options["prune"]))
+            removed = pruned_heads(read_importance(importance, model), options["prune"])
         except ValueError as error:
             raise SystemExit(str(error)) from None
         set_gates(model, removed)
         print(f"gated off {len(removed)} heads (prune={options['prune']}, from {importance})")
-    result = attention(model, tokenizer, sentences, options["beam"], options["alpha"], options["max_len_offset"])
+    try:
+        result = attention(model, tokenizer, sentences, options["beam"], options["alpha"], options["max_len_offset"])
+    except ValueError as error:  # no sentence
+        raise SystemExit(str(error)) from None
     path = write_page(result, options["output"], f"Attention explorer: {Path(options['ckpt']).name}")
     for s in result.sentences:
         print(f"{s.source}\t{s.translation}")
