@@ -273,6 +273,25 @@ def test_return_attention_shapes_and_rows():
     assert (attn["cross"][0][1, :, :, 4:] == 0).all()  # padded source keys get no weight
 
 
+def test_teacher_forced_attention_holds_every_layer_of_one_pair_with_bos_first():
+    """What explore, alignment and AttentionMaps read: per kind (layers, h, queries, keys), the decoder's queries
+    bos + target. Query t sees pieces < t only, so changing the last piece leaves the earlier rows alone."""
+    torch.manual_seed(5)
+    model = Transformer(small_config()).eval()
+    src, tgt, bos = [9, 10, 11, 12, 3], [20, 21, 22], 2
+    maps = model.teacher_forced_attention(src, tgt, bos)
+    assert {kind: tuple(w.shape) for kind, w in maps.items()} == {
+        "encoder": (2, 4, 5, 5), "decoder": (3, 4, 4, 4), "cross": (3, 4, 4, 5)}
+    assert all(w.dtype == torch.float32 and w.device.type == "cpu" for w in maps.values())
+    torch.testing.assert_close(maps["cross"].sum(-1), torch.ones(3, 4, 4))
+    _, attn = model(torch.tensor([src]), torch.tensor([[bos] + tgt]), return_attention=True)
+    torch.testing.assert_close(maps["cross"][1], attn["cross"][1][0])  # layer 1 is the model's layer 1
+    changed = model.teacher_forced_attention(src, tgt[:-1] + [30], bos)
+    for kind in ("decoder", "cross"):
+        torch.testing.assert_close(changed[kind][:, :, :3], maps[kind][:, :, :3])
+        assert not torch.allclose(changed[kind][:, :, 3], maps[kind][:, :, 3])
+
+
 def test_sinusoidal_positions_follow_the_formula():
     table = sinusoidal_positions(50, 16)
     pos, i = 7, 3
