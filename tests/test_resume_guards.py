@@ -10,12 +10,14 @@ import sys
 import textwrap
 
 import pytest
+import torch
 from omegaconf import OmegaConf
 
 from test_resume import SCONTROL
 from test_train_app import one_thread, tiny_config, write_tiny_corpus  # noqa: F401 (fixture)
 from transformer_nmt.checkpoint import read_checkpoint
 from transformer_nmt.fingerprint import CKPT_FINGERPRINT, ResumeError, run_fingerprint
+from transformer_nmt.launch import LaggedAgreement
 from transformer_nmt.train import finished_already, train
 
 
@@ -132,3 +134,23 @@ def test_under_ddp_a_signal_on_one_rank_stops_every_rank_at_the_next_step_betwee
     results = [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
     assert results == [{"stopped": 5, "saved": [5]}] * 2  # both ranks, the same step: the one after the signal
     assert (tmp_path / "scontrol.log").read_text() == "requeue 4240_3\n"  # rank 0 requeues this array task
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_the_lagged_agreement_never_syncs_the_host_with_the_gpu(tmp_path):
+    """Every optimizer step exchanges the flag: no host-to-device copy, no stream sync (a 1-rank NCCL group)."""
+    torch.distributed.init_process_group("nccl", rank=0, world_size=1, init_method=f"file://{tmp_path / 'rdzv'}")
+    try:
+        agreement, device = LaggedAgreement(), torch.device("cuda", 0)
+        agreement.exchange(False, device)  # allocates the flag and the pinned buffer once
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            agreed = [agreement.exchange(flag, device) for flag in (False, True, False, False)]
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        assert agreed == [False, False, True, False]  # each step reads the step before's agreement
+        assert agreement.result() is False
+    finally:
+        torch.distributed.destroy_process_group()
