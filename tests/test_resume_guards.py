@@ -16,9 +16,9 @@ from omegaconf import OmegaConf
 from test_resume import SCONTROL
 from test_train_app import one_thread, tiny_config, write_tiny_corpus  # noqa: F401 (fixture)
 from transformer_nmt.checkpoint import read_checkpoint
-from transformer_nmt.fingerprint import CKPT_FINGERPRINT, ResumeError, run_fingerprint
+from transformer_nmt.fingerprint import CKPT_FINGERPRINT, ResumeError, differences, run_fingerprint
 from transformer_nmt.launch import LaggedAgreement
-from transformer_nmt.train import finished_already, train
+from transformer_nmt.train import ConfigError, finished_already, train
 
 
 @pytest.fixture(scope="module")
@@ -53,6 +53,26 @@ def test_auto_refuses_the_checkpoint_of_a_run_with_other_settings(corpus, tmp_pa
     forced = run(corpus, tmp_path, 5, "train.lr_factor=2.0", "force_resume=true")
     assert forced.global_step == 5 and forced.lightning_module.optim["lr_factor"] == 2.0
     assert read_checkpoint(last)[CKPT_FINGERPRINT]["train.lr_factor"] == 2.0  # from now on, the run is this one
+
+
+@pytest.mark.parametrize("override", ["data.cache_dir=elsewhere", "data.val=other/val", "data.test=null",
+                                      "train.fused_adam=false", "model.attention=fused", "model.attention_block_size=64",
+                                      "trainer.devices=2", "trainer.max_time=00:01:00:00"])
+def test_what_may_change_leaves_the_fingerprint_alone(corpus, override):
+    assert run_fingerprint(tiny_config(corpus, override)) == run_fingerprint(tiny_config(corpus))
+
+
+@pytest.mark.parametrize("override, key", [("trainer.accumulate_grad_batches=2", "trainer.accumulate_grad_batches"),
+                                           ("train.clip_grad_norm=1.0", "train.clip_grad_norm"),
+                                           ("data.seed=7", "data.seed"), ("model.dropout=0.3", "model.dropout")])
+def test_what_changes_training_changes_the_fingerprint(corpus, override, key):
+    changed = differences(run_fingerprint(tiny_config(corpus)), run_fingerprint(tiny_config(corpus, override)))
+    assert list(changed) == [key]
+
+
+def test_clipping_is_set_in_train_not_in_the_trainer(corpus, tmp_path):
+    with pytest.raises(ConfigError, match="trainer.gradient_clip_val: .* set train.clip_grad_norm instead"):
+        run(corpus, tmp_path, 1, "+trainer.gradient_clip_val=1.0")
 
 
 def test_a_mid_epoch_resume_with_another_token_budget_is_refused_even_when_forced(corpus, tmp_path):

@@ -2,10 +2,12 @@
 
 The fingerprint is the ``model``, ``data`` and ``train`` config groups and ``seed``, flattened to dotted keys
 (``model.dropout``, ``train.lr_factor``, ``data.max_tokens``): whatever keys the groups hold, so a new setting
-is covered without being listed here. Left out is what a resumed run may change without training something
-else: the ``trainer`` group (devices, nodes, precision, max_steps, max_time, logging), checkpointing, attention
-maps, names and directories, and ``MAY_CHANGE``: how many processes load the data, and how evaluation batches
-and how many sentences it decodes for BLEU.
+is covered without being listed here, plus ``TRAINER_KEYS`` (``trainer.accumulate_grad_batches``: the tokens
+per optimizer step; gradient clipping is ``train.clip_grad_norm``). Left out is what a resumed run may change
+without training something else: the rest of the ``trainer`` group (devices, nodes, precision, max_steps,
+max_time, logging), checkpointing, attention maps, names and directories, and ``MAY_CHANGE``: how many processes
+load the data, where caches live, the validation and test sets, and how evaluation batches and how many
+sentences it decodes for BLEU, and how the same arithmetic is computed (the attention kernel, fused Adam).
 
 Every checkpoint carries the fingerprint of the run that wrote it (``RecordFingerprint``). Resuming the run
 dir's own checkpoint (``ckpt_path=auto`` or ``last``) with another fingerprint is refused (``check_resume``):
@@ -30,8 +32,11 @@ log = logging.getLogger(__name__)
 
 CKPT_FINGERPRINT = "run_fingerprint"  # the checkpoint key
 GROUPS = ("model", "data", "train")
-MAY_CHANGE = ("data.num_workers", "data.num_proc",  # how many processes load the data
-              "data.eval_max_tokens", "train.val_bleu_max_sentences", "train.test_bleu_max_sentences")  # evaluation
+TRAINER_KEYS = ("trainer.accumulate_grad_batches",)  # the trainer settings that change what a step trains
+MAY_CHANGE = ("data.num_workers", "data.num_proc", "data.cache_dir",  # how many processes load the data, caches
+              "data.val", "data.test", "data.eval_max_tokens",  # evaluation
+              "train.val_bleu_max_sentences", "train.test_bleu_max_sentences",
+              "model.attention", "model.attention_block_size", "train.fused_adam")  # kernels: the same arithmetic
 
 
 class ResumeError(ValueError):
@@ -49,7 +54,7 @@ def _flatten(value: Any, prefix: str, out: dict) -> dict:
 
 def run_fingerprint(cfg: DictConfig) -> dict[str, Any]:
     """{dotted key: resolved value} of what defines the run (see the module doc)."""
-    found: dict[str, Any] = {"seed": cfg.seed}
+    found: dict[str, Any] = {"seed": cfg.seed, **{key: OmegaConf.select(cfg, key) for key in TRAINER_KEYS}}
     for group in GROUPS:
         _flatten(OmegaConf.to_container(cfg[group], resolve=True), group, found)
     return {key: value for key, value in sorted(found.items()) if key not in MAY_CHANGE}
