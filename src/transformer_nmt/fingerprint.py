@@ -18,6 +18,7 @@ anyway; an explicit ``ckpt_path=FILE`` (fine-tuning from another run) is never c
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from pathlib import Path
@@ -58,6 +59,12 @@ def run_fingerprint(cfg: DictConfig) -> dict[str, Any]:
     for group in GROUPS:
         _flatten(OmegaConf.to_container(cfg[group], resolve=True), group, found)
     return {key: value for key, value in sorted(found.items()) if key not in MAY_CHANGE}
+
+
+def fingerprint_digest(cfg: DictConfig) -> str:
+    """A short hash of ``run_fingerprint(cfg)``: names a ``torchrun --standalone`` run dir (launch.job_identity)."""
+    encoded = json.dumps(run_fingerprint(cfg), sort_keys=True, default=str).encode()
+    return hashlib.sha256(encoded).hexdigest()[:10]
 
 
 class RecordFingerprint(Callback):
