@@ -88,9 +88,14 @@ def test_a_sweep_run_again_skips_a_finished_run_only_if_it_ran_with_these_settin
     (tmp_path / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     (tmp_path / "results.json").write_text("{}")
     assert finished_already(tiny_config(corpus, "trainer.devices=1", "trainer.max_time=00:02:00:00"), tmp_path)
-    with pytest.raises(ResumeError, match=r"the sweep's run in .* finished, but it ran with other settings than this "
-                                          r"command's:\n  model.n_heads: 2 there, 4 now\n.*sweep_id=NAME"):
-        finished_already(tiny_config(corpus, "model.n_heads=4"), tmp_path)
+    for forced in ((), ("force_resume=true",)):  # a finished run is not resumed: force_resume does not skip it
+        with pytest.raises(ResumeError) as refused:
+            finished_already(tiny_config(corpus, "model.n_heads=4", *forced), tmp_path)
+        message = str(refused.value)
+        assert (f"the sweep's run in {tmp_path} finished, but it ran with other settings than this command's:\n"
+                f"  model.n_heads: 2 there, 4 now\n") in message
+        assert f"delete {tmp_path / 'results.json'}" in message and "new sweep_id=NAME" in message
+        assert "force_resume" not in message
 
 
 # --- the requeue signal under DDP -------------------------------------------------------------

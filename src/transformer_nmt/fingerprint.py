@@ -104,10 +104,16 @@ def check_resume(cfg: DictConfig, path: Path | None) -> None:
 
 def check_finished_run(cfg: DictConfig, config_file: Path) -> None:
     """Refuse to skip a sweep's finished run (its ``config_file``, the resolved config it ran with) when it ran
-    with other settings than ``cfg``'s: its results are not this command's."""
-    saved = run_fingerprint(OmegaConf.load(config_file))
-    check_same_run(cfg, saved, f"the sweep's run in {config_file.parent} finished, but it ran",
-                   "Skipping it would report its results as this command's")
+    with other settings than ``cfg``'s: its results are not this command's. ``force_resume`` does not apply: a
+    finished run is not resumed, and skipping it would report the old settings' results as this command's."""
+    changed = differences(run_fingerprint(OmegaConf.load(config_file)), run_fingerprint(cfg))
+    if changed:
+        run_dir = config_file.parent
+        raise ResumeError(
+            f"the sweep's run in {run_dir} finished, but it ran with other settings than this command's:\n"
+            f"{_lines(changed)}\nSkipping it would report its results as this command's. To train it with this "
+            f"command's settings, delete {run_dir / 'results.json'}; to keep it, run this command under a new "
+            f"sweep_id=NAME.")
 
 
 def check_same_run(cfg: DictConfig, saved: dict[str, Any], found: str, consequence: str) -> None:
@@ -115,11 +121,14 @@ def check_same_run(cfg: DictConfig, saved: dict[str, Any], found: str, consequen
     changed = differences(saved, run_fingerprint(cfg))
     if not changed or cfg.get("force_resume"):
         return
-    lines = "\n".join(f"  {key}: {_override(old)} there, {_override(new)} now" for key, (old, new) in changed.items())
     as_it_was = " ".join(f"~{key}" if old == "absent" else f"{key}={_override(old)}"
                          for key, (old, new) in changed.items())
     raise ResumeError(
-        f"{found} with other settings than this command's:\n{lines}\n{consequence} under the new settings. To "
-        f"resume it as it was, pass {as_it_was}; to start a new run, give it its own directory (run_id=NAME or "
+        f"{found} with other settings than this command's:\n{_lines(changed)}\n{consequence} under the new settings. "
+        f"To resume it as it was, pass {as_it_was}; to start a new run, give it its own directory (run_id=NAME or "
         f"hydra.run.dir=DIR; in a sweep, sweep_id=NAME); to resume it with the new settings anyway, pass "
         f"force_resume=true.")
+
+
+def _lines(changed: dict[str, tuple[Any, Any]]) -> str:
+    return "\n".join(f"  {key}: {_override(old)} there, {_override(new)} now" for key, (old, new) in changed.items())
