@@ -83,19 +83,40 @@ def test_a_mid_epoch_resume_with_another_token_budget_is_refused_even_when_force
 
 
 def test_a_sweep_run_again_skips_a_finished_run_only_if_it_ran_with_these_settings(corpus, tmp_path):
-    cfg = tiny_config(corpus)
-    assert not finished_already(cfg, tmp_path)  # no results.json: run (or resume) it
+    cfg, job = tiny_config(corpus), ["train.lr_factor=1.0", "trainer.log_every_n_steps=1"]
+    assert not finished_already(cfg, tmp_path, job)  # no results.json: run (or resume) it
     (tmp_path / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
-    (tmp_path / "results.json").write_text("{}")
-    assert finished_already(tiny_config(corpus, "trainer.devices=1", "trainer.max_time=00:02:00:00"), tmp_path)
+    (tmp_path / "results.json").write_text(json.dumps({"overrides": job}))
+    assert finished_already(tiny_config(corpus, "trainer.devices=1", "trainer.max_time=00:02:00:00"), tmp_path, job)
     for forced in ((), ("force_resume=true",)):  # a finished run is not resumed: force_resume does not skip it
         with pytest.raises(ResumeError) as refused:
-            finished_already(tiny_config(corpus, "model.n_heads=4", *forced), tmp_path)
+            finished_already(tiny_config(corpus, "model.n_heads=4", *forced), tmp_path, job)
         message = str(refused.value)
         assert (f"the sweep's run in {tmp_path} finished, but it ran with other settings than this command's:\n"
                 f"  model.n_heads: 2 there, 4 now\n") in message
         assert f"delete {tmp_path / 'results.json'}" in message and "new sweep_id=NAME" in message
         assert "force_resume" not in message
+
+
+def test_a_sweep_whose_values_were_reordered_does_not_take_job_n_for_the_old_job_n(corpus, tmp_path):
+    """Run dirs are numbered in sweep order: with the axis reordered, job 1 is another run even where the
+    fingerprint cannot tell (an axis over a key outside it): finished or not, its directory is refused."""
+    old, new = ["trainer.log_every_n_steps=2"], ["trainer.log_every_n_steps=3"]
+    train(tiny_config(corpus, "trainer.max_steps=2", "checkpoint.every_n_train_steps=2", *old), tmp_path,
+          overrides=old, sweep=True)
+    last = tmp_path / "checkpoints" / "last.ckpt"
+    (tmp_path / "results.json").rename(tmp_path / "finished.json")  # first as an unfinished job: its checkpoint
+    with pytest.raises(ResumeError) as refused:
+        train(tiny_config(corpus, "trainer.max_steps=3", *new), tmp_path, overrides=new, sweep=True)
+    assert (f"{last} (step 2) ran with the overrides\n  trainer.log_every_n_steps=2\nbut this sweep gives that job "
+            f"the overrides\n  trainer.log_every_n_steps=3\n") in str(refused.value)
+    assert "new sweep_id=NAME" in str(refused.value) and "force_resume=true" in str(refused.value)
+    assert read_checkpoint(last)["global_step"] == 2  # nothing was trained
+    (tmp_path / "finished.json").rename(tmp_path / "results.json")  # then as a finished one
+    assert finished_already(tiny_config(corpus, *old), tmp_path, old)
+    with pytest.raises(ResumeError, match=r"finished; it ran with the overrides\n  trainer.log_every_n_steps=2\n"
+                                          r"but .*\n  trainer.log_every_n_steps=3\n.*delete .*results.json"):
+        finished_already(tiny_config(corpus, *new), tmp_path, new)
 
 
 # --- the requeue signal under DDP -------------------------------------------------------------

@@ -32,6 +32,7 @@ from transformer_nmt.checkpoint import read_checkpoint
 log = logging.getLogger(__name__)
 
 CKPT_FINGERPRINT = "run_fingerprint"  # the checkpoint key
+CKPT_OVERRIDES = "run_overrides"  # the command line's overrides (a sweep job's: Hydra's overrides.task)
 GROUPS = ("model", "data", "train")
 TRAINER_KEYS = ("trainer.accumulate_grad_batches",)  # the trainer settings that change what a step trains
 MAY_CHANGE = ("data.num_workers", "data.num_proc", "data.cache_dir",  # how many processes load the data, caches
@@ -68,13 +69,15 @@ def fingerprint_digest(cfg: DictConfig) -> str:
 
 
 class RecordFingerprint(Callback):
-    """Writes the run's fingerprint into every checkpoint it saves (key ``run_fingerprint``)."""
+    """Writes the run's fingerprint and overrides into every checkpoint it saves (keys ``run_fingerprint``,
+    ``run_overrides``)."""
 
-    def __init__(self, fingerprint: dict[str, Any]):
-        self.fingerprint = fingerprint
+    def __init__(self, fingerprint: dict[str, Any], overrides: list[str]):
+        self.fingerprint, self.overrides = fingerprint, overrides
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
         checkpoint[CKPT_FINGERPRINT] = self.fingerprint
+        checkpoint[CKPT_OVERRIDES] = self.overrides
 
 
 def _override(value: Any) -> str:
@@ -88,12 +91,17 @@ def differences(saved: dict[str, Any], current: dict[str, Any]) -> dict[str, tup
             if saved.get(key, absent) != current.get(key, absent)}
 
 
-def check_resume(cfg: DictConfig, path: Path | None) -> None:
+def check_resume(cfg: DictConfig, path: Path | None, sweep_overrides: list[str] | None = None) -> None:
     """Refuse to resume ``path``, the run dir's own checkpoint, when it was written by a run with another
-    fingerprint than ``cfg``'s; ``force_resume=true`` and explicit checkpoint paths are not checked."""
+    fingerprint than ``cfg``'s, or, in a sweep (``sweep_overrides``: this job's), by a job with other overrides;
+    ``force_resume=true`` and explicit checkpoint paths are not checked."""
     if path is None or cfg.ckpt_path not in ("auto", "last") or cfg.get("force_resume"):
         return
     checkpoint = read_checkpoint(path, mmap=True)
+    if sweep_overrides is not None:
+        check_same_job(checkpoint.get(CKPT_OVERRIDES), sweep_overrides, f"{path} (step {checkpoint.get('global_step')})",
+                       f"delete {path.parent.parent} to train this job from the start, or pass force_resume=true to "
+                       f"resume it anyway")
     saved = checkpoint.get(CKPT_FINGERPRINT)
     if saved is None:
         log.warning("%s predates run fingerprints: its settings cannot be compared with this command's", path)
@@ -102,18 +110,34 @@ def check_resume(cfg: DictConfig, path: Path | None) -> None:
                                f"written by a run", "Resuming it would continue that run's weights and schedule")
 
 
-def check_finished_run(cfg: DictConfig, config_file: Path) -> None:
-    """Refuse to skip a sweep's finished run (its ``config_file``, the resolved config it ran with) when it ran
-    with other settings than ``cfg``'s: its results are not this command's. ``force_resume`` does not apply: a
-    finished run is not resumed, and skipping it would report the old settings' results as this command's."""
+def check_finished_run(cfg: DictConfig, config_file: Path, saved_overrides: list[str] | None,
+                       overrides: list[str]) -> None:
+    """Refuse to skip a sweep's finished run (its ``config_file``, the resolved config it ran with, and the
+    overrides its results.json holds) when it ran with other settings or overrides than this job's ``cfg`` and
+    ``overrides``: its results are not this command's. ``force_resume`` does not apply: a finished run is not
+    resumed, and skipping it would report the old settings' results as this command's."""
+    run_dir = config_file.parent
+    check_same_job(saved_overrides, overrides, f"the sweep's run in {run_dir} finished; it",
+                   f"delete {run_dir / 'results.json'} to train this job")
     changed = differences(run_fingerprint(OmegaConf.load(config_file)), run_fingerprint(cfg))
     if changed:
-        run_dir = config_file.parent
         raise ResumeError(
             f"the sweep's run in {run_dir} finished, but it ran with other settings than this command's:\n"
             f"{_lines(changed)}\nSkipping it would report its results as this command's. To train it with this "
             f"command's settings, delete {run_dir / 'results.json'}; to keep it, run this command under a new "
             f"sweep_id=NAME.")
+
+
+def check_same_job(saved: list[str] | None, overrides: list[str], found: str, fix: str) -> None:
+    """In a sweep run again, job N's directory must hold job N: raise ``ResumeError`` when ``saved``, the
+    overrides it ran with (None: not recorded), differ from this job's ``overrides``, which happens when the
+    sweep's values were reordered, added or removed (run dirs are numbered in sweep order)."""
+    if saved is None or list(saved) == list(overrides):
+        return
+    raise ResumeError(
+        f"{found} ran with the overrides\n  {' '.join(saved)}\nbut this sweep gives that job the overrides\n  "
+        f"{' '.join(overrides)}\nThe sweep's values or their order changed, so the directory holds another run. Run "
+        f"the changed sweep under a new sweep_id=NAME, or the old command again; or {fix}.")
 
 
 def check_same_run(cfg: DictConfig, saved: dict[str, Any], found: str, consequence: str) -> None:
