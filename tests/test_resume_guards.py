@@ -88,6 +88,9 @@ def test_a_sweep_run_again_skips_a_finished_run_only_if_it_ran_with_these_settin
     (tmp_path / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     (tmp_path / "results.json").write_text(json.dumps({"overrides": job}))
     assert finished_already(tiny_config(corpus, "trainer.devices=1", "trainer.max_time=00:02:00:00"), tmp_path, job)
+    (tmp_path / "results.json").write_text('{"overrides": ["train.lr_f')  # a writer killed mid-write (before
+    assert not finished_already(cfg, tmp_path, job)  # results.json was atomic): not finished, it runs again
+    (tmp_path / "results.json").write_text(json.dumps({"overrides": job}))
     for forced in ((), ("force_resume=true",)):  # a finished run is not resumed: force_resume does not skip it
         with pytest.raises(ResumeError) as refused:
             finished_already(tiny_config(corpus, "model.n_heads=4", *forced), tmp_path, job)

@@ -30,7 +30,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from transformer_nmt.attention import auto_kernel, check_attention
 from transformer_nmt.callbacks import AttentionMaps, LastCheckpoint, TokenProgressBar
-from transformer_nmt.checkpoint import AtomicCheckpointIO
+from transformer_nmt.checkpoint import AtomicCheckpointIO, atomic_write
 from transformer_nmt.fingerprint import RecordFingerprint, check_finished_run, check_resume, run_fingerprint
 from transformer_nmt.launch import resume_checkpoint  # also registers hydra.run.dir's ${run_name:} resolver
 from transformer_nmt.model import TransformerConfig
@@ -224,7 +224,8 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: Sequence[str] = (), s
         metrics.update(trainer.callback_metrics)
     if rank_zero_only.rank == 0:
         results = run_results(module, trainer, metrics, overrides, time.perf_counter() - started)
-        (run_dir / RESULTS_FILE).write_text(json.dumps(results, indent=2) + "\n")
+        text = json.dumps(results, indent=2) + "\n"
+        atomic_write(run_dir / RESULTS_FILE, lambda f: f.write(text.encode()))  # complete, or not there
     return trainer
 
 
@@ -245,12 +246,16 @@ def finished_already(cfg: DictConfig, run_dir: Path, overrides: Sequence[str]) -
     """A sweep run again (same command, same sweep_id) skips the runs that wrote results.json; the others resume.
     A finished run with other settings or overrides (``overrides``: this job's) than this command's is an error
     (fingerprint.check_finished_run)."""
-    if not (run_dir / RESULTS_FILE).is_file():
+    path = run_dir / RESULTS_FILE
+    if not path.is_file():
         return False
-    results = json.loads((run_dir / RESULTS_FILE).read_text())
+    try:
+        results = json.loads(path.read_text())
+    except ValueError as error:  # written atomically since; an older run may have been killed mid-write
+        log.warning("%s is not readable JSON (%s): the run is taken as unfinished and runs (or resumes)", path, error)
+        return False
     check_finished_run(cfg, run_dir / "config.yaml", results.get("overrides"), list(overrides))
-    log.info("%s exists: this run of the sweep finished already, skipped (delete the file to run it again)",
-             run_dir / RESULTS_FILE)
+    log.info("%s exists: this run of the sweep finished already, skipped (delete the file to run it again)", path)
     return True
 
 
