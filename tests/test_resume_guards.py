@@ -48,7 +48,7 @@ def test_auto_refuses_the_checkpoint_of_a_run_with_other_settings(corpus, tmp_pa
 
     # What may change between launches does not count: devices, logging, time limits, loader processes.
     resumed = run(corpus, tmp_path, 4, "trainer.log_every_n_steps=2", "trainer.max_time=00:01:00:00",
-                  "data.num_workers=0", "train.test_bleu_max_sentences=4", "checkpoint.every_n_train_steps=1")
+                  "data.num_workers=1", "train.test_bleu_max_sentences=4", "checkpoint.every_n_train_steps=1")
     assert resumed.global_step == 4
     forced = run(corpus, tmp_path, 5, "train.lr_factor=2.0", "force_resume=true")
     assert forced.global_step == 5 and forced.lightning_module.optim["lr_factor"] == 2.0
@@ -133,32 +133,35 @@ AGREEMENT = textwrap.dedent("""
     rank, port, out = int(sys.argv[1]), sys.argv[2], sys.argv[3]
     dist.init_process_group("gloo", rank=rank, world_size=2, init_method=f"tcp://127.0.0.1:{port}")
     saved = []
-
-    def reduce_boolean_decision(decision, all=True):
-        flag = torch.tensor([float(decision)])
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return bool(flag.item())
-
     trainer = SimpleNamespace(global_step=0, world_size=2, log_every_n_steps=100, is_global_zero=rank == 0,
                               default_root_dir=out, save_checkpoint=lambda path: saved.append(trainer.global_step),
-                              strategy=SimpleNamespace(root_device=torch.device("cpu"),
-                                                       reduce_boolean_decision=reduce_boolean_decision))
+                              strategy=SimpleNamespace(root_device=torch.device("cpu")))
     requeue = SlurmRequeue()
-    requeue.setup(trainer, None, "fit")
-    stopped = None
-    for batch_idx in range(12):
-        requeue.on_train_batch_start(trainer, None, None, batch_idx)
-        trainer.global_step += 1  # the optimizer step
-        if rank == 1 and trainer.global_step == 4:  # SLURM's warning reaches one rank, mid-interval
-            os.kill(os.getpid(), getattr(signal, sys.argv[4]))
-        try:
-            requeue.on_train_batch_end(trainer, None, None, None, batch_idx)
-        except SystemExit:
-            stopped = trainer.global_step
-            break
-    requeue.teardown(trainer, None, "fit")
+
+    def fit(signal_at):  # one fit: setup, optimizer steps, then on_train_end unless the callback stopped it
+        requeue.setup(trainer, None, "fit")
+        stopped = None
+        for batch_idx in range(12):
+            requeue.on_train_batch_start(trainer, None, None, batch_idx)
+            trainer.global_step += 1  # the optimizer step
+            if rank == 1 and trainer.global_step == signal_at:  # SLURM's warning reaches one rank, mid-interval
+                os.kill(os.getpid(), getattr(signal, sys.argv[4]))
+            try:
+                requeue.on_train_batch_end(trainer, None, None, None, batch_idx)
+            except SystemExit:
+                stopped = trainer.global_step
+                break
+        else:
+            requeue.on_train_end(trainer, None)  # waits for the last step's agreement, started on both ranks
+        left_running = requeue._agreement._pending is not None
+        requeue.teardown(trainer, None, "fit")
+        return {"stopped": stopped, "saved": list(saved), "left_running": left_running}
+
+    signalled = fit(signal_at=4)
+    trainer.global_step, saved[:] = 0, []
+    unsignalled = fit(signal_at=None)  # the end of training without a signal: every agreement is finished
     dist.destroy_process_group()  # as Lightning's teardown does
-    print(json.dumps({"stopped": stopped, "saved": saved}))
+    print(json.dumps([signalled, unsignalled]))
 """)
 
 
@@ -181,7 +184,11 @@ def test_under_ddp_a_signal_on_one_rank_stops_every_rank_at_the_next_step_betwee
     for (out, err), rank in zip(outputs, ranks):
         assert rank.returncode == 0, err[-3000:]
     results = [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
-    assert results == [{"stopped": 5, "saved": [5]}] * 2  # both ranks, the same step: the one after the signal
+    signalled, unsignalled = zip(*results)  # per rank
+    # Both ranks, the same step: the one after the signal.
+    assert list(signalled) == [{"stopped": 5, "saved": [5], "left_running": False}] * 2
+    # Without a signal both ranks train to the end, save nothing and leave no all-reduce running at the teardown.
+    assert list(unsignalled) == [{"stopped": None, "saved": [], "left_running": False}] * 2
     assert (tmp_path / "scontrol.log").read_text() == "requeue 4240_3\n"  # rank 0 requeues this array task
 
 

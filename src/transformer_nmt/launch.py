@@ -200,6 +200,7 @@ class SlurmRequeue(Checkpoint):
 
     def setup(self, trainer, pl_module, stage) -> None:
         if stage == "fit" and os.environ.get("SLURM_JOB_ID"):
+            self.received = False  # a signal before this fit was submitit's to handle
             self._previous = {s: signal.signal(s, self._note) for s in self.signals}
             self.armed = True
 
