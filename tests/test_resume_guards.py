@@ -77,8 +77,8 @@ def test_clipping_is_set_in_train_not_in_the_trainer(corpus, tmp_path):
 
 def test_a_mid_epoch_resume_with_another_token_budget_is_refused_even_when_forced(corpus, tmp_path):
     run(corpus, tmp_path, 3, "checkpoint.every_n_train_steps=3")
-    with pytest.raises(ValueError, match="stopped in epoch 0 after 3 batches, planned with data.max_tokens=512 .* "
-                                         "Resume with data.max_tokens=512"):
+    with pytest.raises(ValueError, match="stopped in epoch 0 after 3 batches, planned with data.seed=1234 "
+                                         "data.max_tokens=512 .* Resume with data.seed=1234 data.max_tokens=512"):
         run(corpus, tmp_path, 4, "data.max_tokens=600", "force_resume=true")
 
 
