@@ -136,7 +136,7 @@ AGREEMENT = textwrap.dedent("""
     trainer = SimpleNamespace(global_step=0, world_size=2, log_every_n_steps=100, is_global_zero=rank == 0,
                               default_root_dir=out, save_checkpoint=lambda path: saved.append(trainer.global_step),
                               strategy=SimpleNamespace(root_device=torch.device("cpu")))
-    requeue = SlurmRequeue()
+    requeue = SlurmRequeue([sys.argv[4]])
 
     def fit(signal_at):  # one fit: setup, optimizer steps, then on_train_end unless the callback stopped it
         requeue.setup(trainer, None, "fit")
