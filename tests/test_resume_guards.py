@@ -56,7 +56,8 @@ def test_auto_refuses_the_checkpoint_of_a_run_with_other_settings(corpus, tmp_pa
 
 
 @pytest.mark.parametrize("override", ["data.cache_dir=elsewhere", "data.val=other/val", "data.test=null",
-                                      "train.fused_adam=false", "model.attention=fused", "model.attention_block_size=64",
+                                      "train.fused_adam=false", "model.attention=fused",
+                                      "model.attention_block_size=64",
                                       "trainer.devices=2", "trainer.max_time=00:01:00:00"])
 def test_what_may_change_leaves_the_fingerprint_alone(corpus, override):
     assert run_fingerprint(tiny_config(corpus, override)) == run_fingerprint(tiny_config(corpus))

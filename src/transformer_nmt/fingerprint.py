@@ -99,7 +99,8 @@ def check_resume(cfg: DictConfig, path: Path | None, sweep_overrides: list[str] 
         return
     checkpoint = read_checkpoint(path, mmap=True)
     if sweep_overrides is not None:
-        check_same_job(checkpoint.get(CKPT_OVERRIDES), sweep_overrides, f"{path} (step {checkpoint.get('global_step')})",
+        step = checkpoint.get("global_step")
+        check_same_job(checkpoint.get(CKPT_OVERRIDES), sweep_overrides, f"{path} (step {step})",
                        f"delete {path.parent.parent} to train this job from the start, or pass force_resume=true to "
                        f"resume it anyway")
     saved = checkpoint.get(CKPT_FINGERPRINT)

@@ -8,9 +8,9 @@ else ``torchrun-$TORCHELASTIC_RUN_ID`` (torchrun's ``--rdzv_id``), else, for a s
 launch time. ``torchrun --standalone`` draws a new random id at every launch: there the name is
 ``torchrun-standalone-`` and a hash of the run's fingerprint (``fingerprint.fingerprint_digest``: the settings
 that define the run), so that the command run again finds its run dir and resumes, also with another
-``trainer.max_time``, ``trainer.devices`` or ``force_resume=true`` (other settings, another dir). A sweep's directory is named by ``sweep_id=``, else
-the launch time (``sweep_name``). ``ckpt_path=auto`` then resumes from the newest checkpoint in that directory, if any
-(``resume_checkpoint``), which is what a restarted or requeued job needs (``SlurmRequeue``).
+``trainer.max_time``, ``trainer.devices`` or ``force_resume=true`` (other settings, another dir). A sweep's
+directory is named by ``sweep_id=``, else the launch time (``sweep_name``). ``ckpt_path=auto`` then resumes from
+the newest checkpoint in that directory, if any (``resume_checkpoint``), which is what a restarted or requeued job needs (``SlurmRequeue``).
 """
 
 from __future__ import annotations

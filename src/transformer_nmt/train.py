@@ -80,8 +80,9 @@ def validate_config(cfg: DictConfig) -> None:
     if cfg.trainer.get("accumulate_grad_batches", 1) < 1:
         raise ConfigError("trainer.accumulate_grad_batches must be >= 1")
     if cfg.trainer.get("gradient_clip_val") is not None:
-        raise ConfigError("trainer.gradient_clip_val: the module clips the gradients itself, after unscaling them by "
-                          "the step's target tokens; set train.clip_grad_norm instead and drop trainer.gradient_clip_val")
+        raise ConfigError("trainer.gradient_clip_val: the module clips the gradients itself, after unscaling them "
+                          "by the step's target tokens; set train.clip_grad_norm instead and drop "
+                          "trainer.gradient_clip_val")
     recent = cfg.checkpoint.recent
     if recent.every_n_train_steps and recent.every_n_minutes:
         raise ConfigError("checkpoint.recent: set every_n_train_steps or every_n_minutes, not both")
