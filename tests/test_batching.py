@@ -96,8 +96,9 @@ def test_resume_mid_epoch_skips_consumed_batches():
     assert len(list(resumed)) == len(full)  # the next epoch is whole again
 
 
-@pytest.mark.parametrize("changed", [{"max_tokens": 1200}, {"pad_to_multiple": 8}], ids=["max_tokens", "pad"])
-def test_resume_mid_epoch_with_another_token_budget_or_pad_multiple_is_refused(changed):
+@pytest.mark.parametrize("changed", [{"max_tokens": 1200}, {"pad_to_multiple": 8}, {"seed": 12}],
+                         ids=["max_tokens", "pad", "seed"])
+def test_resume_mid_epoch_with_another_token_budget_pad_multiple_or_seed_is_refused(changed):
     """The rest of the epoch is the checkpoint's plan: re-derived from other settings, the batches already taken
     no longer match it, and pairs would be seen twice or never, silently."""
     src, tgt = random_lengths()
@@ -107,16 +108,17 @@ def test_resume_mid_epoch_with_another_token_budget_or_pad_multiple_is_refused(c
     state = sampler.state_dict()
     options = {"max_tokens": 1500, "seed": 11, **changed}
     resumed = TokenBucketBatchSampler(src, tgt, options.pop("max_tokens"), **options)
-    with pytest.raises(ValueError, match=r"stopped in epoch 0 after 5 batches, planned with data.max_tokens=1500 and "
-                                         r"batch widths a multiple of 1; .* some pairs twice and others never. "
-                                         r"Resume with data.max_tokens=1500 and data.pad_to_multiple=1"):
+    with pytest.raises(ValueError, match=r"stopped in epoch 0 after 5 batches, planned with data.seed=11 "
+                                         r"data.max_tokens=1500 data.pad_to_multiple=1; .* some pairs twice and "
+                                         r"others never. Resume with data.seed=11 data.max_tokens=1500 "
+                                         r"data.pad_to_multiple=1 "):
         resumed.load_state_dict(state)
     # what the silent re-derivation would have done: some pairs of the epoch twice, some never
     rest = TokenBucketBatchSampler(src, tgt, **{"max_tokens": 1500, "seed": 11, **changed}).epoch_batches(0, [(1, 5)])
     seen = np.concatenate([np.concatenate(taken), *rest])
     assert len(np.unique(seen)) != len(seen) or len(seen) != len(src)
     list(it)  # at the epoch boundary the settings may change
-    TokenBucketBatchSampler(src, tgt, 1200, seed=11).load_state_dict(sampler.state_dict())
+    TokenBucketBatchSampler(src, tgt, 1200, seed=12).load_state_dict(sampler.state_dict())
 
 
 def test_pair_longer_than_max_tokens_is_an_error():

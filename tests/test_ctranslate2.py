@@ -12,7 +12,7 @@ from sacrebleu.metrics import BLEU
 from transformer_nmt.checkpoint import load_checkpoint
 from transformer_nmt.decoding import beam_search, greedy_decode
 from transformer_nmt.evaluate import main as evaluate_main
-from transformer_nmt.export import export_model
+from transformer_nmt.export import EXPORT_INFO, cached_export, export_model
 from transformer_nmt.export import main as export_main
 from transformer_nmt.model import Transformer, TransformerConfig
 from transformer_nmt.translate import encode_sources, token_batches, translate_lines
@@ -241,3 +241,16 @@ def test_two_concurrent_first_uses_of_the_export_cache_both_succeed(tmp_path):
     assert results[0][0][0] == results[1][0][0]  # one cache entry, complete, and nothing left beside it
     assert [p.name for p in (tmp_path / "cache" / "transformer_nmt" / "ctranslate2").iterdir()] == \
         [Path(results[0][0][0].strip()).name]
+
+
+def test_the_export_cache_replaces_a_leftover_export_that_never_finished(tmp_path, monkeypatch):
+    """A cache entry without EXPORT_INFO (a writer from before exports were atomic, killed mid-write) is not an
+    export: the next use exports again and puts a complete one in its place, instead of failing forever."""
+    ckpt = tmp_path / "model.ckpt"
+    write_checkpoint(ckpt, tiny_tokenizer(vocab_size=100))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    entry = cached_export(ckpt)
+    (entry / EXPORT_INFO).unlink()  # what was left: some files, no EXPORT_INFO
+    assert cached_export(ckpt) == entry and (entry / EXPORT_INFO).is_file()
+    assert CTranslate2Model(entry).translate_ids([[5, 6, 7]], beam=1)  # complete: it loads and translates
+    assert sorted(p.name for p in entry.parent.iterdir()) == [entry.name, f"{entry.name}.lock"]

@@ -49,15 +49,19 @@ def test_every_rank_of_a_job_resolves_the_same_run_dir(monkeypatch):
 
 def test_torchrun_standalone_run_again_finds_its_run_dir(monkeypatch):
     """torchrun --standalone draws a new random TORCHELASTIC_RUN_ID at every launch: the run dir must not follow
-    it, or a relaunch starts fresh in a new directory instead of resuming. The same command finds the same dir,
-    another command another dir."""
+    it, or a relaunch starts fresh in a new directory instead of resuming. The same run finds the same dir, also
+    relaunched with what may change (a time limit, devices, force_resume); another run another dir."""
     monkeypatch.setenv("WORLD_SIZE", "8")
     dirs = []
     for launch in range(2):
         monkeypatch.setenv("TORCHELASTIC_RUN_ID", str(uuid.uuid4()))
         dirs.append(hydra_run_dir("trainer=ddp", "train.lr_factor=2"))
     assert dirs[0] == dirs[1] and dirs[0].startswith("outputs/x/torchrun-standalone-")
-    assert hydra_run_dir("trainer=ddp", "train.lr_factor=3") != dirs[0]
+    for relaunch in ("trainer.max_time=00:04:00:00", "trainer.devices=4", "force_resume=true", "ckpt_path=last",
+                     "trainer.log_every_n_steps=50", "data.num_workers=4"):
+        assert hydra_run_dir("trainer=ddp", "train.lr_factor=2", relaunch) == dirs[0], relaunch
+    for other_run in ("train.lr_factor=3", "trainer.accumulate_grad_batches=2", "seed=7"):
+        assert hydra_run_dir("trainer=ddp", "train.lr_factor=2", other_run) != dirs[0], other_run
     assert hydra_run_dir("trainer=ddp", "run_id=mine") == "outputs/x/mine"
 
 

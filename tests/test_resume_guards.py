@@ -10,13 +10,15 @@ import sys
 import textwrap
 
 import pytest
+import torch
 from omegaconf import OmegaConf
 
 from test_resume import SCONTROL
 from test_train_app import one_thread, tiny_config, write_tiny_corpus  # noqa: F401 (fixture)
 from transformer_nmt.checkpoint import read_checkpoint
-from transformer_nmt.fingerprint import CKPT_FINGERPRINT, ResumeError, run_fingerprint
-from transformer_nmt.train import finished_already, train
+from transformer_nmt.fingerprint import CKPT_FINGERPRINT, ResumeError, differences, run_fingerprint
+from transformer_nmt.launch import LaggedAgreement
+from transformer_nmt.train import ConfigError, finished_already, train
 
 
 @pytest.fixture(scope="module")
@@ -46,29 +48,79 @@ def test_auto_refuses_the_checkpoint_of_a_run_with_other_settings(corpus, tmp_pa
 
     # What may change between launches does not count: devices, logging, time limits, loader processes.
     resumed = run(corpus, tmp_path, 4, "trainer.log_every_n_steps=2", "trainer.max_time=00:01:00:00",
-                  "data.num_workers=0", "train.test_bleu_max_sentences=4", "checkpoint.every_n_train_steps=1")
+                  "data.num_workers=1", "train.test_bleu_max_sentences=4", "checkpoint.every_n_train_steps=1")
     assert resumed.global_step == 4
     forced = run(corpus, tmp_path, 5, "train.lr_factor=2.0", "force_resume=true")
     assert forced.global_step == 5 and forced.lightning_module.optim["lr_factor"] == 2.0
     assert read_checkpoint(last)[CKPT_FINGERPRINT]["train.lr_factor"] == 2.0  # from now on, the run is this one
 
 
+@pytest.mark.parametrize("override", ["data.cache_dir=elsewhere", "data.val=other/val", "data.test=null",
+                                      "train.fused_adam=false", "model.attention=fused",
+                                      "model.attention_block_size=64",
+                                      "trainer.devices=2", "trainer.max_time=00:01:00:00"])
+def test_what_may_change_leaves_the_fingerprint_alone(corpus, override):
+    assert run_fingerprint(tiny_config(corpus, override)) == run_fingerprint(tiny_config(corpus))
+
+
+@pytest.mark.parametrize("override, key", [("trainer.accumulate_grad_batches=2", "trainer.accumulate_grad_batches"),
+                                           ("train.clip_grad_norm=1.0", "train.clip_grad_norm"),
+                                           ("data.seed=7", "data.seed"), ("model.dropout=0.3", "model.dropout")])
+def test_what_changes_training_changes_the_fingerprint(corpus, override, key):
+    changed = differences(run_fingerprint(tiny_config(corpus)), run_fingerprint(tiny_config(corpus, override)))
+    assert list(changed) == [key]
+
+
+def test_clipping_is_set_in_train_not_in_the_trainer(corpus, tmp_path):
+    with pytest.raises(ConfigError, match="trainer.gradient_clip_val: .* set train.clip_grad_norm instead"):
+        run(corpus, tmp_path, 1, "+trainer.gradient_clip_val=1.0")
+
+
 def test_a_mid_epoch_resume_with_another_token_budget_is_refused_even_when_forced(corpus, tmp_path):
     run(corpus, tmp_path, 3, "checkpoint.every_n_train_steps=3")
-    with pytest.raises(ValueError, match="stopped in epoch 0 after 3 batches, planned with data.max_tokens=512 .* "
-                                         "Resume with data.max_tokens=512"):
+    with pytest.raises(ValueError, match="stopped in epoch 0 after 3 batches, planned with data.seed=1234 "
+                                         "data.max_tokens=512 .* Resume with data.seed=1234 data.max_tokens=512"):
         run(corpus, tmp_path, 4, "data.max_tokens=600", "force_resume=true")
 
 
 def test_a_sweep_run_again_skips_a_finished_run_only_if_it_ran_with_these_settings(corpus, tmp_path):
-    cfg = tiny_config(corpus)
-    assert not finished_already(cfg, tmp_path)  # no results.json: run (or resume) it
+    cfg, job = tiny_config(corpus), ["train.lr_factor=1.0", "trainer.log_every_n_steps=1"]
+    assert not finished_already(cfg, tmp_path, job)  # no results.json: run (or resume) it
     (tmp_path / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
-    (tmp_path / "results.json").write_text("{}")
-    assert finished_already(tiny_config(corpus, "trainer.devices=1", "trainer.max_time=00:02:00:00"), tmp_path)
-    with pytest.raises(ResumeError, match=r"the sweep's run in .* finished, but it ran with other settings than this "
-                                          r"command's:\n  model.n_heads: 2 there, 4 now\n.*sweep_id=NAME"):
-        finished_already(tiny_config(corpus, "model.n_heads=4"), tmp_path)
+    (tmp_path / "results.json").write_text(json.dumps({"overrides": job}))
+    assert finished_already(tiny_config(corpus, "trainer.devices=1", "trainer.max_time=00:02:00:00"), tmp_path, job)
+    (tmp_path / "results.json").write_text('{"overrides": ["train.lr_f')  # a writer killed mid-write (before
+    assert not finished_already(cfg, tmp_path, job)  # results.json was atomic): not finished, it runs again
+    (tmp_path / "results.json").write_text(json.dumps({"overrides": job}))
+    for forced in ((), ("force_resume=true",)):  # a finished run is not resumed: force_resume does not skip it
+        with pytest.raises(ResumeError) as refused:
+            finished_already(tiny_config(corpus, "model.n_heads=4", *forced), tmp_path, job)
+        message = str(refused.value)
+        assert (f"the sweep's run in {tmp_path} finished, but it ran with other settings than this command's:\n"
+                f"  model.n_heads: 2 there, 4 now\n") in message
+        assert f"delete {tmp_path / 'results.json'}" in message and "new sweep_id=NAME" in message
+        assert "force_resume" not in message
+
+
+def test_a_sweep_whose_values_were_reordered_does_not_take_job_n_for_the_old_job_n(corpus, tmp_path):
+    """Run dirs are numbered in sweep order: with the axis reordered, job 1 is another run even where the
+    fingerprint cannot tell (an axis over a key outside it): finished or not, its directory is refused."""
+    old, new = ["trainer.log_every_n_steps=2"], ["trainer.log_every_n_steps=3"]
+    train(tiny_config(corpus, "trainer.max_steps=2", "checkpoint.every_n_train_steps=2", *old), tmp_path,
+          overrides=old, sweep=True)
+    last = tmp_path / "checkpoints" / "last.ckpt"
+    (tmp_path / "results.json").rename(tmp_path / "finished.json")  # first as an unfinished job: its checkpoint
+    with pytest.raises(ResumeError) as refused:
+        train(tiny_config(corpus, "trainer.max_steps=3", *new), tmp_path, overrides=new, sweep=True)
+    assert (f"{last} (step 2) ran with the overrides\n  trainer.log_every_n_steps=2\nbut this sweep gives that job "
+            f"the overrides\n  trainer.log_every_n_steps=3\n") in str(refused.value)
+    assert "new sweep_id=NAME" in str(refused.value) and "force_resume=true" in str(refused.value)
+    assert read_checkpoint(last)["global_step"] == 2  # nothing was trained
+    (tmp_path / "finished.json").rename(tmp_path / "results.json")  # then as a finished one
+    assert finished_already(tiny_config(corpus, *old), tmp_path, old)
+    with pytest.raises(ResumeError, match=r"finished; it ran with the overrides\n  trainer.log_every_n_steps=2\n"
+                                          r"but .*\n  trainer.log_every_n_steps=3\n.*delete .*results.json"):
+        finished_already(tiny_config(corpus, *new), tmp_path, new)
 
 
 # --- the requeue signal under DDP -------------------------------------------------------------
@@ -82,32 +134,35 @@ AGREEMENT = textwrap.dedent("""
     rank, port, out = int(sys.argv[1]), sys.argv[2], sys.argv[3]
     dist.init_process_group("gloo", rank=rank, world_size=2, init_method=f"tcp://127.0.0.1:{port}")
     saved = []
-
-    def reduce_boolean_decision(decision, all=True):
-        flag = torch.tensor([float(decision)])
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return bool(flag.item())
-
     trainer = SimpleNamespace(global_step=0, world_size=2, log_every_n_steps=100, is_global_zero=rank == 0,
                               default_root_dir=out, save_checkpoint=lambda path: saved.append(trainer.global_step),
-                              strategy=SimpleNamespace(root_device=torch.device("cpu"),
-                                                       reduce_boolean_decision=reduce_boolean_decision))
-    requeue = SlurmRequeue()
-    requeue.setup(trainer, None, "fit")
-    stopped = None
-    for batch_idx in range(12):
-        requeue.on_train_batch_start(trainer, None, None, batch_idx)
-        trainer.global_step += 1  # the optimizer step
-        if rank == 1 and trainer.global_step == 4:  # SLURM's warning reaches one rank, mid-interval
-            os.kill(os.getpid(), getattr(signal, sys.argv[4]))
-        try:
-            requeue.on_train_batch_end(trainer, None, None, None, batch_idx)
-        except SystemExit:
-            stopped = trainer.global_step
-            break
-    requeue.teardown(trainer, None, "fit")
+                              strategy=SimpleNamespace(root_device=torch.device("cpu")))
+    requeue = SlurmRequeue([sys.argv[4]])
+
+    def fit(signal_at):  # one fit: setup, optimizer steps, then on_train_end unless the callback stopped it
+        requeue.setup(trainer, None, "fit")
+        stopped = None
+        for batch_idx in range(12):
+            requeue.on_train_batch_start(trainer, None, None, batch_idx)
+            trainer.global_step += 1  # the optimizer step
+            if rank == 1 and trainer.global_step == signal_at:  # SLURM's warning reaches one rank, mid-interval
+                os.kill(os.getpid(), getattr(signal, sys.argv[4]))
+            try:
+                requeue.on_train_batch_end(trainer, None, None, None, batch_idx)
+            except SystemExit:
+                stopped = trainer.global_step
+                break
+        else:
+            requeue.on_train_end(trainer, None)  # waits for the last step's agreement, started on both ranks
+        left_running = requeue._agreement._pending is not None
+        requeue.teardown(trainer, None, "fit")
+        return {"stopped": stopped, "saved": list(saved), "left_running": left_running}
+
+    signalled = fit(signal_at=4)
+    trainer.global_step, saved[:] = 0, []
+    unsignalled = fit(signal_at=None)  # the end of training without a signal: every agreement is finished
     dist.destroy_process_group()  # as Lightning's teardown does
-    print(json.dumps({"stopped": stopped, "saved": saved}))
+    print(json.dumps([signalled, unsignalled]))
 """)
 
 
@@ -130,5 +185,29 @@ def test_under_ddp_a_signal_on_one_rank_stops_every_rank_at_the_next_step_betwee
     for (out, err), rank in zip(outputs, ranks):
         assert rank.returncode == 0, err[-3000:]
     results = [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
-    assert results == [{"stopped": 5, "saved": [5]}] * 2  # both ranks, the same step: the one after the signal
+    signalled, unsignalled = zip(*results)  # per rank
+    # Both ranks, the same step: the one after the signal.
+    assert list(signalled) == [{"stopped": 5, "saved": [5], "left_running": False}] * 2
+    # Without a signal both ranks train to the end, save nothing and leave no all-reduce running at the teardown.
+    assert list(unsignalled) == [{"stopped": None, "saved": [], "left_running": False}] * 2
     assert (tmp_path / "scontrol.log").read_text() == "requeue 4240_3\n"  # rank 0 requeues this array task
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_the_lagged_agreement_never_syncs_the_host_with_the_gpu(tmp_path):
+    """Every optimizer step exchanges the flag: no host-to-device copy, no stream sync (a 1-rank NCCL group)."""
+    torch.distributed.init_process_group("nccl", rank=0, world_size=1, init_method=f"file://{tmp_path / 'rdzv'}")
+    try:
+        agreement, device = LaggedAgreement(), torch.device("cuda", 0)
+        agreement.exchange(False, device)  # allocates the flag and the pinned buffer once
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            agreed = [agreement.exchange(flag, device) for flag in (False, True, False, False)]
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        assert agreed == [False, False, True, False]  # each step reads the step before's agreement
+        assert agreement.result() is False
+    finally:
+        torch.distributed.destroy_process_group()

@@ -1,7 +1,8 @@
 """Sweeps through hydra-submitit-launcher (hydra/launcher=submitit_local on CPU): a sweep runs each job in its own
 run dir; a job killed mid-run (SIGKILL) or signalled as submitit signals a SLURM job before its time limit
 (SIGUSR2) resumes when the same command with the same sweep_id runs again, and ends with the weights of an
-uninterrupted run, while the job that finished is skipped."""
+uninterrupted run, while the job that finished is skipped. The interrupted jobs wait at step GATE_STEP for the
+test (tests/sweep_gate.py): each is interrupted at a known step, however slow the machine."""
 
 import os
 import signal
@@ -20,20 +21,11 @@ from transformer_nmt.checkpoint import read_checkpoint
 pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
 
 TOTAL_STEPS = 14
+GATE_STEP = 4  # jobs 1 and 2 wait after this step, once its last.ckpt (every 2 steps) is written
 # Three runs of one training configuration: trainer.log_every_n_steps is outside the run fingerprint and leaves the
 # weights alone, so job 0 (never interrupted) is the reference the interrupted jobs 1 and 2 must end equal to.
 AXIS = "trainer.log_every_n_steps=1,2,3"
 LAST = "checkpoints/last.ckpt"
-
-
-def task_pid(sweep_dir: Path, job: int) -> int | None:
-    """The training process of sweep job ``job``: the child of the submitit controller whose log names its run dir."""
-    for log in sweep_dir.glob(".submitit/*/*_0_log.out"):
-        if f"run dir     {sweep_dir.resolve()}/{job}\n" in log.read_text():
-            controller = log.parent.name
-            children = Path(f"/proc/{controller}/task/{controller}/children").read_text().split()
-            return int(children[0]) if children else None
-    return None
 
 
 def wait_for(predicate, seconds=240):
@@ -41,13 +33,6 @@ def wait_for(predicate, seconds=240):
     while not predicate():
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.02)
-
-
-def running(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
-    except (FileNotFoundError, IndexError):
-        return False
 
 
 @pytest.fixture(scope="module")
@@ -58,30 +43,30 @@ def sweep(tmp_path_factory):
     (root / "bin").mkdir()
     (root / "bin" / "scontrol").write_text(SCONTROL)
     (root / "bin" / "scontrol").chmod(0o755)
+    gate = root / "gate"
+    gate.mkdir()
     src = Path(transformer_nmt.__file__).resolve().parents[1]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{src}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+    tests = Path(__file__).resolve().parent  # sweep_gate
+    env = {**os.environ, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([str(src), str(tests), os.environ.get("PYTHONPATH", "")]),
            "PATH": f"{root / 'bin'}{os.pathsep}{os.environ['PATH']}", "SCONTROL_LOG": str(root / "scontrol.log"),
            "SLURM_JOB_ID": "5150"}  # the jobs believe they run under SLURM: SlurmRequeue is armed
+    callbacks = ("trainer.callbacks=[{_target_:transformer_nmt.launch.SlurmRequeue,requeue_signals:[SIGUSR2]},"
+                 f"{{_target_:sweep_gate.Gate,gate_dir:'{gate}',step:{GATE_STEP},jobs:[1,2]}}]")
     command = [sys.executable, "-m", "transformer_nmt.train", "-m", "hydra/launcher=submitit_local",
                "hydra.launcher.timeout_min=10", *tiny_overrides(corpus), f"trainer.max_steps={TOTAL_STEPS}",
-               "trainer.val_check_interval=5", "checkpoint.every_n_train_steps=2", "name=sweep", "sweep_id=s1", AXIS]
+               "trainer.val_check_interval=5", "checkpoint.every_n_train_steps=2", "name=sweep", "sweep_id=s1",
+               callbacks, AXIS]
     sweep_dir = root / "multirun" / "sweep" / "s1"
 
     first = subprocess.Popen(command, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    interrupted, signals = {}, {1: signal.SIGKILL, 2: signal.SIGUSR2}
-
-    def interrupt_each_once_it_checkpointed() -> bool:  # the jobs run at once: whichever gets there first
-        for job in set(signals) - set(interrupted):
-            pid = (sweep_dir / str(job) / LAST).exists() and task_pid(sweep_dir, job)
-            if pid:
-                os.kill(pid, signals[job])
-                interrupted[job] = pid
-        return len(interrupted) == len(signals)
-    wait_for(interrupt_each_once_it_checkpointed)
+    for job, signum in ((1, signal.SIGKILL), (2, signal.SIGUSR2)):  # each held at GATE_STEP until interrupted
+        ready = gate / f"{job}.ready"
+        wait_for(lambda: ready.exists() and ready.read_text())
+        os.kill(int(ready.read_text()), signum)
+        (gate / f"{job}.go").touch()  # job 2 goes on with the signal noted; the sweep run again is not held
     first_output = first.communicate(timeout=300)[0]
-    for pid in interrupted.values():
-        wait_for(lambda: not running(pid))
-    stopped = {job: read_checkpoint(sweep_dir / str(job) / LAST)["global_step"] for job in interrupted}
+    stopped = {job: read_checkpoint(sweep_dir / str(job) / LAST)["global_step"] for job in (1, 2)}
     finished = (sweep_dir / "0" / "results.json").stat().st_mtime_ns
     scontrol = (root / "scontrol.log").read_text() if (root / "scontrol.log").exists() else ""
 
@@ -111,7 +96,8 @@ def test_the_same_command_completes_the_sweep_and_skips_the_finished_job(sweep):
 def test_an_interrupted_job_resumes_and_ends_with_the_weights_of_the_uninterrupted_one(sweep, job):
     sweep_dir = sweep["dir"]
     stopped = sweep["stopped"][job]
-    assert 2 <= stopped < TOTAL_STEPS
+    # SIGKILL at the gate: the last.ckpt written there; USR2: SlurmRequeue finishes the next step and writes it.
+    assert stopped == {1: GATE_STEP, 2: GATE_STEP + 1}[job]
     assert f"resume      from {sweep_dir.resolve()}/{job}/{LAST}, step {stopped} (ckpt_path=auto)" in logs(sweep_dir, job)
     reference = read_checkpoint(sweep_dir / "0" / LAST)["state_dict"]
     final = read_checkpoint(sweep_dir / str(job) / LAST)["state_dict"]

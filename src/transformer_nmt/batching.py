@@ -207,8 +207,6 @@ class TokenBucketBatchSampler:
         return self.position(self.epoch, self.dealt_before, self._yielded)
 
     def load_state_dict(self, state: dict) -> None:
-        if state.get("seed", self.seed) != self.seed:
-            raise ValueError(f"resuming with seed {self.seed}, but the checkpoint's batches used seed {state['seed']}")
         dealt = [(int(r), int(k)) for r, k in state.get("dealt_before", [])]
         if int(state["batches_yielded"]):  # checkpoints without num_replicas were written by as many ranks
             dealt.append((int(state.get("num_replicas", self.num_replicas)), int(state["batches_yielded"])))
@@ -217,18 +215,19 @@ class TokenBucketBatchSampler:
         self.epoch, self.dealt_before = int(state["epoch"]), dealt
 
     def _check_same_plan(self, state: dict, epoch: int, taken: int) -> None:
-        """Mid-epoch, the batches not yet taken are those of the checkpoint's plan: planned from other token
-        budgets or widths, the rest of the epoch would repeat some pairs and never show others."""
-        saved = {key: state.get(key, getattr(self, key)) for key in ("max_tokens", "pad_to_multiple")}
-        if saved == {"max_tokens": self.max_tokens, "pad_to_multiple": self.pad_to_multiple}:
+        """Mid-epoch, the batches not yet taken are those of the checkpoint's plan: planned from another shuffle
+        seed, token budget or width multiple, the rest of the epoch would repeat some pairs and never show others."""
+        keys = {"seed": "data.seed", "max_tokens": "data.max_tokens", "pad_to_multiple": "data.pad_to_multiple"}
+        saved = {key: state.get(key, getattr(self, key)) for key in keys}
+        if all(saved[key] == getattr(self, key) for key in keys):
             return
+        then = " ".join(f"{name}={saved[key]}" for key, name in keys.items())
+        now = " ".join(f"{name}={getattr(self, key)}" for key, name in keys.items())
         raise ValueError(
-            f"the checkpoint stopped in epoch {epoch} after {taken} batches, planned with data.max_tokens="
-            f"{saved['max_tokens']} and batch widths a multiple of {saved['pad_to_multiple']}; this run plans "
-            f"with data.max_tokens={self.max_tokens} and a multiple of {self.pad_to_multiple}: the rest of the "
-            f"epoch would show some pairs twice and others never. Resume with data.max_tokens={saved['max_tokens']} "
-            f"and data.pad_to_multiple={saved['pad_to_multiple']} (train.compile=true pads to a multiple of 8), "
-            f"and change them at an epoch boundary (a checkpoint written at the end of an epoch)")
+            f"the checkpoint stopped in epoch {epoch} after {taken} batches, planned with {then}; this run plans "
+            f"with {now}: the rest of the epoch would show some pairs twice and others never. Resume with {then} "
+            f"(train.compile=true pads to a multiple of 8), and change them at an epoch boundary (a checkpoint "
+            f"written at the end of an epoch)")
 
     def __getstate__(self) -> dict:  # the background plan does not travel
         return {**self.__dict__, "_ahead": None, "_executor": None}

@@ -13,8 +13,9 @@ Writing goes to ``PATH.tmp-<pid>`` in the same directory, is flushed to disk, th
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
@@ -32,12 +33,18 @@ class CheckpointError(ValueError):
 
 def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
     """``torch.save`` to a temporary file next to ``path``, fsync, then rename it over ``path``."""
+    atomic_write(path, lambda f: torch.save(obj, f))
+
+
+def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], Any]) -> None:
+    """``write(file)`` into a temporary file next to ``path``, fsync, then rename it over ``path``: a process
+    killed meanwhile leaves the previous file, or none, never a partial one."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
     try:
         with open(tmp, "wb") as f:
-            torch.save(obj, f)
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

@@ -33,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from filelock import FileLock
 
 from transformer_nmt.checkpoint import load_checkpoint
 from transformer_nmt.model import Transformer
@@ -183,11 +184,29 @@ def export_model(model: Transformer, tokenizer: Tokenizer, output: str | os.Path
         try:
             os.replace(tmp, output)  # atomic; fails when output is a directory that is not empty
         except OSError:
-            if not (exist_ok and (output / EXPORT_INFO).is_file()):
+            if not exist_ok:
                 raise
+            if not (output / EXPORT_INFO).is_file():
+                replace_unfinished(output, tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return output
+
+
+def replace_unfinished(output: Path, export: Path) -> None:
+    """Put the complete ``export`` where ``output``, a directory without EXPORT_INFO (an export that never
+    finished, left by a writer before exports were atomic), stands; no reader uses such a directory. Under a
+    lock, so that a racing process's complete export is never moved aside; one completed meanwhile is kept."""
+    with FileLock(f"{output}.lock"):
+        if (output / EXPORT_INFO).is_file():
+            return
+        stale = output.with_name(f"{output.name}.unfinished-{os.getpid()}")
+        try:
+            if output.exists():
+                os.replace(output, stale)
+            os.replace(export, output)
+        finally:
+            shutil.rmtree(stale, ignore_errors=True)
 
 
 def cached_export(ckpt: str | os.PathLike) -> Path:
@@ -196,7 +215,8 @@ def cached_export(ckpt: str | os.PathLike) -> Path:
     modification time (checkpoints are replaced atomically, never edited: a new file is a new key; hashing the
     bytes would read gigabytes of optimizer state on every call). Concurrent first uses (two ``translate``
     processes) each write their own temporary export; the first rename wins and the others keep it: an entry,
-    once there, is never removed or replaced under a reader."""
+    once there, is never removed or replaced under a reader. A directory without EXPORT_INFO, which no reader
+    uses, is replaced by a complete export (``replace_unfinished``)."""
     path = Path(ckpt)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {path} does not exist")

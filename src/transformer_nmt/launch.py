@@ -6,15 +6,16 @@ so its name comes from the job's identity, not from each process's clock (``run_
 ``${run_name:...}`` resolver of ``hydra.run.dir``): an explicit ``run_id=``, else ``slurm-$SLURM_JOB_ID``,
 else ``torchrun-$TORCHELASTIC_RUN_ID`` (torchrun's ``--rdzv_id``), else, for a single process only, the
 launch time. ``torchrun --standalone`` draws a new random id at every launch: there the name is
-``torchrun-standalone-`` and a hash of the command's overrides, so that the same command run again finds its
-run dir and resumes (another command, another dir). A sweep's directory is named by ``sweep_id=``, else
-the launch time (``sweep_name``). ``ckpt_path=auto`` then resumes from the newest checkpoint in that directory, if any
-(``resume_checkpoint``), which is what a restarted or requeued job needs (``SlurmRequeue``).
+``torchrun-standalone-`` and a hash of the run's fingerprint (``fingerprint.fingerprint_digest``: the settings
+that define the run), so that the command run again finds its run dir and resumes, also with another
+``trainer.max_time``, ``trainer.devices`` or ``force_resume=true`` (other settings, another dir). A sweep's
+directory is named by ``sweep_id=``, else the launch time (``sweep_name``). ``ckpt_path=auto`` then resumes from
+the newest checkpoint in that directory, if any (``resume_checkpoint``), which is what a restarted or requeued job needs (``SlurmRequeue``).
 """
 
 from __future__ import annotations
 
-import hashlib
+import functools
 import logging
 import os
 import signal
@@ -28,6 +29,7 @@ from lightning.pytorch.callbacks import Checkpoint
 from omegaconf import OmegaConf
 
 from transformer_nmt.checkpoint import checkpoint_step
+from transformer_nmt.fingerprint import fingerprint_digest
 
 log = logging.getLogger(__name__)
 
@@ -48,24 +50,27 @@ def standalone(torchrun_id: str) -> bool:
         return False
 
 
-def job_identity(run_id: str | None = None, environ=os.environ, overrides: str = "") -> str | None:
+def job_identity(run_id: str | None = None, environ=os.environ, config=None) -> str | None:
     """The name every process and every requeue of one job share, or None outside a launcher.
-    ``overrides``: the command's (Hydra's ``override_dirname``), which name a ``torchrun --standalone`` run."""
+    ``config``: the composed config, whose fingerprint names a ``torchrun --standalone`` run."""
     if run_id not in (None, ""):
         return str(run_id)
     if environ.get("SLURM_JOB_ID"):  # kept by scontrol requeue
         return f"slurm-{environ['SLURM_JOB_ID']}"
     torchrun = environ.get("TORCHELASTIC_RUN_ID", "none")  # torchrun --rdzv_id (static rendezvous: "none")
     if torchrun != "none" and standalone(torchrun):
-        return f"torchrun-standalone-{hashlib.sha256(overrides.encode()).hexdigest()[:10]}"
+        if config is None:
+            raise ValueError("job_identity under torchrun --standalone needs the config: its fingerprint names the run")
+        return f"torchrun-standalone-{fingerprint_digest(config)}"
     if torchrun != "none":
         return f"torchrun-{torchrun}"
     return None
 
 
-def run_name(run_id: str | None = None, overrides: str = "") -> str:
-    """The last component of ``hydra.run.dir``: the job identity, or the launch time for one process."""
-    name = job_identity(run_id, overrides=overrides)
+def run_name(run_id: str | None = None, *, _root_=None) -> str:
+    """The last component of ``hydra.run.dir``: the job identity, or the launch time for one process.
+    ``_root_``: the composed config (OmegaConf passes it to the resolver)."""
+    name = job_identity(run_id, config=_root_)
     if name is not None:
         return name
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
@@ -74,6 +79,12 @@ def run_name(run_id: str | None = None, overrides: str = "") -> str:
             f"error: WORLD_SIZE={world_size} but no job identity: each process would pick its own time-stamped run "
             f"directory. Pass run_id=NAME (the same on every node), or torchrun --rdzv_id=NAME, or "
             f"hydra.run.dir=DIR; relaunching with the same one resumes the run (ckpt_path=auto)")
+    return launch_time()
+
+
+@functools.cache
+def launch_time() -> str:
+    """This process's first call's time: ``hydra.run.dir``, resolved several times, names one directory."""
     return time.strftime(TIME_FORMAT)
 
 
@@ -83,7 +94,7 @@ def sweep_name(sweep_id: str | None = None) -> str:
     return str(sweep_id) if sweep_id not in (None, "") else time.strftime(TIME_FORMAT)
 
 
-OmegaConf.register_new_resolver("run_name", run_name, use_cache=True, replace=True)
+OmegaConf.register_new_resolver("run_name", run_name, replace=True)  # not cached: it reads the config
 OmegaConf.register_new_resolver("sweep_name", sweep_name, use_cache=True, replace=True)
 
 
@@ -124,39 +135,43 @@ def slurm_job(environ=os.environ) -> str:
 class LaggedAgreement:
     """Whether any rank raised its flag, agreed every step without waiting for the other ranks: each step
     starts an asynchronous all-reduce (MAX) of this rank's flag and reads the one started a step earlier,
-    long finished by then. Every rank reads the same value at the same step. On CUDA the result is copied
-    to pinned host memory behind an event, so reading it waits for the previous step's kernels at most."""
+    long finished by then. Every rank reads the same value at the same step. The flag lives in one tensor on
+    the device, filled in place (a kernel argument, no host-to-device copy); on CUDA the result is copied to
+    one pinned host buffer behind an event, so reading it waits for the previous step's kernels at most."""
 
     def __init__(self):
-        self._pending = None  # (work, result on the host or the tensor, event or None)
+        self._value = None  # the flag on the device, all-reduced in place
+        self._host = None  # on CUDA: pinned host memory the result is copied to
+        self._pending = None  # (work, event or None)
 
     def exchange(self, flag: bool, device: torch.device) -> bool:
         """Start agreeing on ``flag``; return what the ranks agreed on at the previous call."""
         previous = self.result()
-        value = torch.tensor([float(flag)], device=device)
-        work = torch.distributed.all_reduce(value, op=torch.distributed.ReduceOp.MAX, async_op=True)
+        if self._value is None or self._value.device != device:
+            self._value = torch.zeros(1, device=device)
+            self._host = torch.zeros(1, pin_memory=True) if self._value.is_cuda else self._value
+        self._value.fill_(float(flag))
+        work = torch.distributed.all_reduce(self._value, op=torch.distributed.ReduceOp.MAX, async_op=True)
         event = None
-        if value.is_cuda:
+        if self._value.is_cuda:
             work.wait()  # NCCL: orders the current stream after the all-reduce; the host does not wait
-            host = torch.empty(1, pin_memory=True)
-            host.copy_(value, non_blocking=True)
+            self._host.copy_(self._value, non_blocking=True)
             event = torch.cuda.Event()
             event.record()
-            value = host
-        self._pending = (work, value, event)
+        self._pending = (work, event)
         return previous
 
     def result(self) -> bool:
         """What the last started agreement gave (False if none), waiting for it if it is still running."""
         if self._pending is None:
             return False
-        work, value, event = self._pending
+        work, event = self._pending
         self._pending = None
         if event is not None:
             event.synchronize()
         else:
             work.wait()
-        return bool(value.item())
+        return bool(self._host.item())
 
 
 class SlurmRequeue(Checkpoint):
@@ -175,7 +190,7 @@ class SlurmRequeue(Checkpoint):
     others: it runs after them, so the file holds their state.
     """
 
-    def __init__(self, requeue_signals: tuple[str, ...] | list[str] = ("SIGUSR1", "SIGUSR2")):
+    def __init__(self, requeue_signals: tuple[str, ...] | list[str]):  # their default: conf/trainer/cpu.yaml
         self.signals = [signal.Signals[name] for name in requeue_signals]
         self.received = False
         self.armed = False  # only under SLURM: elsewhere the callback does nothing, not even a check
@@ -185,6 +200,7 @@ class SlurmRequeue(Checkpoint):
 
     def setup(self, trainer, pl_module, stage) -> None:
         if stage == "fit" and os.environ.get("SLURM_JOB_ID"):
+            self.received = False  # a signal before this fit was submitit's to handle
             self._previous = {s: signal.signal(s, self._note) for s in self.signals}
             self.armed = True
 

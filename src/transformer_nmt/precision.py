@@ -1,9 +1,12 @@
-"""``trainer.precision=auto``: bf16 mixed precision where the hardware computes in bf16, fp32 elsewhere.
+"""``trainer.precision=auto``: bf16 mixed precision where the hardware computes in bf16, fp16 mixed precision
+on older CUDA GPUs, fp32 elsewhere.
 
-bf16 autocast pays on CUDA devices that support bf16 (Ampere and newer) and on CPUs with native bf16
-instructions (AVX512-BF16 or AMX). On other CPUs (AVX2 laptops and servers) PyTorch emulates bf16
-arithmetic: a training step is many times slower than in fp32 (docs/benchmarks.md, "Precision on a CPU"), so auto
-picks 32-true there.
+bf16 autocast pays on CUDA devices with native bf16 (Ampere and newer) and on CPUs with native bf16
+instructions (AVX512-BF16 or AMX). Pre-Ampere GPUs (V100, T4) would emulate bf16
+(``torch.cuda.is_bf16_supported(including_emulation=False)``, torch 2.4+, tells them apart); their tensor cores
+compute in fp16, so auto picks 16-mixed (fp16 autocast with a gradient scaler) there. On other CPUs (AVX2
+laptops and servers) PyTorch emulates bf16 arithmetic: a training step is many times slower than in fp32
+(docs/benchmarks.md, "Precision on a CPU"), so auto picks 32-true there.
 
 The environment variable ``TRANSFORMER_NMT_CPU_BF16=native|emulated`` makes the CPU answer as one with
 or without native bf16, whatever its flags: the test suite runs auto's CPU branch both ways on any machine.

@@ -30,7 +30,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from transformer_nmt.attention import auto_kernel, check_attention
 from transformer_nmt.callbacks import AttentionMaps, LastCheckpoint, TokenProgressBar
-from transformer_nmt.checkpoint import AtomicCheckpointIO
+from transformer_nmt.checkpoint import AtomicCheckpointIO, atomic_write
 from transformer_nmt.fingerprint import RecordFingerprint, check_finished_run, check_resume, run_fingerprint
 from transformer_nmt.launch import resume_checkpoint  # also registers hydra.run.dir's ${run_name:} resolver
 from transformer_nmt.model import TransformerConfig
@@ -79,6 +79,10 @@ def validate_config(cfg: DictConfig) -> None:
         raise ConfigError(f"train.warmup_steps must be >= 1, got {cfg.train.warmup_steps}")
     if cfg.trainer.get("accumulate_grad_batches", 1) < 1:
         raise ConfigError("trainer.accumulate_grad_batches must be >= 1")
+    if cfg.trainer.get("gradient_clip_val") is not None:
+        raise ConfigError("trainer.gradient_clip_val: the module clips the gradients itself, after unscaling them "
+                          "by the step's target tokens; set train.clip_grad_norm instead and drop "
+                          "trainer.gradient_clip_val")
     recent = cfg.checkpoint.recent
     if recent.every_n_train_steps and recent.every_n_minutes:
         raise ConfigError("checkpoint.recent: set every_n_train_steps or every_n_minutes, not both")
@@ -96,7 +100,7 @@ def build_module(cfg: DictConfig, tokenizer) -> TranslationModule:
     return TranslationModule(model_config, train_config, tokenizer=tokenizer, seed=cfg.seed, data_config=data_config)
 
 
-def build_callbacks(cfg: DictConfig, checkpoint_dir: Path) -> list[pl.Callback]:
+def build_callbacks(cfg: DictConfig, checkpoint_dir: Path, overrides: Sequence[str] = ()) -> list[pl.Callback]:
     """Best-k checkpoints by validation BLEU (loss when BLEU is off), ``last.ckpt``, maps, progress bar."""
     bleu = cfg.train.val_bleu_max_sentences != 0
     best = ModelCheckpoint(  # first ModelCheckpoint: trainer.test(ckpt_path="best") uses it
@@ -105,7 +109,7 @@ def build_callbacks(cfg: DictConfig, checkpoint_dir: Path) -> list[pl.Callback]:
         auto_insert_metric_name=False, monitor="val/bleu" if bleu else "val/loss", mode="max" if bleu else "min",
         save_top_k=cfg.checkpoint.save_top_k, save_last=False)
     last = LastCheckpoint(checkpoint_dir, every_n_train_steps=cfg.checkpoint.every_n_train_steps)
-    callbacks = [best, RecordFingerprint(run_fingerprint(cfg))]
+    callbacks = [best, RecordFingerprint(run_fingerprint(cfg), list(overrides))]
     recent = cfg.checkpoint.recent
     if recent.keep:  # a rolling window of the newest K, for checkpoint averaging (paper section 6.1)
         minutes = recent.every_n_minutes
@@ -190,14 +194,16 @@ def run_results(module: TranslationModule, trainer: pl.Trainer, metrics: dict, o
     }
 
 
-def train(cfg: DictConfig, run_dir: str | Path, overrides: Sequence[str] = ()) -> pl.Trainer:
+def train(cfg: DictConfig, run_dir: str | Path, overrides: Sequence[str] = (), sweep: bool = False) -> pl.Trainer:
     """Fit and test one configuration, write ``run_dir/results.json`` (see ``run_results``; ``overrides``:
-    the command line's, recorded there); returns the trainer (metrics in ``trainer.callback_metrics``)."""
+    the command line's, recorded there and in the checkpoints; ``sweep``: a job of a multirun, which resumes
+    only a checkpoint written with the same overrides); returns the trainer (metrics in
+    ``trainer.callback_metrics``)."""
     started = time.perf_counter()
     run_dir = Path(run_dir)
     validate_config(cfg)
     ckpt_path, resume = resume_checkpoint(cfg.ckpt_path, run_dir)
-    check_resume(cfg, ckpt_path)  # the run dir's checkpoint must come from a run with this command's settings
+    check_resume(cfg, ckpt_path, list(overrides) if sweep else None)  # the run dir's checkpoint must be this run's
     if rank_zero_only.rank == 0:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
@@ -207,7 +213,7 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: Sequence[str] = ()) -
     datamodule = hydra.utils.instantiate(cfg.data, **compile_pad)
     datamodule.setup("fit")  # builds or reuses the vocabulary: the model's vocab_size comes from it
     module = build_module(cfg, datamodule.tokenizer)
-    callbacks = build_callbacks(cfg, run_dir / "checkpoints")
+    callbacks = build_callbacks(cfg, run_dir / "checkpoints", overrides)
     trainer = build_trainer(cfg, run_dir, callbacks)
     if rank_zero_only.rank == 0:
         log.info("\n%s", summary(cfg, datamodule, module, trainer, resume))
@@ -219,7 +225,8 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: Sequence[str] = ()) -
         metrics.update(trainer.callback_metrics)
     if rank_zero_only.rank == 0:
         results = run_results(module, trainer, metrics, overrides, time.perf_counter() - started)
-        (run_dir / RESULTS_FILE).write_text(json.dumps(results, indent=2) + "\n")
+        text = json.dumps(results, indent=2) + "\n"
+        atomic_write(run_dir / RESULTS_FILE, lambda f: f.write(text.encode()))  # complete, or not there
     return trainer
 
 
@@ -230,19 +237,26 @@ def main(cfg: DictConfig) -> None:
         logging.getLogger(name).handlers.clear()
         logging.getLogger(name).propagate = True
     hydra_config = HydraConfig.get()
-    if hydra_config.mode == RunMode.MULTIRUN and finished_already(cfg, Path(hydra_config.runtime.output_dir)):
+    overrides, sweep = list(hydra_config.overrides.task), hydra_config.mode == RunMode.MULTIRUN
+    if sweep and finished_already(cfg, Path(hydra_config.runtime.output_dir), overrides):
         return
-    train(cfg, hydra_config.runtime.output_dir, overrides=hydra_config.overrides.task)
+    train(cfg, hydra_config.runtime.output_dir, overrides=overrides, sweep=sweep)
 
 
-def finished_already(cfg: DictConfig, run_dir: Path) -> bool:
+def finished_already(cfg: DictConfig, run_dir: Path, overrides: Sequence[str]) -> bool:
     """A sweep run again (same command, same sweep_id) skips the runs that wrote results.json; the others resume.
-    A finished run with other settings than this command's is an error (fingerprint.check_finished_run)."""
-    if not (run_dir / RESULTS_FILE).is_file():
+    A finished run with other settings or overrides (``overrides``: this job's) than this command's is an error
+    (fingerprint.check_finished_run)."""
+    path = run_dir / RESULTS_FILE
+    if not path.is_file():
         return False
-    check_finished_run(cfg, run_dir / "config.yaml")
-    log.info("%s exists: this run of the sweep finished already, skipped (delete the file to run it again)",
-             run_dir / RESULTS_FILE)
+    try:
+        results = json.loads(path.read_text())
+    except ValueError as error:  # written atomically since; an older run may have been killed mid-write
+        log.warning("%s is not readable JSON (%s): the run is taken as unfinished and runs (or resumes)", path, error)
+        return False
+    check_finished_run(cfg, run_dir / "config.yaml", results.get("overrides"), list(overrides))
+    log.info("%s exists: this run of the sweep finished already, skipped (delete the file to run it again)", path)
     return True
 
 
