@@ -118,6 +118,9 @@ def transformer_spec(model: Transformer, tokenizer: Tokenizer):
     cfg = model.config
     if tokenizer.vocab_size != cfg.vocab_size:
         raise ValueError(f"tokenizer has {tokenizer.vocab_size} pieces but the model {cfg.vocab_size}")
+    if cfg.head_dims() != (cfg.d_model // cfg.n_heads,) * 2:
+        raise ValueError(f"CTranslate2 needs d_k = d_v = d_model / n_heads ({cfg.d_model // cfg.n_heads}); this model "
+                         f"has model.d_k {cfg.head_dims()[0]}, model.d_v {cfg.head_dims()[1]}: translate with PyTorch")
     spec = specs.TransformerSpec.from_config((cfg.n_encoder_layers, cfg.n_decoder_layers), cfg.n_heads,
                                              pre_norm=cfg.norm_first, activation=specs.Activation.RELU)
     _set_inputs(spec.encoder, model.src_embed, model.positions)

@@ -173,6 +173,7 @@ class TranslationModule(pl.LightningModule):
         self._timed = {"tokens": 0, "seconds": 0.0}  # (source, target) tokens and seconds over the timed steps
         self._interval = {"tokens": 0, "seconds": 0.0}  # the same since the last logging step
         self._eval = {}  # per evaluation: loss sums and decoded sentences
+        self.hypotheses = {}  # split -> {sentence index: detokenized greedy hypothesis} of its last evaluation
 
     # --- optimisation ------------------------------------------------------------------------
     def configure_optimizers(self):
@@ -323,6 +324,7 @@ class TranslationModule(pl.LightningModule):
             return 0.0, 0
         references = datamodule.references(split)
         indices = sorted(hypotheses)
+        self.hypotheses[split] = {i: hypotheses[i] for i in indices}  # kept for significance tests (train.py)
         bleu = sacrebleu.corpus_bleu([hypotheses[i] for i in indices], [[references[i] for i in indices]])
         return bleu.score, len(indices)
 
