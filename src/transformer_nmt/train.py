@@ -90,6 +90,12 @@ def trainer_precision(cfg: DictConfig) -> tuple[str, str]:
     return resolve_precision(str(cfg.trainer.precision), str(cfg.trainer.get("accelerator", "auto")))
 
 
+def batch_seed(cfg: DictConfig) -> int:
+    """The seed of the batch order: data.seed, or the run's seed where data.seed is null (the default), so
+    that one ``seed=`` sweep axis varies initialisation, dropout and data order together."""
+    return cfg.seed if cfg.data.get("seed") is None else cfg.data.seed
+
+
 def build_module(cfg: DictConfig, tokenizer) -> TranslationModule:
     model_config = {**OmegaConf.to_container(cfg.model, resolve=True), "vocab_size": tokenizer.vocab_size}
     train_config = OmegaConf.to_container(cfg.train, resolve=True)
@@ -214,8 +220,7 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: Sequence[str] = ()) -
     pl.seed_everything(cfg.seed, workers=True)
     # torch.compile: batch widths a multiple of 8 too, so that shapes repeat (and the user's multiple still holds)
     compile_pad = {"pad_to_multiple": math.lcm(cfg.data.pad_to_multiple, 8)} if cfg.train.compile else {}
-    batch_seed = {"seed": cfg.seed} if cfg.data.get("seed") is None else {}  # data.seed=null: the run's seed
-    datamodule = hydra.utils.instantiate(cfg.data, **compile_pad, **batch_seed)
+    datamodule = hydra.utils.instantiate(cfg.data, **compile_pad, seed=batch_seed(cfg))
     datamodule.setup("fit")  # builds or reuses the vocabulary: the model's vocab_size comes from it
     module = build_module(cfg, datamodule.tokenizer)
     callbacks = build_callbacks(cfg, run_dir / "checkpoints")
