@@ -2,7 +2,8 @@
 
 Builds the datamodule, the LightningModule, callbacks, TensorBoard logger and Trainer from ``conf/``
 (see conf/train.yaml), checks the config before anything expensive, prints a start-up summary, then
-``fit`` and ``test``, and writes a summary of the run to ``results.json``. Everything the run writes goes
+``fit`` and ``test``, and writes a summary of the run to ``results.json`` and the validation hypotheses beside
+it (``val_hypotheses.txt``, for paired significance tests). Everything the run writes goes
 under Hydra's run directory.
 """
 
@@ -149,7 +150,8 @@ def summary(cfg: DictConfig, datamodule, module: TranslationModule, trainer: pl.
     per_step = datamodule.max_tokens * trainer.accumulate_grad_batches * trainer.world_size
     c = module.model.config
     lines = [
-        f"model       {module.model.num_parameters():,} parameters (d_model {c.d_model}, heads {c.n_heads}, "
+        f"model       {module.model.num_parameters():,} parameters (d_model {c.d_model}, heads {c.n_heads} with d_k "
+        f"{c.head_dims()[0]}, d_v {c.head_dims()[1]}, {c.positions} positions, "
         f"layers {c.n_encoder_layers}+{c.n_decoder_layers}, d_ff {c.d_ff}, dropout {c.dropout}, vocab {c.vocab_size})",
         f"corpus      {datamodule.src_lang}->{datamodule.tgt_lang} pairs after filtering: {sizes}",
         f"batch       <= {per_step:,} padded tokens per side per optimizer step (data.max_tokens "
