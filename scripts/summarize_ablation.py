@@ -13,8 +13,8 @@ directory):
   the number of seeds n, the BLEU difference to the base, and p: the paired bootstrap test of sacreBLEU
   (``sacrebleu.significance.PairedTest``, test_type "bs", ``--resamples`` resamples, seed SACREBLEU_SEED, default
   12345) of the run against the base run *of the same seed*, on the same validation sentences; the largest p over
-  the seeds both have (identical outputs: p = 1). ✓ marks p < 0.05 (significant under every paired seed). The base is the configuration of
-  ``conf/experiment/ablation_base.yaml`` (``--base-experiment``).
+  the seeds both have (identical outputs: p = 1). ✓ marks p < 0.05 (significant under every paired seed).
+  The base is the configuration of ``conf/experiment/ablation_base.yaml`` (``--base-experiment``).
 - ``bleu_vs_heads.png`` (row A and the base: BLEU against h, error bars ± std), ``bleu_vs_params.png`` (every
   configuration, error bars ± std) and ``ablation_rows.png`` (BLEU difference to the base per configuration,
   the base's ± std as a band).
@@ -271,7 +271,8 @@ def plot_bleu_vs_heads(records: list[dict], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(5, 3.5))
     shapes = defaultdict(list)
     for r in records:
-        if r["bleu_mean"] is not None and r["d_k"] == r["d_model"] // r["n_heads"] and r["row"] in ("base", "A", "other"):
+        per_head = r["d_model"] // r["n_heads"]
+        if r["bleu_mean"] is not None and r["d_k"] == per_head and r["row"] in ("base", "A", "other"):
             shapes[(r["n_layers"], r["d_model"], r["d_ff"], r["dropout"], r["label_smoothing"], r["positions"])].append(
                 (r["n_heads"], r["bleu_mean"], r["bleu_std"]))
     for (n_layers, d_model, d_ff, *_), points in sorted(shapes.items(), key=lambda kv: str(kv[0])):

@@ -134,8 +134,9 @@ def table() -> None:
     lines += [f"Ran in precision {p}, on {cpu} (flags {flags}), {threads} torch threads." for p, flags, cpu, threads
               in setups]
     if loads:
-        lines.append(f"Load average (1 min) as runs started: {min(loads)}-{max(loads)} on {results[0]['machine']['cpus']}"
-                     f" cores: runs that started on a loaded machine took longer than on quiet cores.")
+        cpus = results[0]["machine"]["cpus"]
+        lines.append(f"Load average (1 min) as runs started: {min(loads)}-{max(loads)} on {cpus} cores: runs that "
+                     f"started on a loaded machine took longer than on quiet cores.")
     text += "\n".join(lines) + "\n"
     (DOCS / "ablation.md").write_text(text, encoding="utf-8")
     print(text, end="")

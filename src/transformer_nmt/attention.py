@@ -293,7 +293,8 @@ class MultiHeadAttention(nn.Module):
         self.d_k, self.d_v = head_dims(d_model, n_heads, d_k, d_v)
         self.proj_sizes = (n_heads * self.d_k, n_heads * self.d_k, n_heads * self.d_v)  # rows of W_Q, W_K, W_V
         self.dropout, self.kernel, self.block_size = dropout, kernel, block_size
-        self.in_proj = nn.Linear(d_model, sum(self.proj_sizes), bias=bias)  # [W_Q; W_K; W_V]: (2 h d_k + h d_v, d_model)
+        # [W_Q; W_K; W_V]: (2 h d_k + h d_v, d_model)
+        self.in_proj = nn.Linear(d_model, sum(self.proj_sizes), bias=bias)
         self.out_proj = nn.Linear(n_heads * self.d_v, d_model, bias=bias)  # W_O: (d_model, h d_v)
         # Per-head gate (h,), 1 = keep, 0 = silence the head (head-importance analysis); None = all on.
         self.register_buffer("head_gates", None, persistent=False)
