@@ -93,8 +93,8 @@ def _set_attention(spec, attention, norm: torch.nn.LayerNorm, self_attention: bo
     else:
         _set_linear(spec.linear[0], attention.in_proj, slice(0, attention.d_model))
         _set_linear(spec.linear[1], attention.in_proj, slice(attention.d_model, None))
-    gates = attention.head_gates
-    column_scale = None if gates is None else gates.to(torch.float32).cpu().repeat_interleave(attention.d_k)
+    gates = attention.head_gates  # one per head, over its d_v columns of W_O
+    column_scale = None if gates is None else gates.to(torch.float32).cpu().repeat_interleave(attention.d_v)
     _set_linear(spec.linear[-1], attention.out_proj, column_scale=column_scale)
     _set_layer_norm(spec.layer_norm, norm)
 
