@@ -230,6 +230,8 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: Sequence[str] = ()) -
     if rank_zero_only.rank == 0:
         log.info("\n%s", summary(cfg, datamodule, module, trainer, resume))
     trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
+    if cfg.get("validate_at_end") and module.validated_at_step != trainer.global_step:
+        trainer.validate(module, datamodule=datamodule, verbose=False)  # the final weights, as they are
     metrics = dict(trainer.callback_metrics)  # the last validation's: trainer.test starts from empty metrics
     if cfg.run_test and "test" in datamodule.splits:
         best = trainer.checkpoint_callback.best_model_path  # "" when no validation ran

@@ -174,6 +174,7 @@ class TranslationModule(pl.LightningModule):
         self._interval = {"tokens": 0, "seconds": 0.0}  # the same since the last logging step
         self._eval = {}  # per evaluation: loss sums and decoded sentences
         self.hypotheses = {}  # split -> {sentence index: detokenized greedy hypothesis} of its last evaluation
+        self.validated_at_step = None  # the optimizer step of the last validation
 
     # --- optimisation ------------------------------------------------------------------------
     def configure_optimizers(self):
@@ -274,6 +275,7 @@ class TranslationModule(pl.LightningModule):
 
     def on_validation_epoch_end(self):
         self._log_evaluation("val")
+        self.validated_at_step = self.global_step
 
     def on_test_epoch_end(self):
         self._log_evaluation("test")
