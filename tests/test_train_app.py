@@ -171,6 +171,20 @@ def test_missing_data_file_is_named(tmp_path):
 # --- the app, end to end ----------------------------------------------------------------------
 
 
+def test_validate_at_end_scores_the_final_weights_when_max_steps_cuts_the_epoch_short(tmp_path):
+    """The tiny corpus makes 10 batches an epoch: 3 steps never reach the epoch's validation; validate_at_end
+    adds one, so results.json and the hypotheses are those of the final weights."""
+    corpus = write_tiny_corpus(tmp_path / "corpus")
+    trainer = train(tiny_config(corpus, "trainer.max_steps=3", "validate_at_end=true", "seed=5"), tmp_path / "run")
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert trainer.global_step == 3 and results["seed"] == 5 and results["val_ppl"] > 1
+    hypotheses = (tmp_path / "run" / "val_hypotheses.txt").read_text(encoding="utf-8").splitlines()
+    references = (tmp_path / "run" / "val_references.txt").read_text(encoding="utf-8").splitlines()
+    assert len(hypotheses) == len(references) == 8  # train.val_bleu_max_sentences of tiny_overrides
+    assert sacrebleu.corpus_bleu(hypotheses, [references]).score == pytest.approx(results["val_bleu"], abs=1e-3)
+
+
+
 def test_smoke_experiment_runs_and_writes_everything_under_the_run_dir(tmp_path):
     """The acceptance command (on the bundled Multi30k): checkpoints, TensorBoard maps, config, log."""
     run_dir = tmp_path / "run"
