@@ -231,7 +231,9 @@ def markdown_table(records: list[dict], p_values: dict) -> str:
 def notes(records: list[dict], resamples: int) -> str:
     """What the table's columns mean, and the base's noise."""
     base = next((r for r in records if r["row"] == "base"), None)
-    text = [f"\nBLEU and PPL: mean ± sample std over n seeds (dev, greedy, the whole validation set). p: paired "
+    hypotheses = [r["path"] / HYPOTHESES for r in (base or records[0])["runs"] if (r["path"] / HYPOTHESES).is_file()]
+    sentences = f"{len(read_lines(hypotheses[0])):,} validation sentences" if hypotheses else "the validation set"
+    text = [f"\nBLEU and PPL: mean ± sample std over n seeds (dev: greedy BLEU on {sentences}). p: paired "
             f"bootstrap (sacrebleu.significance.PairedTest, {resamples} resamples, seed {SEED_ENV}="
             f"{os.environ.get(SEED_ENV, DEFAULT_SEED)}) of each configuration's run against the base run of the same "
             f"seed; the largest p over the seeds both have. ✓: p < {ALPHA} under every paired seed."]
@@ -319,7 +321,7 @@ def plot_rows(records: list[dict], p_values: dict, path: Path) -> None:
     """ΔBLEU to the base per configuration (± its std), grouped by row; the base's ± std as a grey band."""
     base = next((r for r in records if r["row"] == "base"), None)
     others = [r for r in records if r is not base and r["bleu_mean"] is not None]
-    fig, ax = plt.subplots(figsize=(5, 0.8 + 0.28 * max(len(others), 1)))
+    fig, ax = plt.subplots(figsize=(6, 1.6 + 0.3 * max(len(others), 1)))
     if base is not None and base["bleu_mean"] is not None:
         ax.axvspan(-(base["bleu_std"] or 0.0), base["bleu_std"] or 0.0, color="grey", alpha=0.25,
                    label=f"base ± std (n={base['n']})")
@@ -331,7 +333,7 @@ def plot_rows(records: list[dict], p_values: dict, path: Path) -> None:
         ax.legend(fontsize=7, loc="lower right")
     ax.set_yticks(range(len(others)), [f"({r['row']}) {label(r, base)}" for r in others], fontsize=7)
     ax.invert_yaxis()
-    ax.set_xlabel("BLEU (dev) − base; red: p < 0.05 under every paired seed")
+    ax.set_xlabel("ΔBLEU (dev) to the base; red: p < 0.05 under every paired seed", fontsize=8)
     ax.grid(alpha=0.3, axis="x")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
