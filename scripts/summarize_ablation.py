@@ -82,19 +82,25 @@ def config_key(run: dict) -> tuple:
     return tuple(run.get(key, defaults.get(key)) for key, _ in CONFIG)
 
 
-def base_config(experiment: str) -> tuple:
-    """The configuration key of conf/experiment/EXPERIMENT.yaml, composed as the app composes it."""
+def composed_config(*overrides: str) -> tuple:
+    """The configuration key of conf/train.yaml with ``overrides``, composed as the app composes it."""
     from hydra import compose, initialize_config_dir
 
     from transformer_nmt.attention import head_dims
     from transformer_nmt.train import CONF_DIR  # also registers train_defaults, which conf/train.yaml composes
 
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
-        cfg = compose("train", overrides=[f"experiment={experiment}"])
-    d_k, d_v = head_dims(cfg.model.d_model, cfg.model.n_heads, cfg.model.d_k, cfg.model.d_v)
-    return config_key({"n_layers": cfg.model.n_encoder_layers, "d_model": cfg.model.d_model, "d_ff": cfg.model.d_ff,
-                       "n_heads": cfg.model.n_heads, "d_k": d_k, "d_v": d_v, "dropout": cfg.model.dropout,
-                       "label_smoothing": cfg.train.label_smoothing, "positions": cfg.model.positions})
+        cfg = compose("train", overrides=list(overrides))
+    model = cfg.model
+    d_k, d_v = head_dims(model.d_model, model.n_heads, model.d_k, model.d_v)
+    return config_key({"n_layers": model.n_encoder_layers, "d_model": model.d_model, "d_ff": model.d_ff,
+                       "n_heads": model.n_heads, "d_k": d_k, "d_v": d_v, "dropout": model.dropout,
+                       "label_smoothing": cfg.train.label_smoothing, "positions": model.positions})
+
+
+def base_config(experiment: str) -> tuple:
+    """The configuration key of conf/experiment/EXPERIMENT.yaml."""
+    return composed_config(f"experiment={experiment}")
 
 
 def table_row(config: tuple, base: tuple | None) -> str:

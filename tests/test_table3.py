@@ -37,3 +37,12 @@ def test_a_finished_run_is_collected_once_with_its_machine(tmp_path, monkeypatch
     results = json.loads((kept / "results.json").read_text())
     assert results["seed"] == 2 and results["machine"]["cpus"] >= 1
     assert "1 of 2 runs done (0.1 h of wall time so far), about 0.1 h left at 5.5 min a run" in capsys.readouterr().out
+
+
+def test_every_cell_lands_in_its_row_of_the_summary():
+    """The summary assigns each cell, composed as the driver runs it, to the row the plan names."""
+    summarize_ablation = load_script("summarize_ablation")
+    base = summarize_ablation.base_config("ablation_base")
+    for cell, row, overrides in table3.PLAN:
+        key = summarize_ablation.composed_config("experiment=ablation_base", *overrides)
+        assert summarize_ablation.table_row(key, base) == row, cell
