@@ -8,9 +8,9 @@ The plan (PLAN) is Table 3 scaled down: the base (conf/experiment/ablation_base.
 so that its run-to-run noise is measured, and every other cell, one setting changed (rows A-E), under SEEDS.
 A run is ``python -m transformer_nmt.train experiment=ablation_base OVERRIDES seed=K`` in
 outputs/table3/CELL/seedK (a killed run resumes from its last checkpoint there, and its wall_seconds then count
-the resumed part only); when it ends, its
-results.json (with the machine added: CPU model, cores, load average at the start) and val_hypotheses.txt
-are copied to docs/table3/CELL/seedK/, and the validation references once to docs/table3/val_references.txt.
+the resumed part only); when it ends, its results.json (with the machine added: CPU model, cores, load average
+at the start) and val_hypotheses.txt are copied to docs/table3/CELL/seedK/, and the validation references once
+to docs/table3/val_references.txt.
 Commit docs/table3/ after a session: runs may be spread over days and machines; ``run`` does only those whose
 docs/table3 files are missing (finished runs still under outputs/table3 are collected without rerunning).
 """
