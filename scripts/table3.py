@@ -22,6 +22,7 @@ import json
 import os
 import platform
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -90,7 +91,7 @@ def status(cells: list[str] | None = None) -> list[tuple[str, list[str], int]]:
     """Print the plan, done and missing; returns the missing runs."""
     missing = [(cell, overrides, seed) for cell, overrides, seed in runs(cells) if not collect(cell, seed)]
     minutes = done_minutes()
-    per_run = sum(minutes) / len(minutes) if minutes else None
+    per_run = statistics.median(minutes) if minutes else None  # the median: runs on a loaded machine are outliers
     for cell, row, overrides in PLAN:
         if cells and cell not in cells:
             continue
@@ -99,7 +100,7 @@ def status(cells: list[str] | None = None) -> list[tuple[str, list[str], int]]:
         print(f"({row:>4}) {cell:<18} {' '.join(overrides) or '(ablation_base)':<32} seeds "
               f"{' '.join(map(str, seeds))}: " + (f"missing {' '.join(map(str, todo))}" if todo else "done"))
     total = len(runs(cells))
-    left = f", about {len(missing) * per_run / 60:.1f} h left at {per_run:.1f} min a run" if per_run else ""
+    left = f", about {len(missing) * per_run / 60:.1f} h left at {per_run:.1f} min a run (median)" if per_run else ""
     print(f"{total - len(missing)} of {total} runs done ({sum(minutes) / 60:.1f} h of wall time so far){left}")
     return missing
 
@@ -129,7 +130,8 @@ def table() -> None:
     results = [json.loads(p.read_text()) for p in sorted(DOCS.glob(f"*/seed*/{RESULTS}"))]
     setups = sorted({(r.get("precision"), " ".join(r.get("cpu_flags", [])), r.get("machine", {}).get("cpu_model"),
                       r.get("torch_threads")) for r in results}, key=str)
-    loads = [r["machine"]["load_average_1min"] for r in results if r.get("machine", {}).get("load_average_1min")]
+    loads = [r["machine"]["load_average_1min"] for r in results
+             if r.get("machine", {}).get("load_average_1min") is not None]
     lines = [f"\n{len(results)} runs of {len(runs())} planned, {sum(r['wall_seconds'] for r in results) / 3600:.2f} h "
              f"of wall time in all (each run: data, training, validation)."]
     lines += [f"Ran in precision {p}, on {cpu} (flags {flags}), {threads} torch threads." for p, flags, cpu, threads

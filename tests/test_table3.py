@@ -36,7 +36,7 @@ def test_a_finished_run_is_collected_once_with_its_machine(tmp_path, monkeypatch
     assert (tmp_path / "docs" / "val_references.txt").read_text() == "ein hund rennt\n"  # once, above the runs
     results = json.loads((kept / "results.json").read_text())
     assert results["seed"] == 2 and results["machine"]["cpus"] >= 1
-    assert "1 of 2 runs done (0.1 h of wall time so far), about 0.1 h left at 5.5 min a run" in capsys.readouterr().out
+    assert "1 of 2 runs done (0.1 h of wall time so far), about 0.1 h left at 5.5 min a run (median)" in capsys.readouterr().out
 
 
 def test_every_cell_lands_in_its_row_of_the_summary():
