@@ -9,6 +9,7 @@ from torch import nn
 
 import transformer_nmt.attention as attention_module
 from transformer_nmt.attention import (
+    AttentionCache,
     MultiHeadAttention,
     blocked_attention,
     causal_mask,
@@ -381,3 +382,67 @@ def test_head_gate_silences_exactly_one_head():
     heads, _ = scaled_dot_product_attention(q, k, v)
     heads[:, 1] = 0
     torch.testing.assert_close(out_gated, mha.out_proj(mha.merge_heads(heads)), **TOL)
+
+
+# --- d_k and d_v apart from d_model / h (Table 3, row B) ------------------------------------------
+
+def per_head_reference(mha: MultiHeadAttention, query, key, value, mask=None, is_causal=False):
+    """Multi-head attention written head by head, without split_heads or merge_heads: head i projects with its
+    own rows of W_Q, W_K (d_k each) and W_V (d_v), attends with torch's F.scaled_dot_product_attention, and
+    enters the output through its own d_v columns of W_O: out = b_O + sum_i head_i W_O[:, i]^T."""
+    h, d_k, d_v = mha.n_heads, mha.d_k, mha.d_v
+    weight, bias = mha.in_proj.weight, mha.in_proj.bias
+    out = mha.out_proj.bias
+    for i in range(h):
+        rows_q = slice(i * d_k, (i + 1) * d_k)
+        rows_k = slice(h * d_k + i * d_k, h * d_k + (i + 1) * d_k)
+        rows_v = slice(2 * h * d_k + i * d_v, 2 * h * d_k + (i + 1) * d_v)
+        q = query @ weight[rows_q].T + bias[rows_q]  # (B, Lq, d_k)
+        k = key @ weight[rows_k].T + bias[rows_k]  # (B, Lk, d_k)
+        v = value @ weight[rows_v].T + bias[rows_v]  # (B, Lk, d_v)
+        head = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal)  # (B, Lq, d_v)
+        out = out + head @ mha.out_proj.weight[:, i * d_v:(i + 1) * d_v].T
+    return out  # (B, Lq, d_model)
+
+
+@pytest.mark.parametrize("masking", ["is_causal", "cross_padding"])
+@pytest.mark.parametrize("kernel", ["plain", "blocked", "fused"])
+def test_d_k_and_d_v_apart_from_d_model_over_h_equal_a_per_head_reference(kernel, masking):
+    d, h, d_k, d_v = 12, 3, 5, 7  # d_model / h would be 4
+    mha = MultiHeadAttention(d, h, kernel=kernel, block_size=2, d_k=d_k, d_v=d_v)
+    assert mha.in_proj.weight.shape == (2 * h * d_k + h * d_v, d) and mha.out_proj.weight.shape == (d, h * d_v)
+    x, memory = torch.randn(2, 6, d, requires_grad=True), torch.randn(2, 7, d, requires_grad=True)
+    if masking == "is_causal":
+        out, _ = mha(x, x, x, is_causal=True)
+        ref = per_head_reference(mha, x, x, x, is_causal=True)
+        inputs = [x]
+    else:
+        mask = padding_mask([7, 3], 7)  # (B, 1, 1, 7)
+        out, _ = mha(x, memory, memory, mask)
+        ref = per_head_reference(mha, x, memory, memory, mask=mask[:, 0])  # (B, 1, 7) for 3-d inputs
+        inputs = [x, memory]
+    torch.testing.assert_close(out, ref, **TOL)
+    grad = torch.randn_like(out)
+    params = [*inputs, mha.in_proj.weight, mha.out_proj.weight]
+    for got, expected in zip(torch.autograd.grad((out * grad).sum(), params),
+                             torch.autograd.grad((ref * grad).sum(), params)):
+        torch.testing.assert_close(got, expected, **TOL)
+
+
+def test_d_k_apart_keeps_the_cache_and_the_weights_per_head():
+    mha = MultiHeadAttention(8, 2, kernel="plain", d_k=3, d_v=5)
+    x = torch.randn(1, 4, 8)
+    full, weights = mha(x, x, x, causal_mask(4), need_weights=True)
+    assert weights.shape == (1, 2, 4, 4)
+    cache = AttentionCache(static=False)
+    steps = [mha(x[:, t:t + 1], x[:, t:t + 1], x[:, t:t + 1], cache=cache)[0] for t in range(4)]
+    assert cache.k.shape == (1, 2, 4, 3) and cache.v.shape == (1, 2, 4, 5)
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, **TOL)
+
+
+def test_check_attention_needs_divisibility_only_for_dimensions_left_to_their_default():
+    check_attention(30, 4, d_k=8, d_v=8)  # both set: d_model / h need not be whole
+    with pytest.raises(ValueError, match=r"divisible by model.n_heads \(4\).*set model.d_v explicitly"):
+        check_attention(30, 4, prefix="model.", d_k=8)
+    with pytest.raises(ValueError, match=r"model.d_k must be >= 1"):
+        check_attention(32, 4, prefix="model.", d_k=0)

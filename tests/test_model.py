@@ -342,3 +342,58 @@ def test_too_long_input_names_max_positions():
     model = Transformer(small_config(max_positions=8))
     with pytest.raises(ValueError, match="max_positions"):
         model(torch.ones(1, 9, dtype=torch.long), torch.ones(1, 3, dtype=torch.long))
+
+
+# --- Table 3 rows (B) and (E): d_k apart from d_model / h, learned positions ------------------------
+
+@pytest.mark.parametrize("kernel", ["plain", "blocked", "fused"])
+def test_d_k_apart_and_learned_positions_train_and_decode_under_every_kernel(kernel):
+    from transformer_nmt.decoding import greedy_decode
+
+    torch.manual_seed(3)
+    shape = dict(d_k=6, d_v=10, positions="learned", n_encoder_layers=1, n_decoder_layers=2)
+    model = Transformer(small_config(**shape, attention=kernel, attention_block_size=3))
+    assert isinstance(model.positions, nn.Parameter) and model.positions.shape == (64, 32)
+    plain = Transformer(small_config(**shape, attention="plain"))
+    plain.load_state_dict(model.state_dict())  # strict: the learned table is saved
+    src, tgt = random_batch()
+    torch.testing.assert_close(model(src, tgt), plain(src, tgt), atol=1e-5, rtol=1e-5)
+
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for _ in range(2):  # training steps: the table learns the rows of the positions it saw, and only those
+        loss = F.cross_entropy(model(src, tgt[:, :-1]).flatten(0, 1), tgt[:, 1:].flatten(), ignore_index=PAD)
+        optimizer.zero_grad()
+        loss.backward()
+        assert model.positions.grad[:7].abs().sum() > 0 and (model.positions.grad[7:] == 0).all()
+        optimizer.step()
+
+    model.eval()
+    with torch.no_grad():  # greedy decoding with the cache equals arg-max over the whole prefix, step by step
+        hypotheses = greedy_decode(model, src, bos_id=2, eos_id=3, max_len_offset=2)
+        memory, prefix = model.encode(src), torch.full((3, 1), 2)
+        for _ in range(max(map(len, hypotheses)) + 1):
+            logits = model.decode(prefix, memory, src)[:, -1]
+            logits[:, [PAD, 2]] = float("-inf")  # greedy_decode never emits pad or bos
+            prefix = torch.cat([prefix, logits.argmax(-1, keepdim=True)], dim=1)
+    for row, hypothesis in enumerate(hypotheses):
+        assert prefix[row, 1:len(hypothesis) + 1].tolist() == hypothesis
+
+
+def test_checkpoints_from_before_d_k_and_positions_load():
+    """A config dict without d_k, d_v and positions (written before them) builds the same model: sinusoids,
+    d_k = d_v = d_model / h, the same parameter shapes; the sinusoid table is still not saved."""
+    torch.manual_seed(4)
+    model = Transformer(small_config()).eval()
+    old_config = {k: v for k, v in model.config.to_dict().items() if k not in ("d_k", "d_v", "positions")}
+    loaded = Transformer(TransformerConfig(**old_config)).eval()
+    loaded.load_state_dict(model.state_dict())  # strict
+    assert loaded.config.head_dims() == (8, 8) and loaded.config.positions == "sinusoidal"
+    src, tgt = random_batch()
+    torch.testing.assert_close(loaded(src, tgt), model(src, tgt), atol=0, rtol=0)
+    assert "positions" not in model.state_dict()
+    assert "positions" in Transformer(small_config(positions="learned")).state_dict()
+
+
+def test_unknown_positions_are_rejected_with_the_option_named():
+    with pytest.raises(ValueError, match=r"model.positions must be one of \('sinusoidal', 'learned'\)"):
+        small_config(positions="rotary")

@@ -1,71 +1,113 @@
-"""scripts/summarize_ablation.py on synthetic results.json files: table, CSV and plots, no training."""
+"""scripts/summarize_ablation.py on synthetic runs (results.json + val_hypotheses.txt): grouping over seeds and
+sweep directories, mean ± std, Table 3 rows, paired significance against the base, CSV and plots; no training."""
 
 import csv
 import json
-import subprocess
-import sys
+import statistics
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-SCRIPT = REPO / "scripts" / "summarize_ablation.py"
+import pytest
+
+from script_module import load_script
+
+summarize_ablation = load_script("summarize_ablation")
+
+# The base of conf/experiment/ablation_base.yaml: N 2, d_model 128, d_ff 512, h 4, d_k = d_v = 32, P_drop 0.1,
+# eps_ls 0.1, sinusoids.
+BASE = dict(n_layers=2, d_model=128, d_ff=512, n_heads=4, dropout=0.1, label_smoothing=0.1, positions="sinusoidal")
+# 60 "validation sentences": references, and hypotheses that get all, or none, of them right.
+REFERENCES = [f"a dog number {i} runs across the green field" for i in range(60)]
+WRONG = [f"cat {i} sleeps" for i in range(60)]
 
 
-def write_run(sweep: Path, job: int, n_heads: int, val_bleu: float | None, parameters: int = 1_949_696,
-              d_model: int = 128) -> None:
-    """One run directory as transformer_nmt.train leaves it (only results.json matters here)."""
-    run = sweep / str(job)
-    run.mkdir(parents=True)
-    (run / "results.json").write_text(json.dumps({
-        "overrides": ["experiment=ablation_heads", f"model.n_heads={n_heads}"],
-        "n_heads": n_heads, "d_model": d_model, "d_k": d_model // n_heads, "n_layers": 2, "n_decoder_layers": 2,
-        "d_ff": 512, "dropout": 0.2, "parameters": parameters, "val_loss": 3.1, "val_ppl": 5.0 + n_heads / 100,
-        "val_bleu": val_bleu, "test_bleu": None, "train_tgt_tokens_per_sec": 10000.0 - n_heads, "steps": 700,
-        "wall_seconds": 300.0 + n_heads * 6,
-    }))
+def write_run(directory: Path, seed: int, val_bleu: float, hypotheses: list[str] | None, **settings) -> Path:
+    """One run directory as transformer_nmt.train leaves it (results.json, val_hypotheses.txt)."""
+    s = {**BASE, **settings}
+    per_head = s["d_model"] // s["n_heads"]
+    directory.mkdir(parents=True)
+    (directory / "results.json").write_text(json.dumps({
+        "overrides": [f"seed={seed}"], "seed": seed, "n_heads": s["n_heads"], "d_model": s["d_model"],
+        "d_k": s.get("d_k", per_head), "d_v": per_head, "n_layers": s["n_layers"], "n_decoder_layers": s["n_layers"],
+        "d_ff": s["d_ff"], "dropout": s["dropout"], "label_smoothing": s["label_smoothing"],
+        "positions": s["positions"], "parameters": 1_949_696 * s["n_layers"] // 2, "val_loss": 3.1,
+        "val_ppl": 5.0 + seed / 10, "val_bleu": val_bleu, "test_bleu": None, "train_tgt_tokens_per_sec": 1e4,
+        "steps": 700, "wall_seconds": 300.0, "precision": "bf16-mixed", "cpu_flags": ["avx2"]}))
+    if hypotheses is not None:
+        (directory / "val_hypotheses.txt").write_text("".join(h + "\n" for h in hypotheses))
+    return directory
 
 
-def test_table_csv_and_plots_from_a_sweep_directory(tmp_path):
-    sweep = tmp_path / "multirun" / "ablation_heads" / "2025-01-01_00-00-00"
-    bleu = {1: 20.5, 2: 22.25, 4: 23.0, 8: 22.75, 16: None}  # h=16: no validation ran
-    for job, h in enumerate([16, 4, 1, 8, 2]):  # job numbers out of h order: the table sorts
-        write_run(sweep, job, h, bleu[h])
-    (sweep / "multirun.yaml").write_text("{}")  # Hydra's own files beside the runs are ignored
+def mixed(n_right: int) -> list[str]:
+    """Hypotheses with the first ``n_right`` sentences right and the others wrong."""
+    return REFERENCES[:n_right] + WRONG[n_right:]
 
-    result = subprocess.run([sys.executable, str(SCRIPT), str(sweep)], capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr
 
-    table = (sweep / "ablation.md").read_text()
-    assert result.stdout == table
-    lines = table.splitlines()
-    assert lines[0] == ("| h | d_k | d_model | N | d_ff | params | PPL (dev) | BLEU (dev) | tokens/s | minutes |")
-    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in lines[2:]]
-    assert [row[0] for row in rows] == ["1", "2", "4", "8", "16"]  # same parameter count: ordered by h
-    assert rows[0] == ["1", "128", "128", "2", "512", "1,949,696", "5.01", "20.50", "9,999", "5.1"]
-    assert rows[2][:2] == ["4", "32"] and rows[2][7] == "23.00"
-    assert rows[4][7] == "-"  # missing BLEU
+@pytest.fixture
+def two_sweeps(tmp_path):
+    """A base sweep (5 seeds) and a heads sweep (h 1 and 16, 2 seeds each) in two directories, the references
+    once above them (as in docs/table3). h=1 is far better than the base under both seeds; h=16 is better
+    under seed 1 only (under seed 2 it gets another one sentence right than the base, one fewer)."""
+    (tmp_path / "val_references.txt").write_text("".join(r + "\n" for r in REFERENCES))
+    for seed, bleu in zip(range(1, 6), [20.0, 21.0, 22.0, 23.0, 24.0]):
+        write_run(tmp_path / "base" / "RUN" / str(seed - 1), seed, bleu, mixed(20))
+    heads = tmp_path / "heads" / "RUN"
+    write_run(heads / "0", 1, 30.0, mixed(45), n_heads=1)
+    write_run(heads / "1", 2, 31.0, mixed(45), n_heads=1)
+    write_run(heads / "2", 1, 26.0, mixed(45), n_heads=16)
+    write_run(heads / "3", 2, 21.5, mixed(19)[:-1] + REFERENCES[-1:], n_heads=16)
+    write_run(heads / "4", 1, 19.0, None, dropout=0.0)  # no hypotheses: no p-value
+    return tmp_path
 
-    with open(sweep / "ablation.csv", newline="") as f:
-        records = list(csv.DictReader(f))
-    assert [r["h"] for r in records] == ["1", "2", "4", "8", "16"]
-    assert records[1]["BLEU (dev)"] == "22.25" and records[1]["params"] == "1949696" and records[1]["d_k"] == "64"
-    assert records[1]["minutes"] == "5.2" and records[1]["run"] == "4"
-    assert records[4]["BLEU (dev)"] == ""
 
-    for name in ("bleu_vs_heads.png", "bleu_vs_params.png"):
-        png = (sweep / name).read_bytes()
+def test_groups_seeds_and_directories_with_mean_std_and_paired_p(two_sweeps):
+    out = two_sweeps / "summary"
+    text = summarize_ablation.summarize([two_sweeps / "base" / "RUN", two_sweeps / "heads" / "RUN"], out,
+                                        resamples=200)
+    table = [line for line in text.splitlines() if line.startswith("|")]
+    header = [c.strip() for c in table[0].strip("|").split("|")]
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in table[2:]]
+    col = {name: header.index(name) for name in ("h", "BLEU (dev)", "n", "ΔBLEU", "p", "p<0.05", "P_drop")}
+    assert [(row[0], row[col["h"]]) for row in rows] == [("base", "4"), ("A", "1"), ("A", "16"), ("D", "")]
+    base, h1, h16, drop = rows
+    expected = [20.0, 21.0, 22.0, 23.0, 24.0]
+    assert base[col["BLEU (dev)"]] == f"{statistics.fmean(expected):.2f} ± {statistics.stdev(expected):.2f}"
+    assert base[col["n"]] == "5" and h1[col["n"]] == "2" and drop[col["n"]] == "1"
+    assert h1[col["BLEU (dev)"]] == f"30.50 ± {statistics.stdev([30.0, 31.0]):.2f}" and h1[col["ΔBLEU"]] == "+8.50"
+    # Far better under both seeds: significant; better under one seed only: the largest p (seed 2, equal) is not.
+    assert float(h1[col["p"]]) < 0.05 and h1[col["p<0.05"]] == "✓"
+    assert float(h16[col["p"]]) > 0.5 and h16[col["p<0.05"]] == ""
+    assert drop[col["p"]] == "-" and drop[col["P_drop"]] == "0.0"  # settings equal to the base's are blank
+    assert "Base noise: n=5 seeds" in text and "200 resamples" in text and "SACREBLEU_SEED=12345" in text
+
+    with open(out / "ablation.csv", newline="") as f:
+        records = {(r["row"], r["h"]): r for r in csv.DictReader(f)}
+    assert records[("A", "16")]["seeds"] == "1 2" and records[("A", "16")]["p_seeds"] == "1 2"
+    assert float(records[("base", "4")]["bleu_std"]) == pytest.approx(statistics.stdev(expected), abs=1e-4)
+    for name in ("bleu_vs_heads.png", "bleu_vs_params.png", "ablation_rows.png"):
+        png = (out / name).read_bytes()
         assert png.startswith(b"\x89PNG") and len(png) > 1000, name
 
 
-def test_rows_are_ordered_by_parameters_then_heads(tmp_path):
-    write_run(tmp_path, 0, 4, 25.0, parameters=7_600_000, d_model=256)
-    write_run(tmp_path, 1, 8, 21.0, parameters=1_949_696)
-    write_run(tmp_path, 2, 2, 20.0, parameters=1_949_696)
-    result = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path)], capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr
-    rows = [line.split("|")[1:4] for line in result.stdout.splitlines()[2:]]
-    assert [[c.strip() for c in row] for row in rows] == [["2", "64", "128"], ["8", "16", "128"], ["4", "64", "256"]]
+def test_table_rows_follow_which_settings_differ_from_the_base():
+    base = summarize_ablation.config_key({**BASE, "d_k": 32, "d_v": 32})
+    key = lambda **s: summarize_ablation.config_key({**BASE, "d_k": 32, "d_v": 32, **s})  # noqa: E731
+    row = summarize_ablation.table_row
+    assert row(base, base) == "base"
+    assert row(key(n_heads=8, d_k=16, d_v=16), base) == "A"  # d_k follows d_model / h
+    assert row(key(d_k=16), base) == "B"
+    assert row(key(n_layers=3), base) == "C" and row(key(d_model=256, d_k=64, d_v=64), base) == "C"
+    assert row(key(dropout=0.0), base) == "D" and row(key(label_smoothing=0.2), base) == "D"
+    assert row(key(positions="learned"), base) == "E"
+    assert row(key(n_heads=8, dropout=0.0, d_k=16, d_v=16), base) == "other"
+    assert summarize_ablation.base_config("ablation_base") == base
 
 
-def test_a_directory_without_results_is_an_error_that_says_what_to_pass(tmp_path):
-    result = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path)], capture_output=True, text=True, timeout=120)
-    assert result.returncode != 0 and "no */results.json" in result.stderr
+def test_the_command_prints_the_table_and_refuses_an_empty_directory(two_sweeps, tmp_path, capsys):
+    summarize_ablation.main([str(two_sweeps / "base"), str(two_sweeps / "heads"), "--resamples", "100"])
+    printed = capsys.readouterr().out
+    assert printed == (two_sweeps / "base" / "ablation.md").read_text()  # --out: the first directory
+    assert "mean ± sample std" in printed and "| n |" in printed and "| p |" in printed
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(SystemExit, match="no results.json under"):
+        summarize_ablation.main([str(empty)])

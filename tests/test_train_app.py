@@ -15,12 +15,14 @@ import time
 from pathlib import Path
 
 import pytest
+import sacrebleu
 import torch
 from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from transformer_nmt.precision import CPU_BF16_ENV, NATIVE_BF16_CPU_FLAGS, cpu_flags
-from transformer_nmt.train import CONF_DIR, ConfigError, train, validate_config
+from transformer_nmt.train import CONF_DIR, ConfigError, batch_seed, train, validate_config
 
 REPO = Path(__file__).resolve().parents[1]
 MULTI30K = REPO / "data" / "multi30k"
@@ -84,7 +86,7 @@ def test_base_and_big_are_the_papers_models():
     assert (train.label_smoothing, list(train.betas), train.eps, train.warmup_steps) == (0.1, [0.9, 0.98], 1e-9, 4000)
 
 
-@pytest.mark.parametrize("experiment", ["smoke", "multi30k_cpu", "wmt14_base", "ablation_heads", "ablation_scaling"])
+@pytest.mark.parametrize("experiment", ["smoke", "multi30k_cpu", "wmt14_base", "ablation_heads"])
 @pytest.mark.parametrize("trainer", ["cpu", "gpu", "ddp", "multinode"])
 def test_every_experiment_and_trainer_composes_and_validates(experiment, trainer):
     cfg = compose_train(f"experiment={experiment}", f"trainer={trainer}")
@@ -98,23 +100,56 @@ def test_paper_recipe():
     assert cfg.data.max_tokens == 25000 and cfg.trainer.max_steps == 100000 and cfg.trainer.precision == "auto"
 
 
-@pytest.mark.parametrize("experiment, grid", [
-    ("ablation_heads", {"model.n_heads": [1, 2, 4, 8, 16]}),
-    ("ablation_scaling", {"model.d_model": [128, 256], "ablation.n_layers": [2, 3], "model.d_ff": [512, 1024]}),
-])
-def test_ablation_sweeps_are_in_the_experiment_and_every_point_validates(experiment, grid):
-    """`-m experiment=NAME` alone runs the grid: hydra.sweeper.params holds it; d_k = d_model / h."""
+ABLATIONS = {  # Table 3's rows over ablation_base, each with its seeds: the sweep that -m experiment=NAME runs
+    "ablation_base": {"seed": [1, 2, 3, 4, 5]},
+    "ablation_heads": {"seed": [1, 2], "model.n_heads": [1, 2, 4, 8, 16]},
+    "ablation_dk": {"seed": [1, 2], "model.d_k": [8, 16]},
+    "ablation_layers": {"seed": [1, 2], "ablation.n_layers": [1, 3]},
+    "ablation_width": {"seed": [1, 2], "model.d_model": [64, 256]},
+    "ablation_ff": {"seed": [1, 2], "model.d_ff": [256, 1024]},
+    "ablation_dropout": {"seed": [1, 2], "model.dropout": [0.0, 0.2]},
+    "ablation_smoothing": {"seed": [1, 2], "train.label_smoothing": [0.0, 0.2]},
+    "ablation_positions": {"seed": [1, 2], "model.positions": ["learned"]},
+    "ablation_scaling": {"seed": [1], "model.d_model": [128, 256], "ablation.n_layers": [2, 3],
+                         "model.d_ff": [512, 1024]},
+}
+
+
+def _value(text: str):
+    try:
+        return int(text)
+    except ValueError:
+        return float(text) if text[0].isdigit() else text
+
+
+@pytest.mark.parametrize("experiment", sorted(ABLATIONS))
+def test_ablation_sweeps_are_in_the_experiment_and_every_point_validates(experiment):
+    """`-m experiment=NAME` alone runs the grid (hydra.sweeper.params), seeds included; every point is the base
+    (ablation_base) but for the swept keys; d_k = d_model / h unless model.d_k is swept."""
+    grid = ABLATIONS[experiment]
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
         params = compose("train", overrides=[f"experiment={experiment}"], return_hydra_config=True).hydra.sweeper.params
-    assert {key: [int(v) for v in values.split(",")] for key, values in params.items()} == grid
-    for point in itertools.product(*grid.values()):
-        cfg = compose_train(f"experiment={experiment}", *(f"{k}={v}" for k, v in zip(grid, point)))
+    assert {key: [_value(v) for v in str(values).split(",")] for key, values in params.items()} == grid
+    base = compose_train("experiment=ablation_base")
+    for point in itertools.product(*(values for key, values in grid.items() if key != "seed")):
+        swept = dict(zip([key for key in grid if key != "seed"], point))
+        cfg = compose_train(f"experiment={experiment}", *(f"{k}={v}" for k, v in swept.items()))
         validate_config(cfg)
+        assert cfg.name == experiment and cfg.data.seed is None  # the run's seed orders the batches
         assert cfg.model.n_encoder_layers == cfg.model.n_decoder_layers
         assert cfg.train.val_bleu_max_sentences is None and cfg.trainer.precision == "auto"
         assert cfg.trainer.check_val_every_n_epoch == cfg.trainer.max_epochs  # validated once, at the end
-        if "ablation.n_layers" in grid:
-            assert cfg.model.n_encoder_layers == point[list(grid).index("ablation.n_layers")]
+        changed = {key for key, value in swept.items() if OmegaConf.select(base, key) != value}
+        if "ablation.n_layers" in changed:  # one knob for both stacks
+            changed |= {"model.n_encoder_layers", "model.n_decoder_layers"}
+        for section in ("model", "train", "trainer", "data"):
+            differ = {f"{section}.{k}" for k in cfg[section] if cfg[section][k] != base[section][k]}
+            assert differ == {key for key in changed if key.startswith(section + ".")}, (section, differ)
+
+
+def test_the_run_seed_orders_the_batches_unless_data_seed_is_set():
+    assert batch_seed(compose_train("experiment=ablation_base", "seed=7")) == 7
+    assert batch_seed(compose_train("experiment=ablation_base", "seed=7", "data.seed=3")) == 3
 
 
 @pytest.mark.parametrize("override, message", [
@@ -164,6 +199,20 @@ def test_missing_data_file_is_named(tmp_path):
 # --- the app, end to end ----------------------------------------------------------------------
 
 
+def test_validate_at_end_scores_the_final_weights_when_max_steps_cuts_the_epoch_short(tmp_path):
+    """The tiny corpus makes 10 batches an epoch: 3 steps never reach the epoch's validation; validate_at_end
+    adds one, so results.json and the hypotheses are those of the final weights."""
+    corpus = write_tiny_corpus(tmp_path / "corpus")
+    trainer = train(tiny_config(corpus, "trainer.max_steps=3", "validate_at_end=true", "seed=5"), tmp_path / "run")
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert trainer.global_step == 3 and results["seed"] == 5 and results["val_ppl"] > 1
+    hypotheses = (tmp_path / "run" / "val_hypotheses.txt").read_text(encoding="utf-8").splitlines()
+    references = (tmp_path / "run" / "val_references.txt").read_text(encoding="utf-8").splitlines()
+    assert len(hypotheses) == len(references) == 8  # train.val_bleu_max_sentences of tiny_overrides
+    assert sacrebleu.corpus_bleu(hypotheses, [references]).score == pytest.approx(results["val_bleu"], abs=1e-3)
+
+
+
 def test_smoke_experiment_runs_and_writes_everything_under_the_run_dir(tmp_path):
     """The acceptance command (on the bundled Multi30k): checkpoints, TensorBoard maps, config, log."""
     run_dir = tmp_path / "run"
@@ -207,3 +256,11 @@ def test_smoke_experiment_runs_and_writes_everything_under_the_run_dir(tmp_path)
     per_step = [e.value for e in events.Scalars("train/tgt_tokens_per_sec")]
     assert min(per_step) * 0.5 < results["train_tgt_tokens_per_sec"] < max(per_step) * 2
     assert 0 < results["wall_seconds"] < seconds
+    assert results["seed"] == 1234 and results["precision"] in ("bf16-mixed", "32-true")
+    assert (results["d_v"], results["positions"], results["label_smoothing"]) == (
+        cfg.d_model // cfg.n_heads, "sinusoidal", 0.1)
+    # The validation's hypotheses, beside results.json: they score the BLEU the run reported (paired tests need them).
+    hypotheses = (run_dir / "val_hypotheses.txt").read_text(encoding="utf-8").splitlines()
+    references = (run_dir / "val_references.txt").read_text(encoding="utf-8").splitlines()
+    assert len(hypotheses) == len(references) == compose_train("experiment=smoke").train.val_bleu_max_sentences
+    assert sacrebleu.corpus_bleu(hypotheses, [references]).score == pytest.approx(results["val_bleu"], abs=1e-3)

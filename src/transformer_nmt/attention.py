@@ -33,13 +33,25 @@ from torch import Tensor, nn
 ATTENTION_KERNELS = ("auto", "plain", "blocked", "fused")
 
 
+def head_dims(d_model: int, n_heads: int, d_k: int | None = None, d_v: int | None = None) -> tuple[int, int]:
+    """(d_k, d_v) of one head (3.2.2): each as given, or d_model / h when None (the paper's base, and row A)."""
+    return (d_k or d_model // n_heads), (d_v or d_model // n_heads)
+
+
 def check_attention(d_model: int, n_heads: int, kernel: str | None = None, prefix: str = "",
-                    error: type[Exception] = ValueError) -> None:
-    """The one check of the attention settings (3.2.2): d_k = d_model / h must be whole, and the kernel
-    known. ``prefix`` names the options as the caller's user writes them (``"model."``)."""
-    if n_heads < 1 or d_model % n_heads:
+                    error: type[Exception] = ValueError, d_k: int | None = None, d_v: int | None = None) -> None:
+    """The one check of the attention settings (3.2.2): a d_k or d_v left to its default d_model / h needs that
+    to be whole; one that is set must be >= 1; the kernel must be known. ``prefix`` names the options as the
+    caller's user writes them (``"model."``)."""
+    if n_heads < 1:
+        raise error(f"{prefix}n_heads must be >= 1, got {n_heads}")
+    for name, value in (("d_k", d_k), ("d_v", d_v)):
+        if value is not None and value < 1:
+            raise error(f"{prefix}{name} must be >= 1 (or null: d_model / n_heads), got {value}")
+    if (d_k is None or d_v is None) and d_model % n_heads:
+        unset = " and ".join(name for name, value in (("d_k", d_k), ("d_v", d_v)) if value is None)
         raise error(f"{prefix}d_model ({d_model}) must be divisible by {prefix}n_heads ({n_heads}): "
-                    f"each head gets d_model / n_heads dimensions")
+                    f"each head gets d_model / n_heads dimensions (or set {prefix}{unset} explicitly)")
     if kernel is not None and kernel not in ATTENTION_KERNELS:
         raise error(f"{prefix}attention must be one of {ATTENTION_KERNELS}, got {kernel!r}")
 
@@ -264,7 +276,7 @@ class AttentionCache:
     def __init__(self, static: bool):
         self.static = static
         self.k: Tensor | None = None  # (B, h, L, d_k)
-        self.v: Tensor | None = None  # (B, h, L, d_k)
+        self.v: Tensor | None = None  # (B, h, L, d_v)
 
     def __len__(self) -> int:
         return 0 if self.k is None else self.k.shape[-2]
@@ -276,59 +288,64 @@ class AttentionCache:
 
 
 class MultiHeadAttention(nn.Module):
-    """Section 3.2.2: h heads attend in parallel, each on d_k = d_model / h features.
+    """Section 3.2.2: h heads attend in parallel, each with queries and keys of d_k features and values of d_v
+    (both d_model / h unless given: Table 3, row B sets d_k apart).
 
     Batch-first: query (B, Lq, d_model), key/value (B, Lk, d_model). ``mask`` is bool,
     True = may attend, broadcastable to (B, h, Lq, Lk); ``is_causal`` adds "query i sees keys
     <= i" without building a mask. Returns (out (B, Lq, d_model), weights (B, h, Lq, Lk) per head
     when ``need_weights`` else None).
 
-    W_Q, W_K and W_V are stacked in one parameter, ``in_proj`` (3 d_model x d_model, in that
-    order, as in nn.MultiheadAttention); ``q_proj``, ``k_proj`` and ``v_proj`` apply one of them.
+    W_Q (h d_k x d_model), W_K (h d_k x d_model) and W_V (h d_v x d_model) are stacked in one parameter,
+    ``in_proj``, in that order (as in nn.MultiheadAttention, whose layout it is when d_k = d_v = d_model / h);
+    ``q_proj``, ``k_proj`` and ``v_proj`` apply one of them. W_O (``out_proj``) maps h d_v back to d_model.
     """
 
     def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, bias: bool = True,
-                 kernel: str = "auto", block_size: int = 128):
+                 kernel: str = "auto", block_size: int = 128, d_k: int | None = None, d_v: int | None = None):
         super().__init__()
-        check_attention(d_model, n_heads, kernel)
-        self.d_model, self.n_heads, self.d_k = d_model, n_heads, d_model // n_heads
+        check_attention(d_model, n_heads, kernel, d_k=d_k, d_v=d_v)
+        self.d_model, self.n_heads = d_model, n_heads
+        self.d_k, self.d_v = head_dims(d_model, n_heads, d_k, d_v)
+        self.proj_sizes = (n_heads * self.d_k, n_heads * self.d_k, n_heads * self.d_v)  # rows of W_Q, W_K, W_V
         self.dropout, self.kernel, self.block_size = dropout, kernel, block_size
-        self.in_proj = nn.Linear(d_model, 3 * d_model, bias=bias)  # [W_Q; W_K; W_V]: (3 d_model, d_model)
-        self.out_proj = nn.Linear(d_model, d_model, bias=bias)  # W_O
+        # [W_Q; W_K; W_V]: (2 h d_k + h d_v, d_model)
+        self.in_proj = nn.Linear(d_model, sum(self.proj_sizes), bias=bias)
+        self.out_proj = nn.Linear(n_heads * self.d_v, d_model, bias=bias)  # W_O: (d_model, h d_v)
         # Per-head gate (h,), 1 = keep, 0 = silence the head (head-importance analysis); None = all on.
         self.register_buffer("head_gates", None, persistent=False)
 
     def split_heads(self, x: Tensor) -> Tensor:
         B, L, _ = x.shape
-        return x.view(B, L, self.n_heads, self.d_k).transpose(1, 2)  # (B, h, L, d_k)
+        return x.view(B, L, self.n_heads, -1).transpose(1, 2)  # (B, L, h*d) -> (B, h, L, d), d = d_k or d_v
 
     def merge_heads(self, x: Tensor) -> Tensor:
         B, _, L, _ = x.shape
-        return x.transpose(1, 2).contiguous().view(B, L, self.d_model)  # (B, L, h*d_k)
+        return x.transpose(1, 2).contiguous().view(B, L, -1)  # (B, h, L, d_v) -> (B, L, h*d_v)
 
     def _project(self, x: Tensor, first: int, count: int) -> Tensor:
-        """x (B, L, d_model) times ``count`` of [W_Q, W_K, W_V] from index ``first`` -> (B, L, count * d_model).
+        """x (B, L, d_model) times ``count`` of [W_Q, W_K, W_V] from index ``first`` -> (B, L, their rows).
         The weight rows are a slice, i.e. a view of ``in_proj``: nothing is concatenated or copied."""
-        rows = slice(first * self.d_model, (first + count) * self.d_model)
+        rows = slice(sum(self.proj_sizes[:first]), sum(self.proj_sizes[:first + count]))
         bias = None if self.in_proj.bias is None else self.in_proj.bias[rows]
         return F.linear(x, self.in_proj.weight[rows], bias)
 
     def q_proj(self, x: Tensor) -> Tensor:
-        return self._project(x, 0, 1)  # Q = x W_Q  (B, L, d_model)
+        return self._project(x, 0, 1)  # Q = x W_Q  (B, L, h d_k)
 
     def k_proj(self, x: Tensor) -> Tensor:
-        return self._project(x, 1, 1)  # K = x W_K
+        return self._project(x, 1, 1)  # K = x W_K  (B, L, h d_k)
 
     def v_proj(self, x: Tensor) -> Tensor:
-        return self._project(x, 2, 1)  # V = x W_V
+        return self._project(x, 2, 1)  # V = x W_V  (B, L, h d_v)
 
     def project_qkv(self, query: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Q = query W_Q, K = key W_K, V = value W_V, as one matrix product where inputs are shared:
-        one (d_model x 3 d_model) product for self-attention, one (d_model x 2 d_model) for K, V."""
+        one (d_model x (2 h d_k + h d_v)) product for self-attention, one (d_model x (h d_k + h d_v)) for K, V."""
         if query is key and key is value:
-            return self.in_proj(query).split(self.d_model, dim=-1)  # 3 x (B, L, d_model)
+            return self.in_proj(query).split(self.proj_sizes, dim=-1)  # (B, L, h d_k) x 2, (B, L, h d_v)
         if key is value:
-            k, v = self._project(key, 1, 2).split(self.d_model, dim=-1)
+            k, v = self._project(key, 1, 2).split(self.proj_sizes[1:], dim=-1)
         else:
             k, v = self.k_proj(key), self.v_proj(value)
         return self.q_proj(query), k, v
@@ -350,17 +367,17 @@ class MultiHeadAttention(nn.Module):
             q = self.split_heads(self.q_proj(query))  # (B, h, Lq, d_k)
             k, v = cache.k, cache.v  # source keys/values, projected on the first step
         else:
-            q, k, v = (self.split_heads(x) for x in self.project_qkv(query, key, value))  # (B, h, L, d_k) each
+            q, k, v = (self.split_heads(x) for x in self.project_qkv(query, key, value))  # (B, h, L, d_k or d_v)
             if cache is not None:
                 if not cache.static and cache.k is not None:
                     k = torch.cat([cache.k, k], dim=2)  # (B, h, t, d_k)
-                    v = torch.cat([cache.v, v], dim=2)
+                    v = torch.cat([cache.v, v], dim=2)  # (B, h, t, d_v)
                 cache.k, cache.v = k, v
 
         dropout_p = self.dropout if self.training else 0.0
         kernel = choose_kernel(self.kernel, q.device.type, need_weights, q.dtype)
         if kernel == "plain":
-            out, weights = scaled_dot_product_attention(q, k, v, mask, dropout_p, is_causal)  # (B, h, Lq, d_k)
+            out, weights = scaled_dot_product_attention(q, k, v, mask, dropout_p, is_causal)  # (B, h, Lq, d_v)
         elif kernel == "blocked":
             if dropout_p > 0:
                 raise ValueError("the blocked attention kernel does not apply attention dropout; "

@@ -191,7 +191,8 @@ class TranslationDataModule(L.LightningDataModule):
         eval_max_tokens: int | None = DEFAULTS.eval_max_tokens,
         max_positions: int = DEFAULTS.max_positions,
         max_length_ratio: float | None = DEFAULTS.max_length_ratio,
-        seed: int = DEFAULTS.seed,
+        seed: int | None = DEFAULTS.seed,
+        vocab_seed: int = DEFAULTS.vocab_seed,
         num_proc: int = DEFAULTS.num_proc,
         num_workers: int = DEFAULTS.num_workers,
         pad_to_multiple: int = DEFAULTS.pad_to_multiple,
@@ -212,10 +213,12 @@ class TranslationDataModule(L.LightningDataModule):
         self.tokenizer_path = tokenizer_path
         self.vocab_options = {"vocab_size": vocab_size, "model_type": spm_model_type,
                               "input_sentence_size": input_sentence_size,
-                              "character_coverage": character_coverage, "seed": seed}
+                              "character_coverage": character_coverage, "seed": vocab_seed}
         self.max_tokens, self.eval_max_tokens = max_tokens, eval_max_tokens or max_tokens
         self.max_positions, self.max_length_ratio = max_positions, max_length_ratio
-        self.seed, self.num_proc, self.num_workers = seed, num_proc, num_workers
+        # Batch order; None (data.seed=null): train.py passes the run's seed; a datamodule built alone uses 0.
+        self.seed = 0 if seed is None else seed
+        self.num_proc, self.num_workers = num_proc, num_workers
         self.pad_to_multiple = pad_to_multiple  # batch widths rounded up to a multiple of this (train.compile: 8)
         self.tokenizer: Tokenizer | None = None
         self.tokenizer_trained_now = False

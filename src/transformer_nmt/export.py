@@ -94,8 +94,8 @@ def _set_attention(spec, attention, norm: torch.nn.LayerNorm, self_attention: bo
     else:
         _set_linear(spec.linear[0], attention.in_proj, slice(0, attention.d_model))
         _set_linear(spec.linear[1], attention.in_proj, slice(attention.d_model, None))
-    gates = attention.head_gates
-    column_scale = None if gates is None else gates.to(torch.float32).cpu().repeat_interleave(attention.d_k)
+    gates = attention.head_gates  # one per head, over its d_v columns of W_O
+    column_scale = None if gates is None else gates.to(torch.float32).cpu().repeat_interleave(attention.d_v)
     _set_linear(spec.linear[-1], attention.out_proj, column_scale=column_scale)
     _set_layer_norm(spec.layer_norm, norm)
 
@@ -119,6 +119,9 @@ def transformer_spec(model: Transformer, tokenizer: Tokenizer):
     cfg = model.config
     if tokenizer.vocab_size != cfg.vocab_size:
         raise ValueError(f"tokenizer has {tokenizer.vocab_size} pieces but the model {cfg.vocab_size}")
+    if cfg.head_dims() != (cfg.d_model // cfg.n_heads,) * 2:
+        raise ValueError(f"CTranslate2 needs d_k = d_v = d_model / n_heads ({cfg.d_model // cfg.n_heads}); this model "
+                         f"has model.d_k {cfg.head_dims()[0]}, model.d_v {cfg.head_dims()[1]}: translate with PyTorch")
     spec = specs.TransformerSpec.from_config((cfg.n_encoder_layers, cfg.n_decoder_layers), cfg.n_heads,
                                              pre_norm=cfg.norm_first, activation=specs.Activation.RELU)
     _set_inputs(spec.encoder, model.src_embed, model.positions)

@@ -1,6 +1,6 @@
 """The encoder-decoder Transformer of "Attention Is All You Need" (section 3), in one page.
 
-Data flows: token ids -> shared embedding * sqrt(d_model) + sinusoidal positions (3.4, 3.5)
+Data flows: token ids -> shared embedding * sqrt(d_model) + positions, sinusoidal or learned (3.4, 3.5)
 -> N encoder layers (self-attention, feed-forward; 3.1, 3.3) -> memory; target ids shifted
 right -> N decoder layers (causal self-attention, cross-attention over memory, feed-forward)
 -> linear map onto the vocabulary, with the weights shared with the embedding (3.4).
@@ -19,7 +19,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from transformer_nmt.attention import AttentionCache, MultiHeadAttention, causal_mask, check_attention
+from transformer_nmt.attention import AttentionCache, MultiHeadAttention, causal_mask, check_attention, head_dims
+
+POSITIONS = ("sinusoidal", "learned")  # 3.5: fixed sinusoids, or a trained table (Table 3, row E)
 
 
 @dataclass
@@ -29,12 +31,15 @@ class TransformerConfig:
     vocab_size: int
     d_model: int = 512
     n_heads: int = 8
+    d_k: int | None = None  # queries and keys per head; None: d_model / n_heads (Table 3, row B sets it apart)
+    d_v: int | None = None  # values per head; None: d_model / n_heads
     n_encoder_layers: int = 6
     n_decoder_layers: int = 6
     d_ff: int = 2048
     dropout: float = 0.1  # P_drop: sub-layer outputs and embedding sums (5.4)
     attention_dropout: float = 0.0  # on attention weights; the paper has none
     max_positions: int = 1024
+    positions: str = "sinusoidal"  # sinusoidal (3.5) | learned: a trained (max_positions, d_model) table (row E)
     norm_first: bool = False  # False: post-LN as in the paper; True: pre-LN
     tie_embeddings: bool = True  # one matrix for source, target and output embeddings (3.4)
     pad_id: int = 0
@@ -42,7 +47,9 @@ class TransformerConfig:
     attention_block_size: int = 128
 
     def __post_init__(self):
-        check_attention(self.d_model, self.n_heads, self.attention, prefix="model.")
+        check_attention(self.d_model, self.n_heads, self.attention, prefix="model.", d_k=self.d_k, d_v=self.d_v)
+        if self.positions not in POSITIONS:
+            raise ValueError(f"model.positions must be one of {POSITIONS}, got {self.positions!r}")
         if self.attention == "blocked" and self.attention_dropout > 0:
             raise ValueError("model.attention=blocked does not support model.attention_dropout > 0")
         if not 0 <= self.pad_id < self.vocab_size:
@@ -53,6 +60,10 @@ class TransformerConfig:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    def head_dims(self) -> tuple[int, int]:
+        """(d_k, d_v) of every head, defaults resolved."""
+        return head_dims(self.d_model, self.n_heads, self.d_k, self.d_v)
 
 
 def sinusoidal_positions(max_positions: int, d_model: int) -> Tensor:
@@ -134,8 +145,8 @@ class DecoderLayer(nn.Module):
 
 
 def _attention(cfg: TransformerConfig) -> MultiHeadAttention:
-    return MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attention_dropout,
-                              kernel=cfg.attention, block_size=cfg.attention_block_size)
+    return MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attention_dropout, kernel=cfg.attention,
+                              block_size=cfg.attention_block_size, d_k=cfg.d_k, d_v=cfg.d_v)
 
 
 class LayerCache:
@@ -173,7 +184,10 @@ class Transformer(nn.Module):
         self.src_embed = nn.Embedding(cfg.vocab_size, cfg.d_model, padding_idx=cfg.pad_id)
         self.tgt_embed = self.src_embed if cfg.tie_embeddings else nn.Embedding(
             cfg.vocab_size, cfg.d_model, padding_idx=cfg.pad_id)
-        self.register_buffer("positions", sinusoidal_positions(cfg.max_positions, cfg.d_model), persistent=False)
+        if cfg.positions == "learned":  # trained, so saved: (max_positions, d_model)
+            self.positions = nn.Parameter(torch.empty(cfg.max_positions, cfg.d_model))
+        else:  # a function of the config: not saved (checkpoints stay small; DDP need not broadcast it)
+            self.register_buffer("positions", sinusoidal_positions(cfg.max_positions, cfg.d_model), persistent=False)
         self.embed_dropout = nn.Dropout(cfg.dropout)
         self.encoder_layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.n_encoder_layers))
         self.decoder_layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.n_decoder_layers))
@@ -185,9 +199,9 @@ class Transformer(nn.Module):
 
     def _init_weights(self) -> None:
         for name, param in self.named_parameters():
-            if param.dim() > 1 and "embed" not in name:
+            if param.dim() > 1 and "embed" not in name and name != "positions":
                 # Xavier per matrix: W_Q, W_K, W_V one by one, though in_proj stacks them.
-                for matrix in param.split(self.config.d_model) if name.endswith("in_proj.weight") else (param,):
+                for matrix in param.split(self._in_proj_sizes()) if name.endswith("in_proj.weight") else (param,):
                     nn.init.xavier_uniform_(matrix)
             elif name.endswith("bias") and "norm" not in name:
                 nn.init.zeros_(param)
@@ -196,6 +210,13 @@ class Transformer(nn.Module):
             nn.init.normal_(embed.weight, mean=0.0, std=self.config.d_model ** -0.5)
             with torch.no_grad():
                 embed.weight[self.config.pad_id].zero_()
+        if isinstance(self.positions, nn.Parameter):  # learned: N(0, d^-1/2), as the token embeddings start
+            nn.init.normal_(self.positions, mean=0.0, std=self.config.d_model ** -0.5)
+
+    def _in_proj_sizes(self) -> list[int]:
+        """Rows of W_Q, W_K, W_V in every ``in_proj``: h d_k, h d_k, h d_v."""
+        d_k, d_v = self.config.head_dims()
+        return [self.config.n_heads * d_k, self.config.n_heads * d_k, self.config.n_heads * d_v]
 
     def num_parameters(self, trainable_only: bool = True) -> int:
         """Number of distinct parameters (shared embeddings counted once)."""

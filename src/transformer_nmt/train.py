@@ -2,7 +2,8 @@
 
 Builds the datamodule, the LightningModule, callbacks, TensorBoard logger and Trainer from ``conf/``
 (see conf/train.yaml), checks the config before anything expensive, prints a start-up summary, then
-``fit`` and ``test``, and writes a summary of the run to ``results.json``. Everything the run writes goes
+``fit`` and ``test``, and writes a summary of the run to ``results.json`` and the validation hypotheses beside
+it (``val_hypotheses.txt``, for paired significance tests). Everything the run writes goes
 under Hydra's run directory. A sweep run again with the same ``sweep_id`` skips the runs that wrote
 ``results.json`` (``finished_already``) and resumes the others.
 """
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import hydra
 import lightning.pytorch as pl
+import torch
 from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
@@ -34,7 +36,7 @@ from transformer_nmt.checkpoint import AtomicCheckpointIO, atomic_write
 from transformer_nmt.fingerprint import RecordFingerprint, check_finished_run, check_resume, run_fingerprint
 from transformer_nmt.launch import resume_checkpoint  # also registers hydra.run.dir's ${run_name:} resolver
 from transformer_nmt.model import TransformerConfig
-from transformer_nmt.precision import compute_dtype, resolve_precision
+from transformer_nmt.precision import REPORTED_CPU_FLAGS, compute_dtype, cpu_flags, resolve_precision
 from transformer_nmt.training import TRAIN_DEFAULTS, TranslationModule
 
 log = logging.getLogger(__name__)
@@ -43,6 +45,7 @@ CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 PRECISIONS = ("auto", "32", "32-true", "bf16-mixed", "16-mixed")
 MODEL_FIELDS = set(TransformerConfig.__dataclass_fields__) - {"vocab_size"}
 RESULTS_FILE = "results.json"
+HYPOTHESES_FILE, REFERENCES_FILE = "val_hypotheses.txt", "val_references.txt"  # beside results.json, line i: sentence i
 ConfigStore.instance().store(name="train_defaults", node=TRAIN_DEFAULTS)  # conf/train.yaml: train_defaults@train
 
 
@@ -58,7 +61,8 @@ def validate_config(cfg: DictConfig) -> None:
         raise ConfigError("model.vocab_size is set from the tokenizer at run time: set data.vocab_size instead")
     if unknown:
         raise ConfigError(f"unknown model settings {sorted(unknown)}; TransformerConfig has {sorted(MODEL_FIELDS)}")
-    check_attention(model.d_model, model.n_heads, model.get("attention"), prefix="model.", error=ConfigError)
+    check_attention(model.d_model, model.n_heads, model.get("attention"), prefix="model.", error=ConfigError,
+                    d_k=model.get("d_k"), d_v=model.get("d_v"))
     if model.get("pad_id", 0) != 0:
         raise ConfigError(f"model.pad_id must be 0, the tokenizer's pad id (got {model.pad_id})")
     data_max = cfg.data.get("max_positions")
@@ -91,6 +95,12 @@ def validate_config(cfg: DictConfig) -> None:
 def trainer_precision(cfg: DictConfig) -> tuple[str, str]:
     """(Lightning precision, why): trainer.precision, with ``auto`` resolved for trainer.accelerator."""
     return resolve_precision(str(cfg.trainer.precision), str(cfg.trainer.get("accelerator", "auto")))
+
+
+def batch_seed(cfg: DictConfig) -> int:
+    """The seed of the batch order: data.seed, or the run's seed where data.seed is null (the default), so
+    that one ``seed=`` sweep axis varies initialisation, dropout and data order together."""
+    return cfg.seed if cfg.data.get("seed") is None else cfg.data.seed
 
 
 def build_module(cfg: DictConfig, tokenizer) -> TranslationModule:
@@ -154,7 +164,8 @@ def summary(cfg: DictConfig, datamodule, module: TranslationModule, trainer: pl.
     per_step = datamodule.max_tokens * trainer.accumulate_grad_batches * trainer.world_size
     c = module.model.config
     lines = [
-        f"model       {module.model.num_parameters():,} parameters (d_model {c.d_model}, heads {c.n_heads}, "
+        f"model       {module.model.num_parameters():,} parameters (d_model {c.d_model}, heads {c.n_heads} with d_k "
+        f"{c.head_dims()[0]}, d_v {c.head_dims()[1]}, {c.positions} positions, "
         f"layers {c.n_encoder_layers}+{c.n_decoder_layers}, d_ff {c.d_ff}, dropout {c.dropout}, vocab {c.vocab_size})",
         f"corpus      {datamodule.src_lang}->{datamodule.tgt_lang} pairs after filtering: {sizes}",
         f"batch       <= {per_step:,} padded tokens per side per optimizer step (data.max_tokens "
@@ -171,11 +182,13 @@ def summary(cfg: DictConfig, datamodule, module: TranslationModule, trainer: pl.
 
 
 def run_results(module: TranslationModule, trainer: pl.Trainer, metrics: dict, overrides: Sequence[str],
-                wall_seconds: float) -> dict:
-    """The summary of one run that ``results.json`` holds: the model's Table 3 columns (h, d_k, d_model,
-    N, d_ff, parameters), the last validation's perplexity and BLEU, test BLEU when the run tested,
-    mean training throughput (target tokens/s) and wall time (the whole run: data, fit, test)."""
+                wall_seconds: float, seed: int | None = None) -> dict:
+    """The summary of one run that ``results.json`` holds: the model's Table 3 columns (h, d_k, d_v, d_model,
+    N, d_ff, P_drop, eps_ls, positions, parameters), the seed, the last validation's perplexity and BLEU, test
+    BLEU when the run tested, mean training throughput (target tokens/s), wall time (the whole run: data,
+    fit, test), and where it ran (precision, CPU flags that decide its speed, threads)."""
     c = module.model.config
+    d_k, d_v = c.head_dims()
 
     def metric(key: str) -> float | None:
         return round(float(metrics[key]), 4) if key in metrics else None
@@ -183,15 +196,32 @@ def run_results(module: TranslationModule, trainer: pl.Trainer, metrics: dict, o
     tokens_per_sec = module.train_tokens_per_sec()
     return {
         "overrides": list(overrides),
-        "n_heads": c.n_heads, "d_model": c.d_model, "d_k": c.d_model // c.n_heads,
+        "seed": seed,
+        "n_heads": c.n_heads, "d_model": c.d_model, "d_k": d_k, "d_v": d_v,
         "n_layers": c.n_encoder_layers, "n_decoder_layers": c.n_decoder_layers, "d_ff": c.d_ff, "dropout": c.dropout,
+        "label_smoothing": module.optim["label_smoothing"], "positions": c.positions,
         "parameters": module.model.num_parameters(),
         "val_loss": metric("val/loss"), "val_ppl": metric("val/ppl"), "val_bleu": metric("val/bleu"),
         "test_bleu": metric("test/bleu"),
         "train_tgt_tokens_per_sec": round(tokens_per_sec, 1) if tokens_per_sec is not None else None,
         "steps": trainer.global_step,
         "wall_seconds": round(wall_seconds, 1),
+        "precision": str(trainer.precision), "torch_threads": torch.get_num_threads(),
+        "cpu_flags": [flag for flag in REPORTED_CPU_FLAGS if flag in cpu_flags()],
     }
+
+
+def write_hypotheses(module: TranslationModule, datamodule, run_dir: Path) -> None:
+    """The last validation's greedy hypotheses and their references, one sentence a line in split order, for
+    paired significance tests between runs (scripts/summarize_ablation.py); nothing when BLEU was off."""
+    hypotheses = module.hypotheses.get("val")
+    if not hypotheses:
+        return
+    references = datamodule.references("val")
+    indices = sorted(hypotheses)
+    for name, lines in ((HYPOTHESES_FILE, [hypotheses[i] for i in indices]),
+                        (REFERENCES_FILE, [references[i] for i in indices])):
+        (run_dir / name).write_text("".join(" ".join(line.splitlines()) + "\n" for line in lines), encoding="utf-8")
 
 
 def train(cfg: DictConfig, run_dir: str | Path, overrides: Sequence[str] = (), sweep: bool = False) -> pl.Trainer:
@@ -210,7 +240,7 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: Sequence[str] = (), s
     pl.seed_everything(cfg.seed, workers=True)
     # torch.compile: batch widths a multiple of 8 too, so that shapes repeat (and the user's multiple still holds)
     compile_pad = {"pad_to_multiple": math.lcm(cfg.data.pad_to_multiple, 8)} if cfg.train.compile else {}
-    datamodule = hydra.utils.instantiate(cfg.data, **compile_pad)
+    datamodule = hydra.utils.instantiate(cfg.data, **compile_pad, seed=batch_seed(cfg))
     datamodule.setup("fit")  # builds or reuses the vocabulary: the model's vocab_size comes from it
     module = build_module(cfg, datamodule.tokenizer)
     callbacks = build_callbacks(cfg, run_dir / "checkpoints", overrides)
@@ -218,13 +248,16 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: Sequence[str] = (), s
     if rank_zero_only.rank == 0:
         log.info("\n%s", summary(cfg, datamodule, module, trainer, resume))
     trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
+    if cfg.get("validate_at_end") and module.validated_at_step != trainer.global_step:
+        trainer.validate(module, datamodule=datamodule, verbose=False)  # the final weights, as they are
     metrics = dict(trainer.callback_metrics)  # the last validation's: trainer.test starts from empty metrics
     if cfg.run_test and "test" in datamodule.splits:
         best = trainer.checkpoint_callback.best_model_path  # "" when no validation ran
         trainer.test(module, datamodule=datamodule, ckpt_path=best if best and Path(best).is_file() else None)
         metrics.update(trainer.callback_metrics)
     if rank_zero_only.rank == 0:
-        results = run_results(module, trainer, metrics, overrides, time.perf_counter() - started)
+        results = run_results(module, trainer, metrics, overrides, time.perf_counter() - started, cfg.seed)
+        write_hypotheses(module, datamodule, run_dir)  # before results.json, which marks the run finished
         text = json.dumps(results, indent=2) + "\n"
         atomic_write(run_dir / RESULTS_FILE, lambda f: f.write(text.encode()))  # complete, or not there
     return trainer

@@ -173,6 +173,8 @@ class TranslationModule(pl.LightningModule):
         self._timed = {"tokens": 0, "seconds": 0.0}  # (source, target) tokens and seconds over the timed steps
         self._interval = {"tokens": 0, "seconds": 0.0}  # the same since the last logging step
         self._eval = {}  # per evaluation: loss sums and decoded sentences
+        self.hypotheses = {}  # split -> {sentence index: detokenized greedy hypothesis} of its last evaluation
+        self.validated_at_step = None  # the optimizer step of the last validation
 
     # --- optimisation ------------------------------------------------------------------------
     def configure_optimizers(self):
@@ -273,6 +275,7 @@ class TranslationModule(pl.LightningModule):
 
     def on_validation_epoch_end(self):
         self._log_evaluation("val")
+        self.validated_at_step = self.global_step
 
     def on_test_epoch_end(self):
         self._log_evaluation("test")
@@ -323,6 +326,7 @@ class TranslationModule(pl.LightningModule):
             return 0.0, 0
         references = datamodule.references(split)
         indices = sorted(hypotheses)
+        self.hypotheses[split] = {i: hypotheses[i] for i in indices}  # kept for significance tests (train.py)
         bleu = sacrebleu.corpus_bleu([hypotheses[i] for i in indices], [[references[i] for i in indices]])
         return bleu.score, len(indices)
 
