@@ -4,7 +4,6 @@ averaging window holds exactly the last K checkpoints."""
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -17,6 +16,7 @@ import torch
 
 import transformer_nmt
 import transformer_nmt.checkpoint as checkpoint_module
+from test_multinode import free_port
 from test_train_app import compose_train, one_thread, tiny_config, tiny_overrides, write_tiny_corpus  # noqa: F401 (fixture)
 from transformer_nmt.average import last_checkpoints
 from transformer_nmt.checkpoint import AtomicCheckpointIO, checkpoint_step, read_checkpoint
@@ -122,16 +122,21 @@ def test_the_trainer_writes_checkpoints_atomically(corpus, tmp_path):
 SCONTROL = "#!/bin/sh\necho \"$@\" >> \"$SCONTROL_LOG\"\n"  # stands in for SLURM's scontrol: records the call
 
 
+def fake_scontrol(directory: Path) -> Path:
+    """DIRECTORY/bin holding an executable ``scontrol`` that appends its arguments to $SCONTROL_LOG; returns
+    the bin directory, to put first on PATH."""
+    (directory / "bin").mkdir()
+    (directory / "bin" / "scontrol").write_text(SCONTROL)
+    (directory / "bin" / "scontrol").chmod(0o755)
+    return directory / "bin"
+
+
 def test_sigusr1_under_slurm_requeues_and_the_requeued_job_ends_with_the_uninterrupted_weights(
         corpus, uninterrupted, tmp_path):
     """trainer=multinode on one CPU process under a faked SLURM job: SIGUSR1 mid-run writes last.ckpt, calls
     `scontrol requeue JOB` and stops; the same command again (what the requeued job runs) resumes from it."""
-    (tmp_path / "bin").mkdir()
-    (tmp_path / "bin" / "scontrol").write_text(SCONTROL)
-    (tmp_path / "bin" / "scontrol").chmod(0o755)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    fake_scontrol(tmp_path)
+    port = free_port()
     src = Path(transformer_nmt.__file__).resolve().parents[1]
     env = {**os.environ, "PATH": f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}",
            "SCONTROL_LOG": str(tmp_path / "scontrol.log"), "OMP_NUM_THREADS": "1",

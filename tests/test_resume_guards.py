@@ -4,7 +4,6 @@ force it."""
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -13,7 +12,8 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from test_resume import SCONTROL
+from test_multinode import free_port
+from test_resume import fake_scontrol
 from test_train_app import one_thread, tiny_config, write_tiny_corpus  # noqa: F401 (fixture)
 from transformer_nmt.checkpoint import read_checkpoint
 from transformer_nmt.fingerprint import CKPT_FINGERPRINT, ResumeError, differences, run_fingerprint
@@ -170,12 +170,8 @@ AGREEMENT = textwrap.dedent("""
 def test_under_ddp_a_signal_on_one_rank_stops_every_rank_at_the_next_step_between_logging_steps(tmp_path, name):
     """log_every_n_steps=100 and a 120-second warning: the ranks must agree at every optimizer step, not only at
     logging steps, or the job is killed before it writes last.ckpt. Two gloo processes; the signal reaches one."""
-    (tmp_path / "bin").mkdir()
-    (tmp_path / "bin" / "scontrol").write_text(SCONTROL)
-    (tmp_path / "bin" / "scontrol").chmod(0o755)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    fake_scontrol(tmp_path)
+    port = free_port()
     env = {**os.environ, "PATH": f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}", "OMP_NUM_THREADS": "1",
            "SCONTROL_LOG": str(tmp_path / "scontrol.log"), "SLURM_JOB_ID": "4243", "SLURM_ARRAY_JOB_ID": "4240",
            "SLURM_ARRAY_TASK_ID": "3"}

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import transformer_nmt
-from test_resume import SCONTROL
+from test_resume import fake_scontrol
 from test_train_app import tiny_overrides, write_tiny_corpus
 from transformer_nmt.checkpoint import read_checkpoint
 
@@ -40,9 +40,7 @@ def sweep(tmp_path_factory):
     """The sweep run twice with the same command: the first time job 1 is killed and job 2 signalled mid-run."""
     root = tmp_path_factory.mktemp("sweep")
     corpus = write_tiny_corpus(root / "corpus")
-    (root / "bin").mkdir()
-    (root / "bin" / "scontrol").write_text(SCONTROL)
-    (root / "bin" / "scontrol").chmod(0o755)
+    fake_scontrol(root)
     gate = root / "gate"
     gate.mkdir()
     src = Path(transformer_nmt.__file__).resolve().parents[1]
