@@ -72,7 +72,21 @@ def load_runs(directories: list[Path]) -> list[dict]:
     if not runs:
         raise SystemExit(f"no {RESULTS} under {', '.join(map(str, directories))}: pass sweep directories "
                          f"(multirun/NAME/RUN) or docs/table3, whose subdirectories hold the runs")
+    check_one_precision(runs)
     return runs
+
+
+def check_one_precision(runs: list[dict]) -> None:
+    """Runs trained in different precisions (precision=auto answers per machine) are not one experiment: a
+    paired test of a bf16 run against an fp32 one measures the precision too. Older files without it pass."""
+    by_precision = {}
+    for run in runs:
+        if run.get("precision") is not None:
+            by_precision.setdefault(run["precision"], []).append(str(run["path"]))
+    if len(by_precision) > 1:
+        found = "; ".join(f"{precision}: {len(paths)} runs, e.g. {paths[0]}" for precision, paths in by_precision.items())
+        raise SystemExit(f"the runs were trained in different precisions ({found}): summarize the runs of one "
+                         f"precision at a time, or rerun with trainer.precision set explicitly")
 
 
 def config_key(run: dict) -> tuple:

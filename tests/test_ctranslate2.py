@@ -254,3 +254,16 @@ def test_the_export_cache_replaces_a_leftover_export_that_never_finished(tmp_pat
     assert cached_export(ckpt) == entry and (entry / EXPORT_INFO).is_file()
     assert CTranslate2Model(entry).translate_ids([[5, 6, 7]], beam=1)  # complete: it loads and translates
     assert sorted(p.name for p in entry.parent.iterdir()) == [entry.name, f"{entry.name}.lock"]
+
+
+def test_export_refuses_heads_whose_width_is_not_d_model(tmp_path):
+    """d_k = d_v = 7 with 4 heads at d_model 30: each head's width differs from d_model / n_heads only through
+    the rounding, but 4 x 7 = 28 != 30, which CTranslate2's attention cannot hold."""
+    from transformer_nmt.export import transformer_spec
+
+    tokenizer = tiny_tokenizer()
+    model = Transformer(TransformerConfig(vocab_size=tokenizer.vocab_size, d_model=30, n_heads=4, d_k=7, d_v=7,
+                                          n_encoder_layers=1, n_decoder_layers=1, d_ff=32, max_positions=64))
+    with pytest.raises(ValueError, match=r"n_heads x d_k = n_heads x d_v = d_model \(30\); this model has n_heads 4, "
+                                         r"model.d_k 7, model.d_v 7"):
+        transformer_spec(model, tokenizer)

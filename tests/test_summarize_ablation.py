@@ -111,3 +111,15 @@ def test_the_command_prints_the_table_and_refuses_an_empty_directory(two_sweeps,
     empty.mkdir()
     with pytest.raises(SystemExit, match="no results.json under"):
         summarize_ablation.main([str(empty)])
+
+
+def test_runs_of_two_precisions_are_refused_naming_both(tmp_path):
+    """precision=auto answers per machine: runs gathered from two machines may differ in precision, and a paired
+    test between them would measure the precision as well as the setting."""
+    write_run(tmp_path / "a" / "0", 1, 30.0, REFERENCES)
+    fp32 = write_run(tmp_path / "b" / "0", 1, 29.0, REFERENCES, n_heads=2)
+    results = json.loads((fp32 / "results.json").read_text())
+    (fp32 / "results.json").write_text(json.dumps({**results, "precision": "32-true"}))
+    with pytest.raises(SystemExit, match=r"different precisions \(bf16-mixed: 1 runs.*; 32-true: 1 runs"):
+        summarize_ablation.load_runs([tmp_path / "a", tmp_path / "b"])
+    assert len(summarize_ablation.load_runs([tmp_path / "a"])) == 1  # one precision: summarized

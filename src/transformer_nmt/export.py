@@ -119,9 +119,10 @@ def transformer_spec(model: Transformer, tokenizer: Tokenizer):
     cfg = model.config
     if tokenizer.vocab_size != cfg.vocab_size:
         raise ValueError(f"tokenizer has {tokenizer.vocab_size} pieces but the model {cfg.vocab_size}")
-    if cfg.head_dims() != (cfg.d_model // cfg.n_heads,) * 2:
-        raise ValueError(f"CTranslate2 needs d_k = d_v = d_model / n_heads ({cfg.d_model // cfg.n_heads}); this model "
-                         f"has model.d_k {cfg.head_dims()[0]}, model.d_v {cfg.head_dims()[1]}: translate with PyTorch")
+    d_k, d_v = cfg.head_dims()
+    if not cfg.n_heads * d_k == cfg.n_heads * d_v == cfg.d_model:
+        raise ValueError(f"CTranslate2 needs n_heads x d_k = n_heads x d_v = d_model ({cfg.d_model}); this model has "
+                         f"n_heads {cfg.n_heads}, model.d_k {d_k}, model.d_v {d_v}: translate with PyTorch")
     spec = specs.TransformerSpec.from_config((cfg.n_encoder_layers, cfg.n_decoder_layers), cfg.n_heads,
                                              pre_norm=cfg.norm_first, activation=specs.Activation.RELU)
     _set_inputs(spec.encoder, model.src_embed, model.positions)
