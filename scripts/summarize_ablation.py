@@ -84,7 +84,8 @@ def check_one_precision(runs: list[dict]) -> None:
         if run.get("precision") is not None:
             by_precision.setdefault(run["precision"], []).append(str(run["path"]))
     if len(by_precision) > 1:
-        found = "; ".join(f"{precision}: {len(paths)} runs, e.g. {paths[0]}" for precision, paths in by_precision.items())
+        found = "; ".join(f"{precision}: {len(paths)} runs, e.g. {paths[0]}"
+                          for precision, paths in by_precision.items())
         raise SystemExit(f"the runs were trained in different precisions ({found}): summarize the runs of one "
                          f"precision at a time, or rerun with trainer.precision set explicitly")
 
