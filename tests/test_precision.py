@@ -95,3 +95,33 @@ def test_auto_on_a_pre_ampere_gpu_does_not_train_in_emulated_bf16(monkeypatch, m
     chosen, why = resolve_precision("auto", "gpu")
     assert chosen == expected
     assert ("no native bf16" in why) == (major == 7)
+
+
+def recipe(precision: str, accelerator: str = "cpu"):
+    """A config whose batch and warm-up follow the precision, as conf/experiment/multi30k_cpu.yaml's do."""
+    from omegaconf import OmegaConf
+    return OmegaConf.create({
+        "trainer": {"precision": precision, "accelerator": accelerator},
+        "data": {"max_tokens": "${by_precision:{32-true: 1024, bf16-mixed: 4096}}", "eval_max_tokens": 4096},
+        "train": {"warmup_steps": "${by_precision:{32-true: 300, bf16-mixed: 800}}", "lr_factor": 0.5}})
+
+
+@pytest.mark.parametrize("answer, expected", [("native", (4096, 800)), ("emulated", (1024, 300))])
+def test_by_precision_follows_what_auto_picks_on_this_cpu(monkeypatch, answer, expected):
+    monkeypatch.setenv(CPU_BF16_ENV, answer)
+    cfg = recipe("auto")
+    assert (cfg.data.max_tokens, cfg.train.warmup_steps) == expected
+    assert precision.precision_dependent(cfg) == {"data.max_tokens": expected[0], "train.warmup_steps": expected[1]}
+
+
+@pytest.mark.parametrize("explicit, expected", [("32", 1024), ("32-true", 1024), ("bf16-mixed", 4096)])
+def test_by_precision_follows_an_explicit_precision(monkeypatch, explicit, expected):
+    monkeypatch.setenv(CPU_BF16_ENV, "emulated")  # an explicit precision is kept whatever the CPU
+    assert recipe(explicit).data.max_tokens == expected
+
+
+def test_by_precision_without_a_value_for_the_precision_names_the_key(monkeypatch, cuda):
+    from omegaconf.errors import InterpolationResolutionError
+    cuda(False)  # a pre-Ampere GPU: auto picks 16-mixed, which the recipe has no value for
+    with pytest.raises(InterpolationResolutionError, match=r"no value for 16-mixed(.|\n)*full_key: data.max_tokens"):
+        recipe("auto", accelerator="gpu").data.max_tokens

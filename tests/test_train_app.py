@@ -21,7 +21,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from transformer_nmt.precision import CPU_BF16_ENV, NATIVE_BF16_CPU_FLAGS, cpu_flags
+from transformer_nmt.precision import CPU_BF16_ENV, NATIVE_BF16_CPU_FLAGS, cpu_flags, precision_dependent
 from transformer_nmt.train import CONF_DIR, ConfigError, batch_seed, train, validate_config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -92,6 +92,25 @@ def test_every_experiment_and_trainer_composes_and_validates(experiment, trainer
     cfg = compose_train(f"experiment={experiment}", f"trainer={trainer}")
     validate_config(cfg)
     assert cfg.name.startswith(experiment)
+
+
+MULTI30K_CPU = {  # conf/experiment/multi30k_cpu.yaml's settings by the precision auto picks (docs/quality.md)
+    "bf16-mixed": {"data.max_tokens": 4096, "train.warmup_steps": 1000, "train.lr_factor": 1.5, "model.dropout": 0.3,
+                   "checkpoint.recent.every_n_train_steps": 125},
+    "32-true": {"data.max_tokens": 1024, "train.warmup_steps": 300, "train.lr_factor": 0.5, "model.dropout": 0.1,
+                "checkpoint.recent.every_n_train_steps": 250},
+}
+
+
+def test_the_cpu_recipe_sizes_batch_and_schedule_by_precision(cpu_bf16):
+    expected = MULTI30K_CPU[{"native": "bf16-mixed", "emulated": "32-true"}[cpu_bf16]]
+    cfg = compose_train("experiment=multi30k_cpu")
+    validate_config(cfg)
+    assert precision_dependent(cfg) == dict(sorted(expected.items()))
+    assert {key: OmegaConf.select(cfg, key) for key in expected} == expected
+    overridden = compose_train("experiment=multi30k_cpu", "data.max_tokens=2048", "trainer.precision=bf16-mixed")
+    assert overridden.data.max_tokens == 2048  # the command line wins over the recipe's choice
+    assert overridden.train.warmup_steps == MULTI30K_CPU["bf16-mixed"]["train.warmup_steps"]  # explicit precision
 
 
 def test_paper_recipe():
@@ -179,10 +198,14 @@ def test_auto_precision_trains_in_what_the_cpu_answers(tmp_path, cpu_bf16, caplo
     expected = {"native": "bf16-mixed", "emulated": "32-true"}[cpu_bf16]
     assert machines_auto_precision() == expected
     corpus = write_tiny_corpus(tmp_path / "corpus", n_train=24, n_eval=4)
+    cfg = tiny_config(corpus, "trainer.precision=auto", "trainer.max_steps=1", "trainer.limit_val_batches=0")
+    cfg.train.warmup_steps = "${by_precision:{32-true: 3, bf16-mixed: 5}}"  # as a recipe sizes it by precision
     with caplog.at_level("INFO", logger="transformer_nmt.train"):
-        trainer = train(tiny_config(corpus, "trainer.precision=auto", "trainer.max_steps=1",
-                                    "trainer.limit_val_batches=0"), tmp_path / "run")
+        trainer = train(cfg, tmp_path / "run")
     assert trainer.global_step == 1 and trainer.precision == expected
+    warmup = {"bf16-mixed": 5, "32-true": 3}[expected]
+    assert trainer.lightning_module.optim["warmup_steps"] == warmup
+    assert f"recipe      for {expected}: train.warmup_steps {warmup}" in caplog.text
     assert f"precision {expected} (auto: the CPU has {'native' if cpu_bf16 == 'native' else 'no native'} bf16 " \
            f"({CPU_BF16_ENV}={cpu_bf16})" in caplog.text
     kernel = {"native": "plain (auto: plain on CPU in bfloat16", "emulated": "fused (auto: fused (torch's SDPA) on cpu "

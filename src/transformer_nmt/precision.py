@@ -10,6 +10,10 @@ laptops and servers) PyTorch emulates bf16 arithmetic: a training step is many t
 
 The environment variable ``TRANSFORMER_NMT_CPU_BF16=native|emulated`` makes the CPU answer as one with
 or without native bf16, whatever its flags: the test suite runs auto's CPU branch both ways on any machine.
+
+A config value may depend on the precision the run trains in (``auto`` resolved):
+``max_tokens: ${by_precision:{32-true: 1024, bf16-mixed: 4096}}``, so that a recipe sizes its batches and
+schedule to what the hardware computes in; a command-line override replaces the choice as any value.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import os
 from pathlib import Path
 
 import torch
+from omegaconf import DictConfig, OmegaConf
 
 NATIVE_BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
 REPORTED_CPU_FLAGS = ("avx2", *NATIVE_BF16_CPU_FLAGS)  # as lscpu | grep -o 'avx512_bf16\|amx_bf16\|avx2'
@@ -76,3 +81,29 @@ def resolve_precision(precision: str, accelerator: str) -> tuple[str, str]:
         return "bf16-mixed", f"auto: the CPU has native bf16 ({evidence})"
     return "32-true", (f"auto: the CPU has no native bf16 ({evidence or ' or '.join(NATIVE_BF16_CPU_FLAGS)}), "
                        f"where bf16 autocast is emulated and slower than fp32")
+
+
+def by_precision(choices: dict, *, _root_: DictConfig):
+    """The ``${by_precision:{PRECISION: VALUE, ...}}`` resolver: the value for the precision the run trains in,
+    ``trainer.precision`` with ``auto`` resolved for ``trainer.accelerator`` (``32`` is ``32-true``)."""
+    trainer = _root_.get("trainer") or {}
+    precision, why = resolve_precision(str(trainer.get("precision", "auto")), str(trainer.get("accelerator", "auto")))
+    precision = "32-true" if precision == "32" else precision
+    if not isinstance(choices, dict) or precision not in choices:
+        raise ValueError(f"by_precision: no value for {precision} ({why}) among {choices}; add one, set "
+                         f"trainer.precision to one of {sorted(choices) if isinstance(choices, dict) else []}, "
+                         f"or override the key")
+    return choices[precision]
+
+
+def precision_dependent(cfg: DictConfig) -> dict[str, object]:
+    """``{dotted key: value}`` of every setting of ``cfg`` that ``${by_precision:...}`` chose (for the summary)."""
+    def raw(node, prefix: str = ""):  # (dotted key, unresolved value) of every leaf
+        for key, value in node.items():
+            yield from raw(value, f"{prefix}{key}.") if isinstance(value, dict) else [(f"{prefix}{key}", value)]
+
+    return {key: OmegaConf.select(cfg, key) for key, value in sorted(raw(OmegaConf.to_container(cfg, resolve=False)))
+            if isinstance(value, str) and value.startswith("${by_precision:")}
+
+
+OmegaConf.register_new_resolver("by_precision", by_precision, replace=True)  # not cached: it reads the config

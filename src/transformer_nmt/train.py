@@ -36,7 +36,8 @@ from transformer_nmt.checkpoint import AtomicCheckpointIO, atomic_write
 from transformer_nmt.fingerprint import RecordFingerprint, check_finished_run, check_resume, run_fingerprint
 from transformer_nmt.launch import resume_checkpoint  # also registers hydra.run.dir's ${run_name:} resolver
 from transformer_nmt.model import TransformerConfig
-from transformer_nmt.precision import REPORTED_CPU_FLAGS, compute_dtype, cpu_flags, resolve_precision
+from transformer_nmt.precision import (REPORTED_CPU_FLAGS, compute_dtype, cpu_flags, precision_dependent,
+                                       resolve_precision)
 from transformer_nmt.training import TRAIN_DEFAULTS, TranslationModule
 
 log = logging.getLogger(__name__)
@@ -178,6 +179,9 @@ def summary(cfg: DictConfig, datamodule, module: TranslationModule, trainer: pl.
         f"run dir     {trainer.default_root_dir}",
         f"resume      {resume}",
     ]
+    chosen = precision_dependent(cfg)
+    if chosen:  # the recipe's ${by_precision:...} settings, as chosen for this run's precision
+        lines.insert(5, f"recipe      for {trainer.precision}: " + ", ".join(f"{k} {v}" for k, v in chosen.items()))
     return "\n".join(lines)
 
 
