@@ -4,6 +4,7 @@ attention kernel and torch.compile, side by side in one process.
     python scripts/benchmark_step.py                       # the default table (about 3 minutes on 2 loaded cores)
     python scripts/benchmark_step.py --tokens 1024 2048 --rounds 5 --no-compile
     python scripts/benchmark_step.py --threads 2           # the recipe's thread count (a quiet machine only)
+    python scripts/benchmark_step.py --tokens 2048 --no-compile --kernels plain fused --previous-loss
 
 The recipe's small model (conf/model/small.yaml: d_model 256, 4 heads, 3+3 layers, d_ff 1024, dropout 0.1;
 vocabulary 8000) takes the training step of training.TranslationModule: forward, the label-smoothed loss,
@@ -15,12 +16,15 @@ depend on them).
 
 Variants (every one at every batch size): each precision with each attention kernel eagerly, and with
 ``--compile`` the model's forward under torch.compile (as train.compile=true does) with each precision's
-``auto`` kernel. Every round runs one step of every variant in turn, on the same batch per batch size (compiled
-variants first warm up on every batch of the pool, their compile time reported apart); tokens/s is the median
+``auto`` kernel, at one batch size (``--compile-tokens``; compiling takes minutes here); with
+``--previous-loss`` also each precision's ``auto`` kernel with the loss as it was before its fused
+log_softmax/softmax kernels. Every round runs one step of every variant in turn, on the same batch per batch
+size (compiled variants first warm up on every batch of the pool, their compile time reported apart); tokens/s is the median
 over rounds, and every "vs" column the median of the per-round ratios to the same round's fp32 eager step with
 the fused kernel at the same batch size (alternation cancels the machine's load, which drifts). The ceiling is
-flops.matmul_ceiling at each batch's mean target rows, per precision, in this process; model FLOPs are
-flops.FlopCount's (scripts/gpu_check.py and results.json use the same definition).
+flops.matmul_ceiling at the batches' mean target rows, per precision, measured in this process every round
+between the steps it rates, and the share the median of per-round shares; model FLOPs are flops.FlopCount's
+(scripts/gpu_check.py and results.json use the same definition).
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ from transformer_nmt.batching import TokenBucketBatchSampler, pad_pairs, pair_wi
 from transformer_nmt.flops import FlopCount, matmul_ceiling
 from transformer_nmt.model import Transformer, TransformerConfig
 from transformer_nmt.precision import REPORTED_CPU_FLAGS, compute_dtype, cpu_flags
-from transformer_nmt.training import LOSS_SCALE_TOKENS, label_smoothed_cross_entropy
+from transformer_nmt.training import LOSS_CHUNK_ELEMENTS, LOSS_SCALE_TOKENS, label_smoothed_cross_entropy
 
 REPO = Path(__file__).resolve().parents[1]
 SMALL = dict(vocab_size=8000, d_model=256, n_heads=4, n_encoder_layers=3, n_decoder_layers=3, d_ff=1024, dropout=0.1,
@@ -79,11 +83,61 @@ def batches(max_tokens: int, count: int, seed: int = 0, multiple: int = 8) -> li
     return out
 
 
+class LogSumExpLoss(torch.autograd.Function):
+    """The loss's previous implementation (training._SmoothedCrossEntropy before the fused log_softmax/softmax
+    kernels), for ``--previous-loss``: log-sum-exp written out, exp(x - lse) recomputed in the backward pass."""
+
+    @staticmethod
+    def forward(ctx, logits, labels, epsilon, pad_id, overwrite):
+        n, vocab = logits.shape
+        keep = (labels != pad_id).float()
+        lse = torch.empty(n, dtype=torch.float32)
+        sums = torch.zeros(2, dtype=torch.float32)
+        rows = max(1, LOSS_CHUNK_ELEMENTS // vocab)
+        with torch.autocast("cpu", enabled=False):
+            for start in range(0, n, rows):
+                chunk = slice(start, start + rows)
+                x = logits[chunk].float()
+                z = torch.logsumexp(x, dim=-1)
+                nll = z - x.gather(-1, labels[chunk, None]).squeeze(-1)
+                smoothed = (1.0 - epsilon) * nll + epsilon * (z - x.mean(dim=-1))
+                sums += torch.stack([smoothed, nll]) @ keep[chunk]
+                lse[chunk] = z
+        ctx.save_for_backward(logits, labels, lse, keep)
+        ctx.epsilon, ctx.overwrite = epsilon, overwrite
+        loss, nll = sums.unbind()
+        ctx.mark_non_differentiable(nll)
+        return loss, nll
+
+    @staticmethod
+    def backward(ctx, grad_loss, grad_nll):
+        logits, labels, lse, keep = ctx.saved_tensors
+        n, vocab = logits.shape
+        eps = ctx.epsilon
+        grad = logits if ctx.overwrite else torch.empty_like(logits)
+        rows = max(1, LOSS_CHUNK_ELEMENTS // vocab)
+        with torch.autocast("cpu", enabled=False):
+            for start in range(0, n, rows):
+                chunk = slice(start, start + rows)
+                g = torch.exp(logits[chunk].float() - lse[chunk, None]) - eps / vocab
+                g.scatter_add_(-1, labels[chunk, None], g.new_full((g.shape[0], 1), eps - 1.0))
+                g *= (keep[chunk] * grad_loss)[:, None]
+                grad[chunk] = g
+        return grad, None, None, None, None
+
+
+def previous_loss(logits, labels, epsilon, pad_id, overwrite_logits=False):
+    vocab = logits.shape[-1]
+    loss, nll = LogSumExpLoss.apply(logits.reshape(-1, vocab), labels.reshape(-1), epsilon, pad_id, overwrite_logits)
+    return loss, nll, (labels != pad_id).sum()
+
+
 class Step:
     """One variant: a model (its own copy of the shared initial weights), its Adam, its precision."""
 
-    def __init__(self, base: Transformer, precision: str, kernel: str, compiled: bool):
+    def __init__(self, base: Transformer, precision: str, kernel: str, compiled: bool, loss: str = "fused"):
         self.precision, self.kernel, self.compiled = precision, kernel, compiled
+        self.loss = label_smoothed_cross_entropy if loss == "fused" else previous_loss
         self.model = copy.deepcopy(base).train()
         for module in self.model.modules():
             if isinstance(module, MultiHeadAttention):
@@ -91,7 +145,8 @@ class Step:
         if compiled:
             self.model.compile()
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
-        self.name = f"{precision} {kernel}{' compiled' if compiled else ''}"
+        suffix = (" compiled" if compiled else "") + (" previous loss" if loss != "fused" else "")
+        self.name = f"{precision} {kernel}{suffix}"
 
     def __call__(self, batch: dict) -> float:
         """One training step on ``batch``; returns its seconds."""
@@ -99,7 +154,7 @@ class Step:
         start = time.perf_counter()
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.precision == "bf16-mixed"):
             logits = self.model(src, tgt[:, :-1])
-            loss, _, tokens = label_smoothed_cross_entropy(logits, tgt[:, 1:], 0.1, 0, overwrite_logits=True)
+            loss, _, tokens = self.loss(logits, tgt[:, 1:], 0.1, 0, overwrite_logits=True)
         (loss / LOSS_SCALE_TOKENS).backward()
         grads = [p.grad for p in self.model.parameters() if p.grad is not None]
         torch._foreach_mul_(grads, (LOSS_SCALE_TOKENS / tokens.clamp(min=1)).float())
@@ -115,7 +170,11 @@ def main(argv=None) -> dict:
     parser.add_argument("--precisions", nargs="+", default=list(PRECISIONS), choices=PRECISIONS)
     parser.add_argument("--kernels", nargs="+", default=["plain", "fused"], choices=["plain", "fused", "blocked"])
     parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True,
-                        help="also each precision's auto kernel under torch.compile")
+                        help="also each precision's auto kernel under torch.compile (at --compile-tokens only)")
+    parser.add_argument("--compile-tokens", type=int, default=None,
+                        help="the batch size of the compiled variants (default: the smallest --tokens)")
+    parser.add_argument("--previous-loss", action="store_true",
+                        help="also each precision's auto kernel with the loss's previous implementation")
     parser.add_argument("--rounds", type=int, default=3, help="timed steps of every variant (after a warm-up)")
     parser.add_argument("--pool", type=int, default=2, help="distinct batches per batch size, used in turn")
     parser.add_argument("--threads", type=int, default=1)
@@ -129,40 +188,55 @@ def main(argv=None) -> dict:
     variants = [Step(base, p, k, False) for p in args.precisions for k in args.kernels]
     if args.compile:
         variants += [Step(base, p, auto_kernel("cpu", compute_dtype(p))[0], True) for p in args.precisions]
+    if args.previous_loss:
+        variants += [Step(base, p, auto_kernel("cpu", compute_dtype(p))[0], False, loss="previous")
+                     for p in args.precisions]
 
-    ceilings = {(p, n): matmul_ceiling(SMALL["d_model"], SMALL["d_ff"], SMALL["vocab_size"],
-                                       round(statistics.mean(b["tgt"][:, 1:].numel() for b in pool)),
-                                       compute_dtype(p), seconds=0.6)
-                for p in args.precisions for n, pool in pools.items()}
+    compile_tokens = args.compile_tokens or min(args.tokens)
+
+    def sizes(v: Step) -> list[int]:  # the batch sizes a variant runs at
+        return [compile_tokens] if v.compiled else list(pools)
+
+    def ceiling(p: str, n: int) -> dict:
+        rows = round(statistics.mean(b["tgt"][:, 1:].numel() for b in pools[n]))
+        return matmul_ceiling(SMALL["d_model"], SMALL["d_ff"], SMALL["vocab_size"], rows, compute_dtype(p),
+                              seconds=0.2)
+
     warm_up = {}
     for v in variants:  # warm-up: one step on every batch (compiled variants compile here, per shape)
         start = time.perf_counter()
-        for pool in pools.values():
-            for batch in pool:
+        for n in sizes(v):
+            for batch in pools[n]:
                 v(batch)
         warm_up[v.name] = time.perf_counter() - start
-    times = {(v.name, n): [] for v in variants for n in pools}
-    for r in range(args.rounds):
+    times = {(v.name, n): [] for v in variants for n in sizes(v)}
+    ceilings = {(p, n): [] for p in args.precisions for n in pools}
+    for r in range(args.rounds):  # the ceiling too is measured every round, between the steps it rates
         for n, pool in pools.items():
             batch = pool[r % len(pool)]
             for v in variants:
-                times[v.name, n].append((v(batch), batch))
+                if n in sizes(v):
+                    times[v.name, n].append((v(batch), batch))
+            for p in args.precisions:
+                ceilings[p, n].append(ceiling(p, n)["ceiling_gflops"])
 
     reference = f"32-true fused" if "32-true" in args.precisions and "fused" in args.kernels else variants[0].name
     rows = []
     for n in pools:
         ref = [s for s, _ in times[reference, n]]
         for v in variants:
+            if n not in sizes(v):
+                continue
             steps = times[v.name, n]
             tokens = [int((b["tgt"][:, 1:] != 0).sum()) for _, b in steps]
             rates = [t / s for (s, _), t in zip(steps, tokens)]
             gflops = [float(count(b["src"], b["tgt"])) / s / 1e9 for s, b in steps]
-            ceiling = ceilings[v.precision, n]["ceiling_gflops"]
             rows.append({"tokens": n, "variant": v.name, "precision": v.precision, "kernel": v.kernel,
                          "compiled": v.compiled, "tgt_tokens_per_sec": statistics.median(rates),
                          "ms_per_step": 1000 * statistics.median(s for s, _ in steps),
-                         "model_gflops": statistics.median(gflops), "ceiling_gflops": ceiling,
-                         "share": statistics.median(gflops) / ceiling,
+                         "model_gflops": statistics.median(gflops),
+                         "ceiling_gflops": statistics.median(ceilings[v.precision, n]),
+                         "share": statistics.median(g / c for g, c in zip(gflops, ceilings[v.precision, n])),
                          "vs_reference": statistics.median(r / s for r, (s, _) in zip(ref, steps)),
                          "warm_up_seconds": warm_up[v.name]})
     report = {"rows": rows, "ceilings": {f"{p} {n}": c for (p, n), c in ceilings.items()}, "reference": reference,
