@@ -19,12 +19,12 @@ Variants (every one at every batch size): each precision with each attention ker
 ``auto`` kernel, at one batch size (``--compile-tokens``; compiling takes minutes here); with
 ``--previous-loss`` also each precision's ``auto`` kernel with the loss as it was before its fused
 log_softmax/softmax kernels. Every round runs one step of every variant in turn, on the same batch per batch
-size (compiled variants first warm up on every batch of the pool, their compile time reported apart); tokens/s is the median
-over rounds, and every "vs" column the median of the per-round ratios to the same round's fp32 eager step with
-the fused kernel at the same batch size (alternation cancels the machine's load, which drifts). The ceiling is
-flops.matmul_ceiling at the batches' mean target rows, per precision, measured in this process every round
-between the steps it rates, and the share the median of per-round shares; model FLOPs are flops.FlopCount's
-(scripts/gpu_check.py and results.json use the same definition).
+size (compiled variants first warm up on every batch of the pool, their compile time reported apart);
+tokens/s is the median over rounds, and every "vs" column the median of the per-round ratios to the same
+round's fp32 eager step with the fused kernel at the same batch size (alternation cancels the machine's
+load, which drifts). The ceiling is flops.matmul_ceiling at the batches' mean target rows, per precision,
+measured in this process every round between the steps it rates, and the share the median of per-round
+shares; model FLOPs are flops.FlopCount's (scripts/gpu_check.py and results.json use the same definition).
 """
 
 from __future__ import annotations
@@ -262,8 +262,9 @@ def print_report(report: dict, pools: dict) -> None:
               f"{100 * row['share']:.1f}% | {row['vs_reference']:.2f}x |")
     compiled = [r for r in rows if r["compiled"]]
     if compiled:
-        print("\nWarm-up seconds (one step on every batch of every size; torch.compile's compilation for the "
-              "compiled rows): " + ", ".join(f"{name} {s:.0f}" for name, s in
+        print("\nWarm-up seconds (one step on every batch of its sizes; for the compiled rows torch.compile's "
+              "compilation, minutes when cold, seconds when inductor's on-disk cache holds an earlier run's "
+              "kernels): " + ", ".join(f"{name} {s:.0f}" for name, s in
                                              {r["variant"]: r["warm_up_seconds"] for r in rows}.items()))
     print("\nFastest per precision (target tokens/s):")
     for precision in dict.fromkeys(r["precision"] for r in rows):

@@ -118,3 +118,19 @@ def test_reproduce_reads_the_time_budget_from_results_json(tiny_run):
     assert report["mfu"]["share_of_ceiling"] > 0
     assert reproduce.where_the_time_went({"wall_seconds": 3.0}, None) is None  # a run older than the budget
     reproduce.print_time_budget(report, results["precision"])
+
+
+def test_reproduce_json_holds_the_time_budget_of_a_scored_run(tiny_run, monkeypatch):
+    """main(train=false) on the tiny run, its subprocesses (average, evaluate) stubbed: reproduce.json carries the
+    run's time budget (of the train() call, since this launch did not train) and its precision."""
+    _, results, run_dir = tiny_run
+    reproduce = load_script("reproduce_multi30k")
+    scores = dict(bleu=1.0, bleu_lowercase=1.0, chrf=2.0, length_ratio=1.0, bp=1.0)
+    monkeypatch.setattr(reproduce, "run_step", lambda name, args, timings: timings.setdefault(name, 0.0))
+    monkeypatch.setattr(reproduce, "evaluate", lambda ckpt, split, beam, out, timings: dict(scores))
+    report = reproduce.main(["train=false", f"run_dir={run_dir}"])
+    written = json.loads((run_dir / "reproduce.json").read_text())
+    assert written["time_budget"] == report["time_budget"] and written["precision"] == results["precision"]
+    budget = written["time_budget"]
+    assert budget["of"] == "train() call" and budget["wall_seconds"] == pytest.approx(results["wall_seconds"], abs=0.1)
+    assert set(budget["phases"]) == set(reproduce.PHASE_LABELS) and budget["mfu"]["ceiling"]["ceiling_gflops"] > 0
