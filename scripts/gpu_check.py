@@ -37,6 +37,7 @@ import torch
 
 from transformer_nmt.attention import ATTENTION_KERNELS
 from transformer_nmt.batching import TokenBucketBatchSampler, pad_pairs, pair_widths
+from transformer_nmt.flops import model_flops  # the one definition, shared with the training run's MFU
 from transformer_nmt.training import TranslationModule
 
 REPO = Path(__file__).resolve().parents[1]
@@ -115,20 +116,6 @@ def synthetic_batches(n_batches: int, seed: int = 0, multiple: int = 1) -> list[
         if len(batches) == n_batches:
             return batches
     return batches
-
-
-def model_flops(model, batch: dict) -> float:
-    """Training FLOPs of one batch: 6 x parameters x tokens (matmuls, forward + backward) + attention."""
-    c = model.config
-    d = c.d_model
-    enc_params = sum(p.numel() for n, p in model.named_parameters() if n.startswith("encoder_layers"))
-    dec_params = sum(p.numel() for n, p in model.named_parameters() if n.startswith("decoder_layers"))
-    out_params = c.vocab_size * d  # the output layer (tied with the embeddings, whose lookup is no matmul)
-    src_len = (batch["src"] != 0).sum(1).double()  # (B,)
-    tgt_len = (batch["tgt"][:, 1:] != 0).sum(1).double()  # (B,) target tokens with a loss
-    matmuls = 6 * (enc_params * src_len.sum() + (dec_params + out_params) * tgt_len.sum())
-    pairs = c.n_encoder_layers * (src_len ** 2).sum() + c.n_decoder_layers * ((tgt_len ** 2) + tgt_len * src_len).sum()
-    return float(matmuls + 6 * 2 * d * pairs)  # QK^T and AV: 2 x Lq x Lk x d each, forward; backward twice that
 
 
 class StepClock(pl.Callback):

@@ -18,8 +18,11 @@ same NAME resumes its training (``ckpt_path=auto``). Each step is a separate pro
 
 Prints the CPU flags, the time of each step, greedy validation BLEU against minutes since the run's first
 TensorBoard event file (written as training starts, after data preparation; a resumed run's minutes include
-the time between its launches), and the scores with length ratio and brevity penalty; writes them all to
-``RUN/reproduce.json``.
+the time between its launches), where the train step's wall time went (training steps, validation,
+checkpointing, attention maps, the rest; from the run's results.json, written by time_budget.TimeBudget: a
+resumed run's counts only its last launch) with the training steps' model FLOPs utilisation against a matmul
+ceiling measured in the training process, and the scores with length ratio and brevity penalty; writes them
+all to ``RUN/reproduce.json``.
 """
 
 from __future__ import annotations
@@ -37,12 +40,61 @@ from transformer_nmt.precision import REPORTED_CPU_FLAGS, cpu_flags
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def run_step(name: str, args: list[str], timings: dict) -> None:
-    """Run ``python -m ARGS`` from the repository root, fail loudly, record its wall time in minutes."""
+def run_step(name: str, args: list[str], timings: dict) -> float:
+    """Run ``python -m ARGS`` from the repository root, fail loudly, record its wall time in minutes; returns
+    it in seconds."""
     print(f"\n=== {name}: {' '.join(args)}", flush=True)
     started = time.perf_counter()
     subprocess.run([sys.executable, "-m", *args], cwd=ROOT, check=True)
-    timings[name] = round((time.perf_counter() - started) / 60, 2)
+    seconds = time.perf_counter() - started
+    timings[name] = round(seconds / 60, 2)
+    return seconds
+
+
+PHASE_LABELS = {  # results.json's time_budget phases (transformer_nmt/time_budget.py), in the order shown
+    "training_steps": "training steps (forward, loss, backward, optimizer)",
+    "validation": "validation (greedy decoding for val BLEU, loss)",
+    "checkpointing": "checkpointing (writing files)",
+    "attention_maps": "attention maps (probe forward passes, waits for renders)",
+    "mfu_probe": "matmul ceiling probe (MFU)",
+    "fit_other": "rest of fit (fetching batches, logging, callbacks)",
+    "test": "test (the recipe's greedy test of its best checkpoint)",
+    "outside_phases": "rest outside fit (start-up, imports, data preparation, loading for test)",
+}
+
+
+def where_the_time_went(results: dict, train_seconds: float | None) -> dict | None:
+    """The training step's wall time by phase, from the run's results.json (its ``time_budget``): seconds and
+    share of ``train_seconds`` (the train step's wall time, as this script timed it; None: the run's own
+    ``wall_seconds``, which leaves out interpreter start-up), with whatever no phase holds as
+    ``outside_phases``; and the training step's model FLOPs utilisation. None where results.json has no
+    time budget (a run older than it)."""
+    budget = results.get("time_budget")
+    if not budget:
+        return None
+    wall = train_seconds or budget.get("wall_seconds") or results["wall_seconds"]
+    seconds = dict(budget["seconds"])
+    seconds["outside_phases"] = max(wall - sum(seconds.values()), 0.0)
+    return {"wall_seconds": round(wall, 1), "of": "train step" if train_seconds else "train() call",
+            "phases": {phase: {"seconds": round(seconds[phase], 1), "share": round(seconds[phase] / wall, 4)}
+                       for phase in PHASE_LABELS if phase in seconds},
+            "mfu": budget.get("mfu"), "view": budget.get("rank")}
+
+
+def print_time_budget(budget: dict, precision: str | None) -> None:
+    print(f"\n| where the train step's {budget['wall_seconds'] / 60:.1f} minutes went | seconds | share |")
+    print("| --- | --- | --- |")
+    for phase, entry in budget["phases"].items():
+        print(f"| {PHASE_LABELS[phase]} | {entry['seconds']:,.1f} | {100 * entry['share']:.1f}% |")
+    mfu = budget["mfu"]
+    if mfu and mfu.get("ceiling"):
+        ceiling = mfu["ceiling"]
+        shapes = ", ".join(f"{name} {rate:,.0f}" for name, rate in ceiling["gflops"].items())
+        print(f"\nMFU of the training steps ({precision}, {ceiling['threads']} thread(s)): "
+              f"{mfu['achieved_gflops']:,.1f} model GFLOP/s against a {ceiling['dtype']} matmul ceiling of "
+              f"{ceiling['ceiling_gflops']:,.0f} GFLOP/s ({shapes} at {ceiling['tokens']} rows) = "
+              f"{100 * mfu['share_of_ceiling']:.1f}%; over the whole fit {mfu['achieved_gflops_over_fit']:,.1f} "
+              f"GFLOP/s")
 
 
 def run_directory(train_overrides: list[str]) -> Path:
@@ -101,8 +153,10 @@ def main(argv: list[str]) -> dict:
     eval_dir = run_dir / "eval"
     timings: dict[str, float] = {}
 
+    train_seconds = None
     if own["train"] == "true":
-        run_step("train", ["transformer_nmt.train", *train_overrides, f"hydra.run.dir={run_dir}"], timings)
+        train_seconds = run_step("train", ["transformer_nmt.train", *train_overrides, f"hydra.run.dir={run_dir}"],
+                                 timings)
     elif not (run_dir / "checkpoints" / "last.ckpt").is_file():
         sys.exit(f"train=false: {run_dir / 'checkpoints' / 'last.ckpt'} does not exist; give the run_id "
                  f"(and overrides) or run_dir of a trained run")
@@ -120,6 +174,9 @@ def main(argv: list[str]) -> dict:
         ("test", 1): evaluate(chosen, "test", 1, eval_dir, timings),
     }
     curve = validation_curve(run_dir)
+    results_file = run_dir / "results.json"
+    results = json.loads(results_file.read_text()) if results_file.is_file() else {}
+    budget = where_the_time_went(results, train_seconds) if results else None
     report = {
         "run_dir": str(run_dir), "overrides": overrides, "cpu_flags": [f for f in REPORTED_CPU_FLAGS if f in cpu_flags()],
         "train_minutes": timings.get("train"), "total_minutes": round(sum(timings.values()), 2), "timings": timings,
@@ -127,6 +184,8 @@ def main(argv: list[str]) -> dict:
         "scores": {f"{split}_beam{width}": {k: s[k] for k in ("bleu", "bleu_lowercase", "chrf", "length_ratio", "bp")}
                    for (split, width), s in scores.items()},
         "val_curve": [{"minutes": m, "step": step, "greedy_val_bleu": b} for m, step, b in curve],
+        "precision": results.get("precision"), "torch_threads": results.get("torch_threads"),
+        "time_budget": budget,
     }
     (run_dir / "reproduce.json").write_text(json.dumps(report, indent=2) + "\n")
 
@@ -134,6 +193,8 @@ def main(argv: list[str]) -> dict:
     print("\n| step | minutes |\n| --- | --- |")
     for name, minutes in timings.items():
         print(f"| {name} | {minutes} |")
+    if budget:
+        print_time_budget(budget, results.get("precision"))
     print("\n| minutes | step | greedy val BLEU |\n| --- | --- | --- |")
     for minutes, step, bleu in curve:
         print(f"| {minutes} | {step} | {bleu} |")

@@ -27,6 +27,8 @@ from tensorboard.compat.proto.tensor_pb2 import TensorProto
 from tensorboard.compat.proto.tensor_shape_pb2 import TensorShapeProto
 from tensorboard.plugins.image import metadata as image_metadata
 
+from transformer_nmt.time_budget import timed
+
 log = logging.getLogger(__name__)
 
 ATTENTION_KINDS = {"encoder": "encoder-self", "decoder": "decoder-self", "cross": "cross"}  # model key -> tag
@@ -98,7 +100,8 @@ class AttentionMaps(Callback):
     Only global rank 0 works, and only the forward passes over the probes are on the training path (the
     other ranks wait for them at their next collective); a background thread renders and writes the images
     while training goes on. Each time, ``attention_maps/seconds`` (training path) and
-    ``attention_maps/render_seconds`` (background) go to TensorBoard and a line to the log.
+    ``attention_maps/render_seconds`` (background) go to TensorBoard and a line to the log; the training-path
+    seconds also count as ``attention_maps`` in the run's time budget (time_budget.TimeBudget).
     """
 
     def __init__(self, every_n_validations: int = 1, probes: list | None = None, n_probes: int = 2,
@@ -111,6 +114,7 @@ class AttentionMaps(Callback):
         self.inches, self.dpi = inches, dpi
         self.validations = 0
         self._render: threading.Thread | None = None
+        self.time_budget = None  # a time_budget.TimeBudget times the training-path work as attention_maps
 
     def state_dict(self) -> dict:
         return {"validations": self.validations}
@@ -129,17 +133,18 @@ class AttentionMaps(Callback):
             rank_zero_warn("AttentionMaps needs a TensorBoardLogger; no attention maps logged")
             return
         start = time.perf_counter()
-        self.wait()  # for the previous maps, if validations come faster than they render
-        was_training = pl_module.training
-        pl_module.eval()
-        try:
-            maps = self.attention_weights(pl_module.model, pl_module.tokenizer, self._probe_pairs(trainer))
-        except Exception:  # only this rank draws: raising would stop it alone, and hang the others
-            log.exception("attention maps at step %d: the probes failed; training goes on without these maps",
-                          trainer.global_step)
-            return
-        finally:
-            pl_module.train(was_training)
+        with timed(self.time_budget, "attention_maps"):
+            self.wait()  # for the previous maps, if validations come faster than they render
+            was_training = pl_module.training
+            pl_module.eval()
+            try:
+                maps = self.attention_weights(pl_module.model, pl_module.tokenizer, self._probe_pairs(trainer))
+            except Exception:  # only this rank draws: raising would stop it alone, and hang the others
+                log.exception("attention maps at step %d: the probes failed; training goes on without these maps",
+                              trainer.global_step)
+                return
+            finally:
+                pl_module.train(was_training)
         seconds, step = time.perf_counter() - start, trainer.global_step
         writer.add_scalar("attention_maps/seconds", seconds, step)
         self._render = threading.Thread(target=self._write_in_background, args=(writer, maps, step, seconds),

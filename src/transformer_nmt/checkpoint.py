@@ -21,6 +21,7 @@ import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from transformer_nmt.model import Transformer, TransformerConfig
+from transformer_nmt.time_budget import timed
 from transformer_nmt.tokenizer import Tokenizer
 from transformer_nmt.training import CKPT_DATA_CONFIG, CKPT_MODEL_CONFIG, CKPT_TOKENIZER
 
@@ -63,12 +64,18 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
     Lightning's own writer buffers the whole checkpoint and moves it from the system temp directory,
     which is a copy, not a rename, when that directory is on another file system.
+
+    The time it writes counts as ``checkpointing`` in the run's time budget (time_budget.TimeBudget sets
+    ``time_budget``).
     """
+
+    time_budget = None
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options: Any | None = None) -> None:
         if storage_options is not None:
             raise TypeError(f"{type(self).__name__} takes no storage_options")
-        atomic_torch_save(checkpoint, path)
+        with timed(self.time_budget, "checkpointing"):
+            atomic_torch_save(checkpoint, path)
 
 
 def read_checkpoint(path: str | os.PathLike, mmap: bool = False) -> dict:

@@ -38,6 +38,7 @@ from transformer_nmt.launch import resume_checkpoint  # also registers hydra.run
 from transformer_nmt.model import TransformerConfig
 from transformer_nmt.precision import (REPORTED_CPU_FLAGS, compute_dtype, cpu_flags, precision_dependent,
                                        resolve_precision)
+from transformer_nmt.time_budget import TimeBudget
 from transformer_nmt.training import TRAIN_DEFAULTS, TranslationModule
 
 log = logging.getLogger(__name__)
@@ -112,7 +113,8 @@ def build_module(cfg: DictConfig, tokenizer) -> TranslationModule:
 
 
 def build_callbacks(cfg: DictConfig, checkpoint_dir: Path, overrides: Sequence[str] = ()) -> list[pl.Callback]:
-    """Best-k checkpoints by validation BLEU (loss when BLEU is off), ``last.ckpt``, maps, progress bar."""
+    """Best-k checkpoints by validation BLEU (loss when BLEU is off), ``last.ckpt``, maps, progress bar, and
+    the run's time budget (seconds per phase and the step's MFU, time_budget.py)."""
     bleu = cfg.train.val_bleu_max_sentences != 0
     best = ModelCheckpoint(  # first ModelCheckpoint: trainer.test(ckpt_path="best") uses it
         dirpath=checkpoint_dir,
@@ -120,7 +122,7 @@ def build_callbacks(cfg: DictConfig, checkpoint_dir: Path, overrides: Sequence[s
         auto_insert_metric_name=False, monitor="val/bleu" if bleu else "val/loss", mode="max" if bleu else "min",
         save_top_k=cfg.checkpoint.save_top_k, save_last=False)
     last = LastCheckpoint(checkpoint_dir, every_n_train_steps=cfg.checkpoint.every_n_train_steps)
-    callbacks = [best, RecordFingerprint(run_fingerprint(cfg), list(overrides))]
+    callbacks = [TimeBudget(), best, RecordFingerprint(run_fingerprint(cfg), list(overrides))]
     recent = cfg.checkpoint.recent
     if recent.keep:  # a rolling window of the newest K, for checkpoint averaging (paper section 6.1)
         minutes = recent.every_n_minutes
@@ -190,7 +192,9 @@ def run_results(module: TranslationModule, trainer: pl.Trainer, metrics: dict, o
     """The summary of one run that ``results.json`` holds: the model's Table 3 columns (h, d_k, d_v, d_model,
     N, d_ff, P_drop, eps_ls, positions, parameters), the seed, the last validation's perplexity and BLEU, test
     BLEU when the run tested, mean training throughput (target tokens/s), wall time (the whole run: data,
-    fit, test), and where it ran (precision, CPU flags that decide its speed, threads)."""
+    fit, test), where it ran (precision, CPU flags that decide its speed, threads), and where the wall time
+    went with the training step's model FLOPs utilisation (``time_budget``: time_budget.TimeBudget.report;
+    this process's only: a resumed run's earlier launches are not in it)."""
     c = module.model.config
     d_k, d_v = c.head_dims()
 
@@ -198,6 +202,7 @@ def run_results(module: TranslationModule, trainer: pl.Trainer, metrics: dict, o
         return round(float(metrics[key]), 4) if key in metrics else None
 
     tokens_per_sec = module.train_tokens_per_sec()
+    budget = next((cb for cb in trainer.callbacks if isinstance(cb, TimeBudget)), None)
     return {
         "overrides": list(overrides),
         "seed": seed,
@@ -212,6 +217,7 @@ def run_results(module: TranslationModule, trainer: pl.Trainer, metrics: dict, o
         "wall_seconds": round(wall_seconds, 1),
         "precision": str(trainer.precision), "torch_threads": torch.get_num_threads(),
         "cpu_flags": [flag for flag in REPORTED_CPU_FLAGS if flag in cpu_flags()],
+        "time_budget": budget.report(wall_seconds) if budget is not None else None,
     }
 
 

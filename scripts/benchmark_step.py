@@ -1,0 +1,278 @@
+"""The CPU recipe's training step: target tokens/s and share of the matmul ceiling, by precision, batch size,
+attention kernel and torch.compile, side by side in one process.
+
+    python scripts/benchmark_step.py                       # the default table (about 3 minutes on 2 loaded cores)
+    python scripts/benchmark_step.py --tokens 1024 2048 --rounds 5 --no-compile
+    python scripts/benchmark_step.py --threads 2           # the recipe's thread count (a quiet machine only)
+    python scripts/benchmark_step.py --tokens 2048 --no-compile --kernels plain fused --previous-loss
+
+The recipe's small model (conf/model/small.yaml: d_model 256, 4 heads, 3+3 layers, d_ff 1024, dropout 0.1;
+vocabulary 8000) takes the training step of training.TranslationModule: forward, the label-smoothed loss,
+backward, the gradients rescaled per target token, clip_grad_norm_, Adam, under bf16 autocast for bf16-mixed
+(as Lightning's bf16-mixed wraps the step). Batches: Multi30k's own sentence lengths (the first 20,000 pairs of
+data/multi30k/train in words, times 1.2 subwords per word for the 8k BPE vocabulary, + eos), bucketed by
+the project's TokenBucketBatchSampler at each ``--tokens`` budget; random ids (a matmul's speed does not
+depend on them).
+
+Variants (every one at every batch size): each precision with each attention kernel eagerly, and with
+``--compile`` the model's forward under torch.compile (as train.compile=true does) with each precision's
+``auto`` kernel, at one batch size (``--compile-tokens``; compiling takes minutes here); with
+``--previous-loss`` also each precision's ``auto`` kernel with the loss as it was before its fused
+log_softmax/softmax kernels. Every round runs one step of every variant in turn, on the same batch per batch
+size (compiled variants first warm up on every batch of the pool, their compile time reported apart);
+tokens/s is the median over rounds, and every "vs" column the median of the per-round ratios to the same
+round's fp32 eager step with the fused kernel at the same batch size (alternation cancels the machine's
+load, which drifts). The ceiling is flops.matmul_ceiling at the batches' mean target rows, per precision,
+measured in this process every round between the steps it rates, and the share the median of per-round
+shares; model FLOPs are flops.FlopCount's (scripts/gpu_check.py and results.json use the same definition).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import gzip
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from transformer_nmt.attention import MultiHeadAttention, auto_kernel
+from transformer_nmt.batching import TokenBucketBatchSampler, pad_pairs, pair_widths
+from transformer_nmt.flops import FlopCount, matmul_ceiling
+from transformer_nmt.model import Transformer, TransformerConfig
+from transformer_nmt.precision import REPORTED_CPU_FLAGS, compute_dtype, cpu_flags
+from transformer_nmt.training import LOSS_CHUNK_ELEMENTS, LOSS_SCALE_TOKENS, label_smoothed_cross_entropy
+
+REPO = Path(__file__).resolve().parents[1]
+SMALL = dict(vocab_size=8000, d_model=256, n_heads=4, n_encoder_layers=3, n_decoder_layers=3, d_ff=1024, dropout=0.1,
+             max_positions=512)
+SUBWORDS_PER_WORD = 1.2
+PRECISIONS = ("32-true", "bf16-mixed")
+
+
+def multi30k_lengths(n: int = 20000) -> tuple[np.ndarray, np.ndarray]:
+    """(source, target) lengths in subwords, estimated from the first ``n`` en-de pairs' word counts."""
+    lengths = []
+    for lang in ("en", "de"):
+        with gzip.open(REPO / "data" / "multi30k" / f"train.{lang}.gz", "rt", encoding="utf-8") as f:
+            words = [len(line.split()) for _, line in zip(range(n), f)]
+        lengths.append(np.maximum(np.round(np.array(words) * SUBWORDS_PER_WORD), 1).astype(np.int64))
+    return lengths[0], lengths[1]
+
+
+def batches(max_tokens: int, count: int, seed: int = 0, multiple: int = 8) -> list[dict]:
+    """``count`` training batches of at most ``max_tokens`` padded tokens per side, as the recipe's sampler cuts
+    them, widths a multiple of ``multiple`` (as train.compile=true pads them; the same for every variant)."""
+    src_lens, tgt_lens = multi30k_lengths()
+    rng = np.random.default_rng(seed)
+    sampler = TokenBucketBatchSampler(pair_widths(src_lens, tgt_lens), max_tokens, seed=seed,
+                                      pad_to_multiple=multiple)
+    out = []
+    for indices in sampler:
+        ragged = []
+        for lens in (src_lens[indices], tgt_lens[indices]):
+            ragged.append((rng.integers(4, SMALL["vocab_size"], int(lens.sum())), np.r_[0, np.cumsum(lens)]))
+        out.append(pad_pairs(ragged[0], ragged[1], indices, multiple))
+        if len(out) == count:
+            break
+    return out
+
+
+class LogSumExpLoss(torch.autograd.Function):
+    """The loss's previous implementation (training._SmoothedCrossEntropy before the fused log_softmax/softmax
+    kernels), for ``--previous-loss``: log-sum-exp written out, exp(x - lse) recomputed in the backward pass."""
+
+    @staticmethod
+    def forward(ctx, logits, labels, epsilon, pad_id, overwrite):
+        n, vocab = logits.shape
+        keep = (labels != pad_id).float()
+        lse = torch.empty(n, dtype=torch.float32)
+        sums = torch.zeros(2, dtype=torch.float32)
+        rows = max(1, LOSS_CHUNK_ELEMENTS // vocab)
+        with torch.autocast("cpu", enabled=False):
+            for start in range(0, n, rows):
+                chunk = slice(start, start + rows)
+                x = logits[chunk].float()
+                z = torch.logsumexp(x, dim=-1)
+                nll = z - x.gather(-1, labels[chunk, None]).squeeze(-1)
+                smoothed = (1.0 - epsilon) * nll + epsilon * (z - x.mean(dim=-1))
+                sums += torch.stack([smoothed, nll]) @ keep[chunk]
+                lse[chunk] = z
+        ctx.save_for_backward(logits, labels, lse, keep)
+        ctx.epsilon, ctx.overwrite = epsilon, overwrite
+        loss, nll = sums.unbind()
+        ctx.mark_non_differentiable(nll)
+        return loss, nll
+
+    @staticmethod
+    def backward(ctx, grad_loss, grad_nll):
+        logits, labels, lse, keep = ctx.saved_tensors
+        n, vocab = logits.shape
+        eps = ctx.epsilon
+        grad = logits if ctx.overwrite else torch.empty_like(logits)
+        rows = max(1, LOSS_CHUNK_ELEMENTS // vocab)
+        with torch.autocast("cpu", enabled=False):
+            for start in range(0, n, rows):
+                chunk = slice(start, start + rows)
+                g = torch.exp(logits[chunk].float() - lse[chunk, None]) - eps / vocab
+                g.scatter_add_(-1, labels[chunk, None], g.new_full((g.shape[0], 1), eps - 1.0))
+                g *= (keep[chunk] * grad_loss)[:, None]
+                grad[chunk] = g
+        return grad, None, None, None, None
+
+
+def previous_loss(logits, labels, epsilon, pad_id, overwrite_logits=False):
+    vocab = logits.shape[-1]
+    loss, nll = LogSumExpLoss.apply(logits.reshape(-1, vocab), labels.reshape(-1), epsilon, pad_id, overwrite_logits)
+    return loss, nll, (labels != pad_id).sum()
+
+
+class Step:
+    """One variant: a model (its own copy of the shared initial weights), its Adam, its precision."""
+
+    def __init__(self, base: Transformer, precision: str, kernel: str, compiled: bool, loss: str = "fused"):
+        self.precision, self.kernel, self.compiled = precision, kernel, compiled
+        self.loss = label_smoothed_cross_entropy if loss == "fused" else previous_loss
+        self.model = copy.deepcopy(base).train()
+        for module in self.model.modules():
+            if isinstance(module, MultiHeadAttention):
+                module.kernel = kernel
+        if compiled:
+            self.model.compile()
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
+        suffix = (" compiled" if compiled else "") + (" previous loss" if loss != "fused" else "")
+        self.name = f"{precision} {kernel}{suffix}"
+
+    def __call__(self, batch: dict) -> float:
+        """One training step on ``batch``; returns its seconds."""
+        src, tgt = batch["src"], batch["tgt"]
+        start = time.perf_counter()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.precision == "bf16-mixed"):
+            logits = self.model(src, tgt[:, :-1])
+            loss, _, tokens = self.loss(logits, tgt[:, 1:], 0.1, 0, overwrite_logits=True)
+        (loss / LOSS_SCALE_TOKENS).backward()
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        torch._foreach_mul_(grads, (LOSS_SCALE_TOKENS / tokens.clamp(min=1)).float())
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm=float("inf"))
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return time.perf_counter() - start
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tokens", type=int, nargs="+", default=[1024, 2048, 4096], help="data.max_tokens values")
+    parser.add_argument("--precisions", nargs="+", default=list(PRECISIONS), choices=PRECISIONS)
+    parser.add_argument("--kernels", nargs="+", default=["plain", "fused"], choices=["plain", "fused", "blocked"])
+    parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True,
+                        help="also each precision's auto kernel under torch.compile (at --compile-tokens only)")
+    parser.add_argument("--compile-tokens", type=int, default=None,
+                        help="the batch size of the compiled variants (default: the smallest --tokens)")
+    parser.add_argument("--previous-loss", action="store_true",
+                        help="also each precision's auto kernel with the loss's previous implementation")
+    parser.add_argument("--rounds", type=int, default=3, help="timed steps of every variant (after a warm-up)")
+    parser.add_argument("--pool", type=int, default=2, help="distinct batches per batch size, used in turn")
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    started = time.perf_counter()
+    base = Transformer(TransformerConfig(**SMALL))
+    count = FlopCount.of(base)
+    pools = {n: batches(n, args.pool, seed=n) for n in args.tokens}
+    variants = [Step(base, p, k, False) for p in args.precisions for k in args.kernels]
+    if args.compile:
+        variants += [Step(base, p, auto_kernel("cpu", compute_dtype(p))[0], True) for p in args.precisions]
+    if args.previous_loss:
+        variants += [Step(base, p, auto_kernel("cpu", compute_dtype(p))[0], False, loss="previous")
+                     for p in args.precisions]
+
+    compile_tokens = args.compile_tokens or min(args.tokens)
+
+    def sizes(v: Step) -> list[int]:  # the batch sizes a variant runs at
+        return [compile_tokens] if v.compiled else list(pools)
+
+    def ceiling(p: str, n: int) -> dict:
+        rows = round(statistics.mean(b["tgt"][:, 1:].numel() for b in pools[n]))
+        return matmul_ceiling(SMALL["d_model"], SMALL["d_ff"], SMALL["vocab_size"], rows, compute_dtype(p),
+                              seconds=0.2)
+
+    warm_up = {}
+    for v in variants:  # warm-up: one step on every batch (compiled variants compile here, per shape)
+        start = time.perf_counter()
+        for n in sizes(v):
+            for batch in pools[n]:
+                v(batch)
+        warm_up[v.name] = time.perf_counter() - start
+    times = {(v.name, n): [] for v in variants for n in sizes(v)}
+    ceilings = {(p, n): [] for p in args.precisions for n in pools}
+    for r in range(args.rounds):  # the ceiling too is measured every round, between the steps it rates
+        for n, pool in pools.items():
+            batch = pool[r % len(pool)]
+            for v in variants:
+                if n in sizes(v):
+                    times[v.name, n].append((v(batch), batch))
+            for p in args.precisions:
+                ceilings[p, n].append(ceiling(p, n)["ceiling_gflops"])
+
+    reference = f"32-true fused" if "32-true" in args.precisions and "fused" in args.kernels else variants[0].name
+    rows = []
+    for n in pools:
+        ref = [s for s, _ in times[reference, n]]
+        for v in variants:
+            if n not in sizes(v):
+                continue
+            steps = times[v.name, n]
+            tokens = [int((b["tgt"][:, 1:] != 0).sum()) for _, b in steps]
+            rates = [t / s for (s, _), t in zip(steps, tokens)]
+            gflops = [float(count(b["src"], b["tgt"])) / s / 1e9 for s, b in steps]
+            rows.append({"tokens": n, "variant": v.name, "precision": v.precision, "kernel": v.kernel,
+                         "compiled": v.compiled, "tgt_tokens_per_sec": statistics.median(rates),
+                         "ms_per_step": 1000 * statistics.median(s for s, _ in steps),
+                         "model_gflops": statistics.median(gflops),
+                         "ceiling_gflops": statistics.median(ceilings[v.precision, n]),
+                         "share": statistics.median(g / c for g, c in zip(gflops, ceilings[v.precision, n])),
+                         "vs_reference": statistics.median(r / s for r, (s, _) in zip(ref, steps)),
+                         "warm_up_seconds": warm_up[v.name]})
+    report = {"rows": rows, "ceilings": {f"{p} {n}": c for (p, n), c in ceilings.items()}, "reference": reference,
+              "seconds": time.perf_counter() - started, "threads": args.threads, "rounds": args.rounds,
+              "cpu_flags": [f for f in REPORTED_CPU_FLAGS if f in cpu_flags()], "load": os.getloadavg()}
+    print_report(report, pools)
+    return report
+
+
+def print_report(report: dict, pools: dict) -> None:
+    rows = report["rows"]
+    print(f"\n### Training step of the small model (8k vocabulary), Multi30k-length batches, {report['threads']} "
+          f"thread(s), torch {torch.__version__}; CPU flags: {' '.join(report['cpu_flags']) or 'none'}; "
+          f"load average {' '.join(f'{x:.2f}' for x in report['load'])}; median of {report['rounds']} rounds\n")
+    print("| max_tokens | target tokens/batch | variant | target tokens/s | ms/step | model GFLOP/s | "
+          f"ceiling GFLOP/s | share of ceiling | vs {report['reference']} |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for row in rows:
+        pool = pools[row["tokens"]]
+        per_batch = statistics.mean(int((b["tgt"][:, 1:] != 0).sum()) for b in pool)
+        print(f"| {row['tokens']} | {per_batch:,.0f} | {row['variant']} | {row['tgt_tokens_per_sec']:,.0f} | "
+              f"{row['ms_per_step']:,.0f} | {row['model_gflops']:.1f} | {row['ceiling_gflops']:,.0f} | "
+              f"{100 * row['share']:.1f}% | {row['vs_reference']:.2f}x |")
+    compiled = [r for r in rows if r["compiled"]]
+    if compiled:
+        print("\nWarm-up seconds (one step on every batch of its sizes; for the compiled rows torch.compile's "
+              "compilation, minutes when cold, seconds when inductor's on-disk cache holds an earlier run's "
+              "kernels): " + ", ".join(f"{name} {s:.0f}" for name, s in
+                                             {r["variant"]: r["warm_up_seconds"] for r in rows}.items()))
+    print("\nFastest per precision (target tokens/s):")
+    for precision in dict.fromkeys(r["precision"] for r in rows):
+        best = max((r for r in rows if r["precision"] == precision), key=lambda r: r["tgt_tokens_per_sec"])
+        print(f"- {precision}: max_tokens {best['tokens']}, {best['variant']}: {best['tgt_tokens_per_sec']:,.0f} "
+              f"target tokens/s, {100 * best['share']:.1f}% of the {best['ceiling_gflops']:,.0f} GFLOP/s ceiling")
+    print(f"\n{report['seconds']:.0f} s in all")
+
+
+if __name__ == "__main__":
+    sys.exit(main() and 0)
