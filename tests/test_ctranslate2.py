@@ -195,6 +195,8 @@ def test_errors_name_the_option(tmp_path, trained, exported, monkeypatch):
         translate_main([f"ckpt={path}", "engine=onnx"])
     with pytest.raises(SystemExit, match="model_dir= is an option of engine=ctranslate2"):
         translate_main([f"model_dir={exported[0]}"])
+    with pytest.raises(SystemExit, match="inter_threads= is an option of engine=ctranslate2"):
+        translate_main([f"ckpt={path}", "inter_threads=2"])
     with pytest.raises(SystemExit, match="not both"):
         translate_main([f"ckpt={path}", f"model_dir={exported[0]}", "engine=ctranslate2"])
     with pytest.raises(SystemExit, match=f"model_dir={tmp_path} is not a model directory"):
@@ -314,3 +316,14 @@ def test_one_call_searches_nothing_again_where_limits_cannot_bite(trained, expor
     assert [h[0][0] for h in got] == [h[0][0] for h in expected]
     assert all(abs(a[0][1] - b[0][1]) < 1e-4 for a, b in zip(got, expected))  # batches differ: float rounding
     assert engine.searched_again <= 2
+
+
+def test_inter_threads_translate_batches_at_once_with_the_same_outputs(trained, exported, validation):
+    """inter_threads=2: two workers take the batches (max_tokens 256 cuts 100 sentences into several); each batch
+    is translated as with one worker, so the outputs are the same."""
+    _, _, tokenizer = trained
+    two = CTranslate2Model(exported[0], threads=1, inter_threads=2)
+    assert two.translator.num_translators == 2
+    lines = validation[0][:100]
+    one = translate_lines(exported[1], tokenizer, lines, beam=4, max_tokens=256)
+    assert translate_lines(two, tokenizer, lines, beam=4, max_tokens=256) == one

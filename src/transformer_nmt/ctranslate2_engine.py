@@ -44,10 +44,12 @@ class CTranslate2Model:
     """A CTranslate2 model directory written by ``transformer_nmt.export``, loaded for translation.
 
     ``compute_type``: CTranslate2's (``default`` = as exported; ``int8``, ``int8_float32``, ``float32``, ...
-    quantize at load time). ``threads``: intra-op threads (0 = CTranslate2's default)."""
+    quantize at load time). ``threads``: intra-op threads (0 = CTranslate2's default: OpenMP's, one per core);
+    ``inter_threads``: batches translated at once (each on ``threads`` threads; a call is cut into batches of
+    ``max_tokens`` source tokens)."""
 
     def __init__(self, model_dir: str | os.PathLike, device: str = "cpu", compute_type: str = "default",
-                 threads: int = 0):
+                 threads: int = 0, inter_threads: int = 1):
         ctranslate2 = import_ctranslate2()
         model_dir = Path(model_dir)
         if not (model_dir / EXPORT_INFO).is_file() or not ctranslate2.contains_model(str(model_dir)):
@@ -60,7 +62,7 @@ class CTranslate2Model:
         self.ids = {piece: i for i, piece in enumerate(self.pieces)}
         try:
             self.translator = ctranslate2.Translator(str(model_dir), device=device, compute_type=compute_type,
-                                                     intra_threads=threads)
+                                                     intra_threads=threads, inter_threads=inter_threads)
         except ValueError as error:  # e.g. a compute type this CPU does not support
             raise SystemExit(f"compute_type={compute_type!r} on {device}: {error}") from None
 
