@@ -7,20 +7,23 @@
 engine against ``engine=ctranslate2`` as exported (float32) and quantized at load (``compute_type=int8``), at
 each thread count of ``threads``: native rows on that many torch threads, CTranslate2 rows with
 ``intra_threads`` that many and, for more than one, also 1 intra-op thread x that many ``inter_threads``.
-Every row goes through ``translate_lines``, as ``evaluate`` does. "seconds" is the time of one pass over the
-sentences; "x native" the median over batches of native time / row time, native at the same search and thread
-count; "same" counts outputs identical to that native row's; "busy threads" is the median over batches of the
-threads of this process that ran at least a quarter of the batch's time (read from /proc), so a row that does
-not use the threads it names shows it. BLEU against ``ref``.
+Every row translates all the sentences in one ``translate_lines`` call, as ``evaluate`` does (which batches
+them by ``max_tokens``; CTranslate2 spreads its batches over its ``inter_threads``), once per round, the order
+of the rows rotating from round to round. "seconds" is the median time of a pass; "x native" the median over
+rounds of native time / row time, native at the same search and thread count; "same" counts outputs identical
+to that native row's; "busy threads" is the median over rounds of the threads of this process that ran at least
+a quarter of the pass (read from /proc), so a row that does not use the threads it names shows it. BLEU
+against ``ref``.
 
 ``search`` (the history of our search): the per-sentence search this project had (copied below), the batched
 one of decoding.py (``after``) under both stopping rules, our default on more threads and CTranslate2 against
 our search under its stopping rule (k finished); "x baseline" as "x native" above, against the row named.
 
 With ``ckpt=random`` (the default) a random tiny model is built with tests/tiny_checkpoint.py (speed only: its
-output is noise). Torch runs on one thread, except in rows that name more. Sentences are batched by tokens as
-``translate`` does; every batch is decoded by each row of a table in turn (the order rotates from batch to batch;
-``rounds`` passes over the batches; a pause of 0.2 s before each row lets the threads of the row before go idle).
+output is noise). Torch runs on one thread, except in rows that name more. In the search table sentences are
+batched by tokens as ``translate`` does and every batch is decoded by each row in turn (the order rotates from
+batch to batch; ``rounds`` passes over the batches). A pause of 0.2 s before each timed call lets the threads
+of the row before go idle.
 Load averages are printed before and after: on a machine that other jobs share, the ratios of rows measured
 side by side hold better than the seconds. ``ctranslate2=false`` leaves the CTranslate2 rows out.
 """
@@ -247,7 +250,8 @@ def thread_cpu_seconds() -> dict[int, float]:
 
 def run_rows(rows: dict[str, Engine], sources: list[str], batches: list[list[int]], rounds: int
              ) -> tuple[dict[str, list[float]], dict[str, list[str]], dict[str, list[int]]]:
-    """Each batch through every row, the order rotating: (seconds per batch, outputs, busy threads per batch)."""
+    """Each batch through every row, the order rotating: (seconds per batch, outputs, busy threads per batch),
+    batches repeated ``rounds`` times."""
     names = list(rows)
     seconds = {name: [] for name in names}
     busy = {name: [] for name in names}
@@ -304,8 +308,8 @@ def main(argv: list[str]) -> None:
     versions = f"torch {torch.__version__}"
     if options["ctranslate2"]:
         versions += f", ctranslate2 {import_ctranslate2().__version__}"
-    header = (f"{len(sources)} sentences, {rounds} x {len(batches)} batches of <= {options['max_tokens']} source "
-              f"tokens, {versions}, {os.cpu_count()} CPUs, model d_model {model.config.d_model}, "
+    header = (f"{len(sources)} sentences in batches of <= {options['max_tokens']} source tokens, "
+              f"{versions}, {os.cpu_count()} CPUs, model d_model {model.config.d_model}, "
               f"{model.config.n_encoder_layers}+{model.config.n_decoder_layers} layers, {model.config.n_heads} heads, "
               f"vocab {model.config.vocab_size}")
 
@@ -315,21 +319,22 @@ def main(argv: list[str]) -> None:
     if "serving" in tables:
         load = os.getloadavg()
         table = serving_engines(model, tokenizer, options["beam"], threads, options["ctranslate2"])
-        seconds, outputs, busy = run_rows({name: row[2] for name, row in table.items()}, sources, batches, rounds)
-        print(f"\nserving: {header}; load average {load[0]:.2f} before, {os.getloadavg()[0]:.2f} after\n")
+        seconds, outputs, busy = run_rows({name: row[2] for name, row in table.items()}, sources,
+                                          [list(range(len(sources)))], rounds)  # whole passes, as evaluate
+        print(f"\nserving, {rounds} round(s): {header}; load average {load[0]:.2f} before, {os.getloadavg()[0]:.2f} after\n")
         print("| search | engine | seconds | x native | same | busy threads | BLEU |")
         print("| --- | --- | --- | --- | --- | --- | --- |")
         for name, (search, native, _) in table.items():
             speedup = median_speedup(seconds, name, native) if native else "-"
             same = f"{sum(a == b for a, b in zip(outputs[name], outputs[native]))}/{len(sources)}" if native else "-"
-            print(f"| {search} | {name.removeprefix(search + ', ')} | {sum(seconds[name]) / rounds:.2f} | {speedup} | "
+            print(f"| {search} | {name.removeprefix(search + ', ')} | {statistics.median(seconds[name]):.2f} | {speedup} | "
                   f"{same} | {statistics.median(busy[name]):g} | {bleu(outputs[name]):.2f} |")
 
     if "search" in tables:
         load = os.getloadavg()
         table = engines(model, tokenizer, options["beam"], threads, options["ctranslate2"])
         seconds, outputs, _ = run_rows({name: row[1] for name, row in table.items()}, sources, batches, rounds)
-        print(f"\nsearch: {header}; load average {load[0]:.2f} before, {os.getloadavg()[0]:.2f} after\n")
+        print(f"\nsearch, {rounds} x {len(batches)} batches: {header}; load average {load[0]:.2f} before, {os.getloadavg()[0]:.2f} after\n")
         print("| engine | sentences/s | target tokens/s | baseline | x baseline | same | BLEU | length ratio | BP |")
         print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
         for name, (baseline, _) in table.items():
