@@ -7,15 +7,12 @@ searches return, so ``translate_lines`` keeps every guarantee (line accounting, 
 stops a sentence with k finished: ours with ``stop="k_finished"``, not our default ``stop="bound"``, which
 searches on while a live beam can still win (that is not bridged: CTranslate2 has no such rule). Three
 other things differ, and are bridged here:
-- the length limit is per call, ours per sentence (source length + ``max_len_offset``). One call with the
-  largest limit translates every sentence (per-limit calls cost up to 25%: many small batches), and each
-  sentence's own limit is then applied. Greedy: the first ``limit`` tokens are what a search stopped at
-  ``limit`` gives (a token does not depend on the limit), so the output is cut there: exact. Beam: the limit
-  acts only on the search's last step (every live candidate finishes there), so a sentence whose search
-  stopped before its own limit searched exactly as with that limit. Its longest returned hypothesis (eos
-  counted) ends on the step the search stopped (the k-th finished one, at least one of which is returned),
-  so the rare sentences where it is as long as the sentence's own limit, smaller than the call's, are
-  translated again with their own limit, in calls of equal limit as before: the same search.
+- the length limit is per call, ours per sentence (source length + ``max_len_offset``). Greedy: one call with
+  the largest limit translates every sentence, and each output is cut at its sentence's own limit: the first
+  ``limit`` tokens are what a search stopped at ``limit`` gives (a token does not depend on the limit), so this
+  is exact, and 1.2x faster than a call per limit (many small batches). Beam: the limit changes the search
+  (every live candidate finishes on the last step), so sentences are translated in groups of equal limit, one
+  call per group, all posted at once (``asynchronous``): with ``inter_threads`` > 1 the groups run in parallel.
 - CTranslate2 normalises by length ** alpha, ours by GNMT's ((5 + length) / 6) ** alpha. Both apply the
   penalty only to finished hypotheses, so the search is the same: we ask for all k finished ones with the eos
   kept (the length ours counts), undo CTranslate2's penalty and rank them by ours. (When the step that
@@ -70,44 +67,41 @@ class CTranslate2Model:
                       max_tokens: int = 4096, n_best: int = 1) -> list[list[tuple[list[int], float]]]:
         """Source ids (each ending in eos) -> per source its ``n_best`` (token ids, score), best first;
         as ``greedy_decode`` (score 0.0) when ``beam`` is 1, else as ``beam_search``."""
-        self.searched_again = 0  # sentences searched again with their own limit (for benchmarks and tests)
         if not sources:
             return []
         padded = pad_sequence([torch.tensor(ids) for ids in sources], batch_first=True,
                               padding_value=self.config.pad_id)  # (N, S)
         limits = max_output_lengths(self, padded, max_len_offset).tolist()  # the native rule, per sentence
-        largest = max(limits)
-        results = self._translate(sources, range(len(sources)), largest, beam, alpha, max_tokens)
         if beam == 1:  # greedy: the first `limit` tokens are the output of a search stopped at `limit`
-            return [[(ids[:limit], score) for ids, score, _ in hyps] for hyps, limit in zip(results, limits)]
-        again: dict[int, list[int]] = defaultdict(list)  # limit -> sentences whose search may have reached it
+            outputs = self._translate(sources, range(len(sources)), max(limits), beam, alpha, max_tokens)
+            return [[(ids[:limit], 0.0) for ids, _ in self._hypotheses(output, beam, alpha, n_best)]
+                    for output, limit in zip(outputs, limits)]
+        groups: dict[int, list[int]] = defaultdict(list)
         for i, limit in enumerate(limits):
-            if limit < largest and max(length for _, _, length in results[i]) >= limit:
-                again[limit].append(i)
-        for limit, rows in again.items():
-            for i, hyps in zip(rows, self._translate(sources, rows, limit, beam, alpha, max_tokens)):
-                results[i] = hyps
-        self.searched_again = sum(map(len, again.values()))
-        return [[(ids, score) for ids, score, _ in hyps[:n_best]] for hyps in results]
+            groups[limit].append(i)
+        pending = [(rows, self._translate(sources, rows, limit, beam, alpha, max_tokens)) for limit, rows in groups.items()]
+        results: list[list[tuple[list[int], float]]] = [[] for _ in sources]
+        for rows, outputs in pending:
+            for i, output in zip(rows, outputs):
+                results[i] = self._hypotheses(output.result(), beam, alpha, n_best)
+        return results
 
-    def _translate(self, sources: list[list[int]], rows, limit: int, beam: int, alpha: float, max_tokens: int
-                   ) -> list[list[tuple[list[int], float, int]]]:
-        """One ``translate_batch`` call for ``sources[i]``, i in ``rows``, at most ``limit`` tokens out: per
-        sentence all its ``beam`` hypotheses (ids, score, generated length with eos), best first."""
-        outputs = self.translator.translate_batch(
+    def _translate(self, sources: list[list[int]], rows, limit: int, beam: int, alpha: float, max_tokens: int):
+        """``translate_batch`` for ``sources[i]``, i in ``rows``, at most ``limit`` tokens out, all ``beam``
+        hypotheses with the eos kept; greedy: the outputs, beam: (posted, not waited for) async results."""
+        return self.translator.translate_batch(
             [[self.pieces[t] for t in sources[i][:-1]] for i in rows],  # the model appends eos itself
             max_batch_size=max_tokens, batch_type="tokens", beam_size=beam,
             num_hypotheses=beam, length_penalty=alpha, return_end_token=True,
             return_scores=beam > 1,  # greedy scores 0.0: no log-softmax per step
-            max_decoding_length=limit, min_decoding_length=0, max_input_length=0)
-        return [self._hypotheses(output, beam, alpha) for output in outputs]
+            max_decoding_length=limit, min_decoding_length=0, max_input_length=0, asynchronous=beam > 1)
 
-    def _hypotheses(self, output, beam: int, alpha: float) -> list[tuple[list[int], float, int]]:
+    def _hypotheses(self, output, beam: int, alpha: float, n_best: int) -> list[tuple[list[int], float]]:
         eos = self.pieces[self.tokenizer.eos_id]
         hypotheses = []
         for tokens, score in zip(output.hypotheses, output.scores or [0.0] * len(output.hypotheses)):
             length = len(tokens)  # generated tokens, eos included, as our length penalty counts them
             ids = [self.ids[t] for t in (tokens[:-1] if tokens and tokens[-1] == eos else tokens)]
             total = score * length ** alpha  # CTranslate2 divided the summed log-probability by length ** alpha
-            hypotheses.append((ids, 0.0 if beam == 1 else total / length_penalty(length, alpha), length))
-        return sorted(hypotheses, key=lambda h: h[1], reverse=True)
+            hypotheses.append((ids, 0.0 if beam == 1 else total / length_penalty(length, alpha)))
+        return sorted(hypotheses, key=lambda h: h[1], reverse=True)[:n_best]
