@@ -319,3 +319,11 @@ def test_inter_threads_translate_batches_at_once_with_the_same_outputs(trained, 
     lines = validation[0][:100]
     one = translate_lines(exported[1], tokenizer, lines, beam=4, max_tokens=256)
     assert translate_lines(two, tokenizer, lines, beam=4, max_tokens=256) == one
+
+
+def test_default_threads_are_one_per_batch_and_one_batch_per_core(exported):
+    default = CTranslate2Model(exported[0])
+    assert (default.threads, default.inter_threads) == (1, len(os.sched_getaffinity(0)))
+    assert default.translator.num_translators == len(os.sched_getaffinity(0))
+    two = CTranslate2Model(exported[0], threads=2)  # threads alone: that many on one batch at a time
+    assert (two.threads, two.inter_threads, two.translator.num_translators) == (2, 1, 1)

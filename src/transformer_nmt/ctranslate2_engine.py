@@ -41,12 +41,14 @@ class CTranslate2Model:
     """A CTranslate2 model directory written by ``transformer_nmt.export``, loaded for translation.
 
     ``compute_type``: CTranslate2's (``default`` = as exported; ``int8``, ``int8_float32``, ``float32``, ...
-    quantize at load time). ``threads``: intra-op threads (0 = CTranslate2's default: OpenMP's, one per core);
-    ``inter_threads``: batches translated at once (each on ``threads`` threads; a call is cut into batches of
-    ``max_tokens`` source tokens)."""
+    quantize at load time). ``threads``: intra-op threads; ``inter_threads``: batches translated at once, each
+    on ``threads`` threads (a call is cut into batches of ``max_tokens`` source tokens; beam search posts a call
+    per length limit). 0 for both (the default): one thread per batch and as many batches at once as this
+    process may use cores, which measured faster than ``threads`` = cores for both searches (at 2 threads:
+    beam 4 1.5x, greedy 1.3x; ``scripts/benchmark_decode.py``). ``threads`` N alone: N threads, 1 batch."""
 
     def __init__(self, model_dir: str | os.PathLike, device: str = "cpu", compute_type: str = "default",
-                 threads: int = 0, inter_threads: int = 1):
+                 threads: int = 0, inter_threads: int = 0):
         ctranslate2 = import_ctranslate2()
         model_dir = Path(model_dir)
         if not (model_dir / EXPORT_INFO).is_file() or not ctranslate2.contains_model(str(model_dir)):
@@ -57,6 +59,10 @@ class CTranslate2Model:
         self.tokenizer = Tokenizer.load(model_dir / SENTENCEPIECE_MODEL)
         self.pieces = [self.tokenizer.id_to_piece(i) for i in range(self.tokenizer.vocab_size)]
         self.ids = {piece: i for i, piece in enumerate(self.pieces)}
+        if not inter_threads:
+            inter_threads = 1 if threads else len(os.sched_getaffinity(0))
+            threads = threads or 1
+        self.threads, self.inter_threads = threads, inter_threads
         try:
             self.translator = ctranslate2.Translator(str(model_dir), device=device, compute_type=compute_type,
                                                      intra_threads=threads, inter_threads=inter_threads)

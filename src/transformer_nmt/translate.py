@@ -12,9 +12,9 @@ source length + 50 tokens out), ``max_tokens`` (4096 source tokens per batch, pa
 (written by ``python -m transformer_nmt.export``) or from ``ckpt``, exported once to a cache
 (``$XDG_CACHE_HOME/transformer_nmt/ctranslate2/``, keyed by the checkpoint's contents);
 ``compute_type`` (default: as exported; ``int8`` quantizes at load), ``threads`` (threads within each
-operation; 0: the engine's default, one per core) and ``inter_threads`` (1; N: N batches decoded at once, each
-on ``threads`` threads, so give ``threads=1 inter_threads=2`` to use 2 cores by batch instead of by operation)
-tune it. The same rules apply as natively: same length limit, length penalty and n-best.
+operation) and ``inter_threads`` (batches decoded at once, each on ``threads`` threads) tune it; by default (0
+and 0) one thread per batch and one batch per core, measured faster than all cores on each operation
+(``threads=2`` alone: 2 threads on 1 batch at a time). The same rules apply as natively: same length limit, length penalty and n-best.
 
 ``print_alignment=hard|soft`` (native engine) writes each translation's word alignment after a tab, as
 fairseq's ``--print-alignment`` does: ``hard`` gives ``i-j`` pairs (source word i, target word j), ``soft``
@@ -50,7 +50,7 @@ from transformer_nmt.tokenizer import Tokenizer
 
 OPTIONS = {"ckpt": None, "input": None, "output": None, "beam": 4, "alpha": 0.6, "max_len_offset": 50,
            "max_tokens": 4096, "n_best": 1, "device": "cpu", "engine": "native", "model_dir": None,
-           "compute_type": "default", "threads": 0, "inter_threads": 1, "print_alignment": None, **ALIGNMENT_DEFAULTS}
+           "compute_type": "default", "threads": 0, "inter_threads": 0, "print_alignment": None, **ALIGNMENT_DEFAULTS}
 
 
 def encode_sources(tokenizer: Tokenizer, lines: list[str], max_positions: int) -> list[list[int] | None]:
@@ -155,7 +155,7 @@ def load_model(options: dict) -> tuple[Transformer | CTranslate2Model, Tokenizer
         for name in ("model_dir", "compute_type"):
             if options[name] not in (None, "default"):
                 raise SystemExit(f"{name}= is an option of engine=ctranslate2 (the native engine reads ckpt=PATH)")
-        if options["inter_threads"] != 1:
+        if options["inter_threads"]:
             raise SystemExit("inter_threads= is an option of engine=ctranslate2 (the native engine: threads=N)")
         if options["threads"]:
             torch.set_num_threads(options["threads"])
