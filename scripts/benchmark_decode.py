@@ -321,20 +321,22 @@ def main(argv: list[str]) -> None:
         table = serving_engines(model, tokenizer, options["beam"], threads, options["ctranslate2"])
         seconds, outputs, busy = run_rows({name: row[2] for name, row in table.items()}, sources,
                                           [list(range(len(sources)))], rounds)  # whole passes, as evaluate
-        print(f"\nserving, {rounds} round(s): {header}; load average {load[0]:.2f} before, {os.getloadavg()[0]:.2f} after\n")
+        print(f"\nserving, {rounds} round(s): {header}; load average {load[0]:.2f} before, "
+              f"{os.getloadavg()[0]:.2f} after\n")
         print("| search | engine | seconds | x native | same | busy threads | BLEU |")
         print("| --- | --- | --- | --- | --- | --- | --- |")
         for name, (search, native, _) in table.items():
             speedup = median_speedup(seconds, name, native) if native else "-"
             same = f"{sum(a == b for a, b in zip(outputs[name], outputs[native]))}/{len(sources)}" if native else "-"
-            print(f"| {search} | {name.removeprefix(search + ', ')} | {statistics.median(seconds[name]):.2f} | {speedup} | "
-                  f"{same} | {statistics.median(busy[name]):g} | {bleu(outputs[name]):.2f} |")
+            print(f"| {search} | {name.removeprefix(search + ', ')} | {statistics.median(seconds[name]):.2f} | "
+                  f"{speedup} | {same} | {statistics.median(busy[name]):g} | {bleu(outputs[name]):.2f} |")
 
     if "search" in tables:
         load = os.getloadavg()
         table = engines(model, tokenizer, options["beam"], threads, options["ctranslate2"])
         seconds, outputs, _ = run_rows({name: row[1] for name, row in table.items()}, sources, batches, rounds)
-        print(f"\nsearch, {rounds} x {len(batches)} batches: {header}; load average {load[0]:.2f} before, {os.getloadavg()[0]:.2f} after\n")
+        print(f"\nsearch, {rounds} x {len(batches)} batches: {header}; load average {load[0]:.2f} before, "
+              f"{os.getloadavg()[0]:.2f} after\n")
         print("| engine | sentences/s | target tokens/s | baseline | x baseline | same | BLEU | length ratio | BP |")
         print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
         for name, (baseline, _) in table.items():

@@ -85,7 +85,8 @@ class CTranslate2Model:
         groups: dict[int, list[int]] = defaultdict(list)
         for i, limit in enumerate(limits):
             groups[limit].append(i)
-        pending = [(rows, self._translate(sources, rows, limit, beam, alpha, max_tokens)) for limit, rows in groups.items()]
+        pending = [(rows, self._translate(sources, rows, limit, beam, alpha, max_tokens))
+                   for limit, rows in groups.items()]  # all posted before any is awaited
         results: list[list[tuple[list[int], float]]] = [[] for _ in sources]
         for rows, outputs in pending:
             for i, output in zip(rows, outputs):

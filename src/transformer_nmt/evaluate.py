@@ -96,7 +96,8 @@ def main(argv: list[str] | None = None) -> dict:
     (out_dir / f"{name}.hyp").write_text("".join(h + "\n" for h in hypotheses), encoding="utf-8")
     (out_dir / f"{name}.ref").write_text("".join(r + "\n" for r in references), encoding="utf-8")
     result = {"checkpoint": str(ckpt), "sentences": len(sources), **score(hypotheses, references),
-              "engine": options["engine"], "compute_type": options["compute_type"], "threads": getattr(model, "threads", torch.get_num_threads()),
+              "engine": options["engine"], "compute_type": options["compute_type"],
+              "threads": getattr(model, "threads", torch.get_num_threads()),
               "inter_threads": getattr(model, "inter_threads", None),
               "beam": options["beam"], "alpha": options["alpha"], "max_len_offset": options["max_len_offset"],
               "decode_seconds": round(seconds, 1), "global_step": meta.get("global_step")}

@@ -14,7 +14,8 @@ source length + 50 tokens out), ``max_tokens`` (4096 source tokens per batch, pa
 ``compute_type`` (default: as exported; ``int8`` quantizes at load), ``threads`` (threads within each
 operation) and ``inter_threads`` (batches decoded at once, each on ``threads`` threads) tune it; by default (0
 and 0) one thread per batch and one batch per core, measured faster than all cores on each operation
-(``threads=2`` alone: 2 threads on 1 batch at a time). The same rules apply as natively: same length limit, length penalty and n-best.
+(``threads=2`` alone: 2 threads on 1 batch at a time). The same rules apply as natively: same length limit,
+length penalty and n-best.
 
 ``print_alignment=hard|soft`` (native engine) writes each translation's word alignment after a tab, as
 fairseq's ``--print-alignment`` does: ``hard`` gives ``i-j`` pairs (source word i, target word j), ``soft``
