@@ -1,22 +1,36 @@
-"""Decoding speed: greedy and beam-k translation of the 1,000 Multi30k test sentences, before (the
-per-sentence search this project had, copied below), after (decoding.py) and with CTranslate2 (float32 and
-int8 exports), side by side in one run.
+"""Decoding speed on the 1,000 Multi30k test sentences, two tables, each from one run in one process.
 
     python scripts/benchmark_decode.py ckpt=RUN/checkpoints/averaged.ckpt [max_tokens=4096] [limit=1000] [beam=4]
-        [rounds=1] [threads=[1,2]] [ctranslate2=true]
+        [rounds=1] [threads=[2,1]] [ctranslate2=true] [tables=[serving,search]]
 
-With ``ckpt=random`` (the default) a random tiny model is built with tests/tiny_checkpoint.py (speed only: its output is
-noise). Torch runs on one thread, except in the rows named "N threads"; ``threads`` lists the thread counts of
-the CTranslate2 rows and of the extra rows of our default search. Sentences are batched by tokens as
-``translate`` does; every batch is decoded by each engine in turn (the order rotates from batch to batch;
-``rounds`` passes over the batches). An engine is a named function from a list of source lines to translations
-with a baseline: "x baseline" is the median over batches of baseline-time / engine-time, "same" counts outputs
-identical to the baseline's. CTranslate2's baseline is our search under its stopping rule (k finished).
-Add rows by adding to ``engines()``; ``ctranslate2=false`` leaves the CTranslate2 rows out.
+``serving`` (what a user of ``translate``/``evaluate`` gets): for beam ``beam`` and for greedy, the native
+engine against ``engine=ctranslate2`` as exported (float32) and quantized at load (``compute_type=int8``), at
+each thread count of ``threads``: native rows on that many torch threads, CTranslate2 rows with
+``intra_threads`` that many and, for more than one, also 1 intra-op thread x that many ``inter_threads``.
+Every row translates all the sentences in one ``translate_lines`` call, as ``evaluate`` does (which batches
+them by ``max_tokens``; CTranslate2 spreads its batches over its ``inter_threads``), once per round, the order
+of the rows rotating from round to round. "seconds" is the median time of a pass; "x native" the median over
+rounds of native time / row time, native at the same search and thread count; "same" counts outputs identical
+to that native row's; "busy threads" is the median over rounds of the threads of this process that ran at least
+a quarter of the pass (read from /proc), so a row that does not use the threads it names shows it. BLEU
+against ``ref``.
+
+``search`` (the history of our search): the per-sentence search this project had (copied below), the batched
+one of decoding.py (``after``) under both stopping rules, our default on more threads and CTranslate2 against
+our search under its stopping rule (k finished); "x baseline" as "x native" above, against the row named.
+
+With ``ckpt=random`` (the default) a random tiny model is built with tests/tiny_checkpoint.py (speed only: its
+output is noise). Torch runs on one thread, except in rows that name more. In the search table sentences are
+batched by tokens as ``translate`` does and every batch is decoded by each row in turn (the order rotates from
+batch to batch; ``rounds`` passes over the batches). A pause of 0.2 s before each timed call lets the threads
+of the row before go idle.
+Load averages are printed before and after: on a machine that other jobs share, the ratios of rows measured
+side by side hold better than the seconds. ``ctranslate2=false`` leaves the CTranslate2 rows out.
 """
 
 from __future__ import annotations
 
+import os
 import statistics
 import sys
 import tempfile
@@ -39,7 +53,9 @@ from transformer_nmt.translate import encode_sources, read_lines, token_batches,
 
 ROOT = Path(__file__).resolve().parent.parent
 OPTIONS = {"ckpt": "random", "src": None, "ref": None, "max_tokens": 4096, "limit": 1000, "beam": 4, "rounds": 1,
-           "threads": [1, 2], "ctranslate2": True}
+           "threads": [2, 1], "ctranslate2": True, "tables": ["serving", "search"]}
+TABLES = ("serving", "search")
+PAUSE_SECONDS = 0.2
 
 
 # --- before: the search as it was (commit b8dae0a), one Python loop over sentences per step ------------------
@@ -141,6 +157,7 @@ def with_threads(threads: int, engine: Engine) -> Engine:
     def translate(lines: list[str]) -> list[str]:
         before = torch.get_num_threads()
         torch.set_num_threads(threads)
+        assert torch.get_num_threads() == threads
         try:
             return engine(lines)
         finally:
@@ -187,6 +204,79 @@ def engines(model: Transformer, tokenizer: Tokenizer, k: int, threads: list[int]
     return rows
 
 
+def serving_engines(model: Transformer, tokenizer: Tokenizer, k: int, threads: list[int], ctranslate2: bool
+                    ) -> dict[str, tuple[str, str | None, Engine]]:
+    """The serving table's rows: name -> (search, native row of the same search and threads, lines -> translations).
+    Native rows run ``translate_lines`` with the checkpoint's model on n torch threads; CTranslate2 rows with the
+    model exported as float32 (``compute_type`` as exported, and ``int8`` quantized at load, as
+    ``engine=ctranslate2 compute_type=int8`` does)."""
+    model_dir = None
+    if ctranslate2:
+        import_ctranslate2()
+        model_dir = export_model(model, tokenizer, Path(tempfile.mkdtemp(prefix="ct2_benchmark_")) / "float32")
+    rows = {}
+    for beam, search in ((k, f"beam {k}"), (1, "greedy")):
+        for n in threads:
+            native = f"{search}, native, {n} thread{'s' if n > 1 else ''}"
+            rows[native] = (search, None, with_threads(n, lambda lines, beam=beam: [
+                hyps[0][0] for hyps in translate_lines(model, tokenizer, lines, beam=beam)]))
+            if not ctranslate2:
+                continue
+            layouts = [(n, 1)] + ([(1, n)] if n > 1 else [])  # (intra_threads, inter_threads)
+            for compute_type in ("default", "int8"):
+                for intra, inter in layouts:
+                    translator = CTranslate2Model(model_dir, compute_type=compute_type, threads=intra,
+                                                  inter_threads=inter)
+                    label = "float32" if compute_type == "default" else compute_type
+                    layout = f"{intra} thread{'s' if intra > 1 else ''}" + (f" x inter_threads {inter}" if inter > 1
+                                                                            else "")
+                    rows[f"{search}, ctranslate2 {label}, {layout}"] = (
+                        search, native, lambda lines, beam=beam, translator=translator: [
+                            hyps[0][0] for hyps in translate_lines(translator, tokenizer, lines, beam=beam)])
+    return rows
+
+
+def thread_cpu_seconds() -> dict[int, float]:
+    """CPU seconds (user + system) each thread of this process has run, by thread id (Linux /proc)."""
+    ticks, times = os.sysconf("SC_CLK_TCK"), {}
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the thread ended meanwhile
+            continue
+        times[int(task.name)] = (int(fields[11]) + int(fields[12])) / ticks  # utime, stime
+    return times
+
+
+def run_rows(rows: dict[str, Engine], sources: list[str], batches: list[list[int]], rounds: int
+             ) -> tuple[dict[str, list[float]], dict[str, list[str]], dict[str, list[int]]]:
+    """Each batch through every row, the order rotating: (seconds per batch, outputs, busy threads per batch),
+    batches repeated ``rounds`` times."""
+    names = list(rows)
+    seconds = {name: [] for name in names}
+    busy = {name: [] for name in names}
+    outputs = {name: [""] * len(sources) for name in names}
+    for n, batch in enumerate(batches * rounds):
+        lines = [sources[i] for i in batch]
+        for name in names[n % len(names):] + names[: n % len(names)]:  # rotate the order
+            time.sleep(PAUSE_SECONDS)  # the threads of the row before stop spinning
+            cpu = thread_cpu_seconds()
+            started = time.perf_counter()
+            translations = rows[name](lines)
+            wall = time.perf_counter() - started
+            after = thread_cpu_seconds()
+            seconds[name].append(wall)
+            busy[name].append(sum(t - cpu.get(tid, 0.0) >= 0.25 * wall for tid, t in after.items()))
+            for i, text in zip(batch, translations):
+                outputs[name][i] = text
+        print(f"batch {n + 1}/{len(batches) * rounds} ({len(batch)} sentences)", file=sys.stderr)
+    return seconds, outputs, busy
+
+
+def median_speedup(seconds: dict[str, list[float]], name: str, baseline: str) -> str:
+    return f"{statistics.median(b / a for a, b in zip(seconds[name], seconds[baseline])):.2f}x"
+
+
 def model_and_tokenizer(ckpt: str) -> tuple[Transformer, Tokenizer, dict]:
     if ckpt:
         return load_checkpoint(ckpt, map_location="cpu")
@@ -200,6 +290,9 @@ def model_and_tokenizer(ckpt: str) -> tuple[Transformer, Tokenizer, dict]:
 
 def main(argv: list[str]) -> None:
     options = parse_options(argv, OPTIONS)
+    tables = list(options["tables"])
+    if not tables or any(t not in TABLES for t in tables):
+        raise SystemExit(f"tables={tables}: a list of {' and '.join(TABLES)}")
     torch.set_num_threads(1)
     model, tokenizer, meta = model_and_tokenizer(options["ckpt"] if options["ckpt"] != "random" else "")
     model.eval()
@@ -210,39 +303,52 @@ def main(argv: list[str]) -> None:
     references = read_lines(options["ref"] or f"{test}.{tgt_lang}.gz")[: options["limit"]]
     lengths = [len(ids) for ids in encode_sources(tokenizer, sources, model.config.max_positions)]
     batches = token_batches(lengths, options["max_tokens"])
-
-    table = engines(model, tokenizer, options["beam"], list(options["threads"]), options["ctranslate2"])
-    names = list(table)
-    seconds = {name: [] for name in names}
-    outputs = {name: [""] * len(sources) for name in names}
-    for n, batch in enumerate(batches * options["rounds"]):
-        lines = [sources[i] for i in batch]
-        for name in names[n % len(names):] + names[: n % len(names)]:  # rotate the order
-            started = time.perf_counter()
-            translations = table[name][1](lines)
-            seconds[name].append(time.perf_counter() - started)
-            for i, text in zip(batch, translations):
-                outputs[name][i] = text
-        print(f"batch {n + 1}/{len(batches) * options['rounds']} ({len(batch)} sentences)", file=sys.stderr)
+    rounds, threads = options["rounds"], list(options["threads"])
 
     versions = f"torch {torch.__version__}"
     if options["ctranslate2"]:
         versions += f", ctranslate2 {import_ctranslate2().__version__}"
-    print(f"{len(sources)} sentences, {options['rounds']} x {len(batches)} batches of <= {options['max_tokens']} "
-          f"source tokens, {versions}, model d_model {model.config.d_model}, "
-          f"{model.config.n_encoder_layers}+{model.config.n_decoder_layers} layers, vocab {model.config.vocab_size}\n")
-    print("| engine | sentences/s | target tokens/s | baseline | x baseline | same | BLEU | length ratio | BP |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-    for name in names:
-        baseline, total = table[name][0], sum(seconds[name]) / options["rounds"]  # seconds per pass
-        tokens = sum(len(ids) for ids in tokenizer.encode_batch(outputs[name]))
-        speedup = same = "-"
-        if baseline:
-            speedup = f"{statistics.median(b / a for a, b in zip(seconds[name], seconds[baseline])):.2f}x"
-            same = f"{sum(a == b for a, b in zip(outputs[name], outputs[baseline]))}/{len(sources)}"
-        metrics = score(outputs[name], references)
-        print(f"| {name} | {len(sources) / total:.1f} | {tokens / total:,.0f} | {baseline or '-'} | {speedup} | "
-              f"{same} | {metrics['bleu']:.2f} | {metrics['length_ratio']:.3f} | {metrics['bp']:.3f} |")
+    header = (f"{len(sources)} sentences in batches of <= {options['max_tokens']} source tokens, "
+              f"{versions}, {os.cpu_count()} CPUs, model d_model {model.config.d_model}, "
+              f"{model.config.n_encoder_layers}+{model.config.n_decoder_layers} layers, {model.config.n_heads} heads, "
+              f"vocab {model.config.vocab_size}")
+
+    def bleu(texts):
+        return score(texts, references)["bleu"]
+
+    if "serving" in tables:
+        load = os.getloadavg()
+        table = serving_engines(model, tokenizer, options["beam"], threads, options["ctranslate2"])
+        seconds, outputs, busy = run_rows({name: row[2] for name, row in table.items()}, sources,
+                                          [list(range(len(sources)))], rounds)  # whole passes, as evaluate
+        print(f"\nserving, {rounds} round(s): {header}; load average {load[0]:.2f} before, "
+              f"{os.getloadavg()[0]:.2f} after\n")
+        print("| search | engine | seconds | x native | same | busy threads | BLEU |")
+        print("| --- | --- | --- | --- | --- | --- | --- |")
+        for name, (search, native, _) in table.items():
+            speedup = median_speedup(seconds, name, native) if native else "-"
+            same = f"{sum(a == b for a, b in zip(outputs[name], outputs[native]))}/{len(sources)}" if native else "-"
+            print(f"| {search} | {name.removeprefix(search + ', ')} | {statistics.median(seconds[name]):.2f} | "
+                  f"{speedup} | {same} | {statistics.median(busy[name]):g} | {bleu(outputs[name]):.2f} |")
+
+    if "search" in tables:
+        load = os.getloadavg()
+        table = engines(model, tokenizer, options["beam"], threads, options["ctranslate2"])
+        seconds, outputs, _ = run_rows({name: row[1] for name, row in table.items()}, sources, batches, rounds)
+        print(f"\nsearch, {rounds} x {len(batches)} batches: {header}; load average {load[0]:.2f} before, "
+              f"{os.getloadavg()[0]:.2f} after\n")
+        print("| engine | sentences/s | target tokens/s | baseline | x baseline | same | BLEU | length ratio | BP |")
+        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+        for name, (baseline, _) in table.items():
+            total = sum(seconds[name]) / rounds  # seconds per pass
+            tokens = sum(len(ids) for ids in tokenizer.encode_batch(outputs[name]))
+            speedup = same = "-"
+            if baseline:
+                speedup = median_speedup(seconds, name, baseline)
+                same = f"{sum(a == b for a, b in zip(outputs[name], outputs[baseline]))}/{len(sources)}"
+            metrics = score(outputs[name], references)
+            print(f"| {name} | {len(sources) / total:.1f} | {tokens / total:,.0f} | {baseline or '-'} | {speedup} | "
+                  f"{same} | {metrics['bleu']:.2f} | {metrics['length_ratio']:.3f} | {metrics['bp']:.3f} |")
 
 
 if __name__ == "__main__":

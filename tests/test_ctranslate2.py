@@ -10,7 +10,7 @@ import torch
 from sacrebleu.metrics import BLEU
 
 from transformer_nmt.checkpoint import load_checkpoint
-from transformer_nmt.decoding import beam_search, greedy_decode
+from transformer_nmt.decoding import beam_search, greedy_decode, max_output_lengths
 from transformer_nmt.evaluate import main as evaluate_main
 from transformer_nmt.export import EXPORT_INFO, cached_export, export_model
 from transformer_nmt.export import main as export_main
@@ -195,6 +195,8 @@ def test_errors_name_the_option(tmp_path, trained, exported, monkeypatch):
         translate_main([f"ckpt={path}", "engine=onnx"])
     with pytest.raises(SystemExit, match="model_dir= is an option of engine=ctranslate2"):
         translate_main([f"model_dir={exported[0]}"])
+    with pytest.raises(SystemExit, match="inter_threads= is an option of engine=ctranslate2"):
+        translate_main([f"ckpt={path}", "inter_threads=2"])
     with pytest.raises(SystemExit, match="not both"):
         translate_main([f"ckpt={path}", f"model_dir={exported[0]}", "engine=ctranslate2"])
     with pytest.raises(SystemExit, match=f"model_dir={tmp_path} is not a model directory"):
@@ -267,3 +269,61 @@ def test_export_refuses_heads_whose_width_is_not_d_model(tmp_path):
     with pytest.raises(ValueError, match=r"n_heads x d_k = n_heads x d_v = d_model \(30\); this model has n_heads 4, "
                                          r"model.d_k 7, model.d_v 7"):
         transformer_spec(model, tokenizer)
+
+
+# --- greedy: one call with the largest length limit, each output cut at its own; beam: a call per limit ------
+
+def per_limit_reference(engine, sources, beam, max_len_offset, n_best):
+    """One synchronous translate_batch call per distinct length limit, each at its own limit."""
+    padded = torch.nn.utils.rnn.pad_sequence([torch.tensor(s) for s in sources], batch_first=True)
+    limits = max_output_lengths(engine, padded, max_len_offset).tolist()
+    results = [None] * len(sources)
+    for limit in set(limits):
+        rows = [i for i, lim in enumerate(limits) if lim == limit]
+        outputs = engine.translator.translate_batch(
+            [[engine.pieces[t] for t in sources[i][:-1]] for i in rows], beam_size=beam, num_hypotheses=beam,
+            length_penalty=0.6, return_end_token=True, return_scores=True, max_decoding_length=limit,
+            min_decoding_length=0, max_input_length=0)
+        for i, output in zip(rows, outputs):
+            results[i] = engine._hypotheses(output, beam, 0.6, n_best)
+    return limits, results
+
+
+@pytest.mark.parametrize("beam,n_best", [(1, 1), (4, 4), (3, 1)])
+def test_the_length_limit_of_each_sentence_is_its_own(trained, exported, validation, beam, n_best):
+    """With max_len_offset 3 the limits bite: many outputs reach their sentence's own limit. translate_ids gives
+    what a call per limit gives (the same texts in the same order, the same scores). Greedy translates in one
+    call at the largest limit and cuts: without the cut, outputs would be longer than their limit."""
+    _, _, tokenizer = trained
+    engine = exported[1]
+    sources = encode_sources(tokenizer, validation[0][:60], engine.config.max_positions)
+    limits, expected = per_limit_reference(engine, sources, beam, 3, n_best)
+    assert len(set(limits)) > 5  # sentences of many lengths: the largest limit is not theirs
+    got = engine.translate_ids(sources, beam=beam, max_len_offset=3, n_best=n_best)
+    assert [[ids for ids, _ in h] for h in got] == [[ids for ids, _ in h] for h in expected]
+    if beam > 1:
+        assert all(abs(a[1] - b[1]) < 1e-4 for x, y in zip(got, expected) for a, b in zip(x, y))
+    at_limit = sum(any(len(ids) == limit for ids, _ in h) for h, limit in zip(expected, limits))
+    assert at_limit >= 3  # the rule bit: hypotheses cut by their sentence's limit
+    if beam == 1:
+        uncut = engine._translate(sources, range(len(sources)), max(limits), 1, 0.6, 4096)
+        assert sum(len(output.hypotheses[0]) > limit for output, limit in zip(uncut, limits)) >= 3
+
+
+def test_inter_threads_translate_batches_at_once_with_the_same_outputs(trained, exported, validation):
+    """inter_threads=2: two workers take the batches (max_tokens 256 cuts 100 sentences into several); each batch
+    is translated as with one worker, so the outputs are the same."""
+    _, _, tokenizer = trained
+    two = CTranslate2Model(exported[0], threads=1, inter_threads=2)
+    assert two.translator.num_translators == 2
+    lines = validation[0][:100]
+    one = translate_lines(exported[1], tokenizer, lines, beam=4, max_tokens=256)
+    assert translate_lines(two, tokenizer, lines, beam=4, max_tokens=256) == one
+
+
+def test_default_threads_are_one_per_batch_and_one_batch_per_core(exported):
+    default = CTranslate2Model(exported[0])
+    assert (default.threads, default.inter_threads) == (1, len(os.sched_getaffinity(0)))
+    assert default.translator.num_translators == len(os.sched_getaffinity(0))
+    two = CTranslate2Model(exported[0], threads=2)  # threads alone: that many on one batch at a time
+    assert (two.threads, two.inter_threads, two.translator.num_translators) == (2, 1, 1)

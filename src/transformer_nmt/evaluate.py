@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import hydra
+import torch
 from sacrebleu.metrics import BLEU, CHRF
 
 from transformer_nmt.alignment import ALIGNMENT_DEFAULTS
@@ -96,6 +97,8 @@ def main(argv: list[str] | None = None) -> dict:
     (out_dir / f"{name}.ref").write_text("".join(r + "\n" for r in references), encoding="utf-8")
     result = {"checkpoint": str(ckpt), "sentences": len(sources), **score(hypotheses, references),
               "engine": options["engine"], "compute_type": options["compute_type"],
+              "threads": getattr(model, "threads", torch.get_num_threads()),
+              "inter_threads": getattr(model, "inter_threads", None),
               "beam": options["beam"], "alpha": options["alpha"], "max_len_offset": options["max_len_offset"],
               "decode_seconds": round(seconds, 1), "global_step": meta.get("global_step")}
     (out_dir / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
