@@ -164,7 +164,12 @@ def summarize_groups(runs: list[dict], base: tuple | None) -> list[dict]:
         record["bleu_mean"], record["bleu_std"] = mean_std(bleu)
         record["ppl_mean"], record["ppl_std"] = mean_std(ppl)
         records.append(record)
-    return sorted(records, key=lambda r: (ROW_ORDER.index(r["row"]), [str(v) for v in r["config"]]))
+    def order(record: dict) -> tuple:  # by row, then by which settings differ from the base, then their values
+        config = record["config"]
+        changed = tuple(i for i, (v, b) in enumerate(zip(config, base or config)) if v != b)
+        return (ROW_ORDER.index(record["row"]), changed,
+                [(0, v, "") if isinstance(v, (int, float)) else (1, 0, str(v)) for v in config])
+    return sorted(records, key=order)
 
 
 # --- significance ------------------------------------------------------------------------------
