@@ -90,11 +90,11 @@ def print_time_budget(budget: dict, precision: str | None) -> None:
     if mfu and mfu.get("ceiling"):
         ceiling = mfu["ceiling"]
         shapes = ", ".join(f"{name} {rate:,.0f}" for name, rate in ceiling["gflops"].items())
+        over_fit = "-" if mfu.get("achieved_gflops_over_fit") is None else f"{mfu['achieved_gflops_over_fit']:,.1f}"
         print(f"\nMFU of the training steps ({precision}, {ceiling['threads']} thread(s)): "
               f"{mfu['achieved_gflops']:,.1f} model GFLOP/s against a {ceiling['dtype']} matmul ceiling of "
               f"{ceiling['ceiling_gflops']:,.0f} GFLOP/s ({shapes} at {ceiling['tokens']} rows) = "
-              f"{100 * mfu['share_of_ceiling']:.1f}%; over the whole fit {mfu['achieved_gflops_over_fit']:,.1f} "
-              f"GFLOP/s")
+              f"{100 * mfu['share_of_ceiling']:.1f}%; over the whole fit {over_fit} GFLOP/s")
 
 
 def run_directory(train_overrides: list[str]) -> Path:

@@ -21,6 +21,7 @@ from transformer_nmt.translate import main as translate_main
 from tiny_checkpoint import multi30k_lines, tiny_tokenizer, trained_checkpoint, write_checkpoint
 
 ctranslate2 = pytest.importorskip("ctranslate2")
+from transformer_nmt.precision import available_cpus
 from transformer_nmt.ctranslate2_engine import CTranslate2Model  # noqa: E402
 
 
@@ -327,3 +328,9 @@ def test_default_threads_are_one_per_batch_and_one_batch_per_core(exported):
     assert default.translator.num_translators == len(os.sched_getaffinity(0))
     two = CTranslate2Model(exported[0], threads=2)  # threads alone: that many on one batch at a time
     assert (two.threads, two.inter_threads, two.translator.num_translators) == (2, 1, 1)
+    cores = available_cpus()
+    shared = CTranslate2Model(exported[0], inter_threads=2)  # inter_threads alone: the cores shared, never 0
+    assert (shared.threads, shared.inter_threads, shared.translator.num_translators) == (max(1, cores // 2), 2, 2)
+    for bad in ("threads", "inter_threads"):
+        with pytest.raises(SystemExit, match=f"{bad}=-1: give a whole number >= 0"):
+            CTranslate2Model(exported[0], **{bad: -1})

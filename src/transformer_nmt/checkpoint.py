@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -21,7 +22,6 @@ import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from transformer_nmt.model import Transformer, TransformerConfig
-from transformer_nmt.time_budget import timed
 from transformer_nmt.tokenizer import Tokenizer
 from transformer_nmt.training import CKPT_DATA_CONFIG, CKPT_MODEL_CONFIG, CKPT_TOKENIZER
 
@@ -74,7 +74,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options: Any | None = None) -> None:
         if storage_options is not None:
             raise TypeError(f"{type(self).__name__} takes no storage_options")
-        with timed(self.time_budget, "checkpointing"):
+        with self.time_budget.phase("checkpointing") if self.time_budget else nullcontext():
             atomic_torch_save(checkpoint, path)
 
 

@@ -34,6 +34,7 @@ from torch.nn.utils.rnn import pad_sequence
 from transformer_nmt.decoding import length_penalty, max_output_lengths
 from transformer_nmt.export import EXPORT_INFO, SENTENCEPIECE_MODEL, import_ctranslate2
 from transformer_nmt.model import TransformerConfig
+from transformer_nmt.precision import available_cpus
 from transformer_nmt.tokenizer import Tokenizer
 
 
@@ -45,7 +46,8 @@ class CTranslate2Model:
     on ``threads`` threads (a call is cut into batches of ``max_tokens`` source tokens; beam search posts a call
     per length limit). 0 for both (the default): one thread per batch and as many batches at once as this
     process may use cores, which measured faster than ``threads`` = cores for both searches (at 2 threads:
-    beam 4 1.5x, greedy 1.3x; ``scripts/benchmark_decode.py``). ``threads`` N alone: N threads, 1 batch."""
+    beam 4 1.5x, greedy 1.3x; ``scripts/benchmark_decode.py``; measured on 2 cores only). ``threads`` N alone: N
+    threads, 1 batch; ``inter_threads`` M alone: M batches sharing the cores (cores // M threads each)."""
 
     def __init__(self, model_dir: str | os.PathLike, device: str = "cpu", compute_type: str = "default",
                  threads: int = 0, inter_threads: int = 0):
@@ -59,9 +61,12 @@ class CTranslate2Model:
         self.tokenizer = Tokenizer.load(model_dir / SENTENCEPIECE_MODEL)
         self.pieces = [self.tokenizer.id_to_piece(i) for i in range(self.tokenizer.vocab_size)]
         self.ids = {piece: i for i, piece in enumerate(self.pieces)}
+        for name, value in (("threads", threads), ("inter_threads", inter_threads)):
+            if not isinstance(value, int) or value < 0:
+                raise SystemExit(f"{name}={value!r}: give a whole number >= 0 (0: the default layout)")
         if not inter_threads:
-            inter_threads = 1 if threads else len(os.sched_getaffinity(0))
-            threads = threads or 1
+            inter_threads = 1 if threads else available_cpus()
+        threads = threads or max(1, available_cpus() // inter_threads)  # inter_threads alone: the cores shared
         self.threads, self.inter_threads = threads, inter_threads
         try:
             self.translator = ctranslate2.Translator(str(model_dir), device=device, compute_type=compute_type,

@@ -41,6 +41,7 @@ from torch.utils.data import DataLoader
 from transformer_nmt.batching import TokenBucketBatchSampler, pad_pairs, pair_widths
 from transformer_nmt.corpus import (CorpusSpec, FilterReport, both_sides, file_fingerprint, filter_pairs, split_inputs,
                                    write_split)
+from transformer_nmt.precision import available_cpus
 from transformer_nmt.tokenizer import Tokenizer, tokenize_dataset, train_sentencepiece
 
 log = logging.getLogger(__name__)
@@ -271,7 +272,7 @@ class TranslationDataModule(L.LightningDataModule):
 
         def build(tmp: Path):
             log.info("training a shared SentencePiece vocabulary (%s) on %d pairs", self.vocab_options, len(raw))
-            tokenizer = train_sentencepiece(both_sides(raw, sorted(self.spec.langs)), num_threads=_cpus(),
+            tokenizer = train_sentencepiece(both_sides(raw, sorted(self.spec.langs)), num_threads=available_cpus(),
                                             **self.vocab_options)
             tokenizer.save(tmp / "spm.model")
             (tmp / "meta.json").write_text(json.dumps({**self.vocab_options, "trained_vocab_size":
@@ -370,6 +371,3 @@ class TranslationDataModule(L.LightningDataModule):
     def test_dataloader(self) -> ResumableDataLoader:
         return self.dataloader("test")
 
-
-def _cpus() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)

@@ -42,6 +42,11 @@ def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str]:
     return set()
 
 
+def available_cpus() -> int:
+    """The CPU cores this process may run on (its affinity where the OS tells it, else the machine's)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def cpu_native_bf16() -> tuple[bool, str]:
     """(whether the CPU computes bf16 natively, the evidence): ``TRANSFORMER_NMT_CPU_BF16`` where it is set,
     else the native-bf16 flags found in /proc/cpuinfo (an empty string where there are none)."""

@@ -183,7 +183,8 @@ def summary(cfg: DictConfig, datamodule, module: TranslationModule, trainer: pl.
     ]
     chosen = precision_dependent(cfg)
     if chosen:  # the recipe's ${by_precision:...} settings, as chosen for this run's precision
-        lines.insert(5, f"recipe      for {trainer.precision}: " + ", ".join(f"{k} {v}" for k, v in chosen.items()))
+        after = next(i for i, line in enumerate(lines) if line.startswith("devices")) + 1
+        lines.insert(after, f"recipe      for {trainer.precision}: " + ", ".join(f"{k} {v}" for k, v in chosen.items()))
     return "\n".join(lines)
 
 
