@@ -17,7 +17,7 @@ import time
 import torch
 
 from transformer_nmt.model import Transformer, TransformerConfig
-from transformer_nmt.precision import NATIVE_BF16_CPU_FLAGS, cpu_flags, resolve_precision
+from transformer_nmt.precision import cpu_native_bf16, resolve_precision
 from transformer_nmt.training import label_smoothed_cross_entropy
 
 SMALL = dict(vocab_size=8000, d_model=256, n_heads=4, n_encoder_layers=3, n_decoder_layers=3, d_ff=1024, dropout=0.1)
@@ -53,7 +53,7 @@ def main():
             if i:
                 times[bf16].append(seconds)
     ratio = statistics.median(b / f for f, b in zip(times[False], times[True]))
-    flags = sorted(set(NATIVE_BF16_CPU_FLAGS) & cpu_flags()) or ["none"]
+    flags = (cpu_native_bf16()[1] or "none").split(", ")  # the flags (or TRANSFORMER_NMT_CPU_BF16) auto reads
     chosen, why = resolve_precision("auto", "cpu")
     print(f"\n### Training step, small model, batch {args.batch} x {args.length} target tokens, 1 thread, "
           f"torch {torch.__version__}; native bf16 flags: {', '.join(flags)}\n")
