@@ -39,7 +39,7 @@ from torch import nn
 
 from transformer_nmt.attention import auto_kernel, blocked_attention, scaled_dot_product_attention
 from transformer_nmt.model import Transformer, TransformerConfig
-from transformer_nmt.precision import REPORTED_CPU_FLAGS, cpu_flags, cpu_native_bf16
+from transformer_nmt.precision import cpu_native_bf16, reported_cpu_flags
 
 DIMS = dict(vocab_size=8000, d_model=256, n_heads=4, n_encoder_layers=3, n_decoder_layers=3, d_ff=1024,
             dropout=0.1, max_positions=256)
@@ -315,7 +315,7 @@ def main():
         return
     native, evidence = cpu_native_bf16()
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s); CPU flags: "
-          f"{' '.join(f for f in REPORTED_CPU_FLAGS if f in cpu_flags())}; bf16 "
+          f"{' '.join(reported_cpu_flags())}; bf16 "
           f"{'native (' + evidence + ')' if native else 'emulated: the bf16 rows measure emulation'}")
     tables = {
         "throughput": lambda: throughput_table(steps=3 if args.quick else 10, batch=128, length=20),

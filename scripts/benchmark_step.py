@@ -45,7 +45,7 @@ from transformer_nmt.attention import MultiHeadAttention, auto_kernel
 from transformer_nmt.batching import TokenBucketBatchSampler, pad_pairs, pair_widths
 from transformer_nmt.flops import FlopCount, matmul_ceiling
 from transformer_nmt.model import Transformer, TransformerConfig
-from transformer_nmt.precision import REPORTED_CPU_FLAGS, compute_dtype, cpu_flags
+from transformer_nmt.precision import compute_dtype, reported_cpu_flags
 from transformer_nmt.training import LOSS_CHUNK_ELEMENTS, LOSS_SCALE_TOKENS, label_smoothed_cross_entropy
 
 REPO = Path(__file__).resolve().parents[1]
@@ -220,7 +220,7 @@ def main(argv=None) -> dict:
             for p in args.precisions:
                 ceilings[p, n].append(ceiling(p, n)["ceiling_gflops"])
 
-    reference = f"32-true fused" if "32-true" in args.precisions and "fused" in args.kernels else variants[0].name
+    reference = "32-true fused" if "32-true" in args.precisions and "fused" in args.kernels else variants[0].name
     rows = []
     for n in pools:
         ref = [s for s, _ in times[reference, n]]
@@ -241,7 +241,7 @@ def main(argv=None) -> dict:
                          "warm_up_seconds": warm_up[v.name]})
     report = {"rows": rows, "ceilings": {f"{p} {n}": c for (p, n), c in ceilings.items()}, "reference": reference,
               "seconds": time.perf_counter() - started, "threads": args.threads, "rounds": args.rounds,
-              "cpu_flags": [f for f in REPORTED_CPU_FLAGS if f in cpu_flags()], "load": os.getloadavg()}
+              "cpu_flags": reported_cpu_flags(), "load": os.getloadavg()}
     print_report(report, pools)
     return report
 

@@ -35,7 +35,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from transformer_nmt.precision import REPORTED_CPU_FLAGS, cpu_flags
+from transformer_nmt.precision import reported_cpu_flags
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -178,7 +178,7 @@ def main(argv: list[str]) -> dict:
     results = json.loads(results_file.read_text()) if results_file.is_file() else {}
     budget = where_the_time_went(results, train_seconds) if results else None
     report = {
-        "run_dir": str(run_dir), "overrides": overrides, "cpu_flags": [f for f in REPORTED_CPU_FLAGS if f in cpu_flags()],
+        "run_dir": str(run_dir), "overrides": overrides, "cpu_flags": reported_cpu_flags(),
         "train_minutes": timings.get("train"), "total_minutes": round(sum(timings.values()), 2), "timings": timings,
         "val_bleu_chosen_on": {stem: s["bleu"] for stem, s in val.items()}, "chosen": chosen.name,
         "scores": {f"{split}_beam{width}": {k: s[k] for k in ("bleu", "bleu_lowercase", "chrf", "length_ratio", "bp")}

@@ -28,7 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-from transformer_nmt.precision import REPORTED_CPU_FLAGS  # the flags every report names
+from transformer_nmt.precision import reported_cpu_flags  # the flags every report names
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS, OUTPUTS = REPO / "docs" / "table3", REPO / "outputs" / "table3"
@@ -130,7 +130,7 @@ def table() -> None:
 
     text = summarize([DOCS], DOCS)
     results = [json.loads(p.read_text()) for p in sorted(DOCS.glob(f"*/seed*/{RESULTS}"))]
-    setups = sorted({(r.get("precision"), " ".join(f for f in REPORTED_CPU_FLAGS if f in r.get("cpu_flags", [])), r.get("machine", {}).get("cpu_model"),
+    setups = sorted({(r.get("precision"), " ".join(reported_cpu_flags(r.get("cpu_flags", []))), r.get("machine", {}).get("cpu_model"),
                       r.get("torch_threads")) for r in results}, key=str)
     loads = [r["machine"]["load_average_1min"] for r in results
              if r.get("machine", {}).get("load_average_1min") is not None]

@@ -125,3 +125,9 @@ def test_by_precision_without_a_value_for_the_precision_names_the_key(monkeypatc
     cuda(False)  # a pre-Ampere GPU: auto picks 16-mixed, which the recipe has no value for
     with pytest.raises(InterpolationResolutionError, match=r"no value for 16-mixed(.|\n)*full_key: data.max_tokens"):
         recipe("auto", accelerator="gpu").data.max_tokens
+
+
+def test_reported_cpu_flags_keep_the_reported_ones_in_their_order(tmp_path, monkeypatch):
+    assert precision.reported_cpu_flags(["avx512f", "amx_bf16", "avx2"]) == ["avx2", "amx_bf16"]
+    monkeypatch.setattr(precision, "cpu_flags", lambda: {"avx512_bf16", "avx2", "sse4_2"})
+    assert precision.reported_cpu_flags() == ["avx2", "avx512_bf16"]  # this CPU's by default

@@ -42,6 +42,13 @@ def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str]:
     return set()
 
 
+def reported_cpu_flags(flags=None) -> list[str]:
+    """The flags every report names (``REPORTED_CPU_FLAGS``, in that order) found in ``flags``, by default this
+    CPU's: what ``lscpu | grep -o 'avx512_bf16\\|amx_bf16\\|avx2' | sort -u`` prints."""
+    flags = cpu_flags() if flags is None else set(flags)
+    return [flag for flag in REPORTED_CPU_FLAGS if flag in flags]
+
+
 def available_cpus() -> int:
     """The CPU cores this process may run on (its affinity where the OS tells it, else the machine's)."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)

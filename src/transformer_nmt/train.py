@@ -36,8 +36,7 @@ from transformer_nmt.checkpoint import AtomicCheckpointIO, atomic_write
 from transformer_nmt.fingerprint import RecordFingerprint, check_finished_run, check_resume, run_fingerprint
 from transformer_nmt.launch import resume_checkpoint  # also registers hydra.run.dir's ${run_name:} resolver
 from transformer_nmt.model import TransformerConfig
-from transformer_nmt.precision import (REPORTED_CPU_FLAGS, compute_dtype, cpu_flags, precision_dependent,
-                                       resolve_precision)
+from transformer_nmt.precision import compute_dtype, precision_dependent, reported_cpu_flags, resolve_precision
 from transformer_nmt.time_budget import TimeBudget
 from transformer_nmt.training import TRAIN_DEFAULTS, TranslationModule
 
@@ -217,7 +216,7 @@ def run_results(module: TranslationModule, trainer: pl.Trainer, metrics: dict, o
         "steps": trainer.global_step,
         "wall_seconds": round(wall_seconds, 1),
         "precision": str(trainer.precision), "torch_threads": torch.get_num_threads(),
-        "cpu_flags": [flag for flag in REPORTED_CPU_FLAGS if flag in cpu_flags()],
+        "cpu_flags": reported_cpu_flags(),
         "time_budget": budget.report(wall_seconds) if budget is not None else None,
     }
 
