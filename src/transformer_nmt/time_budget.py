@@ -35,7 +35,6 @@ import time
 from contextlib import contextmanager, nullcontext
 
 import lightning.pytorch as pl
-import torch
 
 from transformer_nmt.flops import FlopCount, matmul_ceiling
 from transformer_nmt.precision import compute_dtype

@@ -16,7 +16,6 @@ from functools import partial
 import lightning.pytorch as pl
 import sacrebleu
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from transformer_nmt.decoding import greedy_decode
