@@ -5,6 +5,7 @@ attention kernel and torch.compile, side by side in one process.
     python scripts/benchmark_step.py --tokens 1024 2048 --rounds 5 --no-compile
     python scripts/benchmark_step.py --threads 2           # the recipe's thread count (a quiet machine only)
     python scripts/benchmark_step.py --tokens 2048 --no-compile --kernels plain fused --previous-loss
+    python scripts/benchmark_step.py --tokens 1024 4096 --no-compile --previous-dropout --threads 2
 
 The recipe's small model (conf/model/small.yaml: d_model 256, 4 heads, 3+3 layers, d_ff 1024, dropout 0.1;
 vocabulary 8000) takes the training step of training.TranslationModule: forward, the label-smoothed loss,
@@ -18,7 +19,10 @@ Variants (every one at every batch size): each precision with each attention ker
 ``--compile`` the model's forward under torch.compile (as train.compile=true does) with each precision's
 ``auto`` kernel, at one batch size (``--compile-tokens``; compiling takes minutes here); with
 ``--previous-loss`` also each precision's ``auto`` kernel with the loss as it was before its fused
-log_softmax/softmax kernels. Every round runs one step of every variant in turn, on the same batch per batch
+log_softmax/softmax kernels; with ``--previous-chunks`` also each precision's ``auto`` kernel with the loss in
+chunks of 2^25 logits (128 MiB in fp32), as it ran on CPU before training.LOSS_CHUNK_ELEMENTS_CPU; with
+``--previous-dropout`` also each precision's ``auto`` kernel with torch's
+``nn.Dropout`` in place of dropout.py's. Every round runs one step of every variant in turn, on the same batch per batch
 size (compiled variants first warm up on every batch of the pool, their compile time reported apart);
 tokens/s is the median over rounds, and every "vs" column the median of the per-round ratios to the same
 round's fp32 eager step with the fused kernel at the same batch size (alternation cancels the machine's
@@ -36,6 +40,7 @@ import os
 import statistics
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -43,6 +48,7 @@ import torch
 
 from transformer_nmt.attention import MultiHeadAttention, auto_kernel
 from transformer_nmt.batching import TokenBucketBatchSampler, pad_pairs, pair_widths
+from transformer_nmt.dropout import Dropout
 from transformer_nmt.flops import FlopCount, matmul_ceiling
 from transformer_nmt.model import Transformer, TransformerConfig
 from transformer_nmt.precision import compute_dtype, reported_cpu_flags
@@ -135,17 +141,25 @@ def previous_loss(logits, labels, epsilon, pad_id, overwrite_logits=False):
 class Step:
     """One variant: a model (its own copy of the shared initial weights), its Adam, its precision."""
 
-    def __init__(self, base: Transformer, precision: str, kernel: str, compiled: bool, loss: str = "fused"):
+    def __init__(self, base: Transformer, precision: str, kernel: str, compiled: bool, loss: str = "fused",
+                 dropout: str = "ours"):
         self.precision, self.kernel, self.compiled = precision, kernel, compiled
-        self.loss = label_smoothed_cross_entropy if loss == "fused" else previous_loss
+        self.loss = {"fused": label_smoothed_cross_entropy, "previous": previous_loss,
+                     "large chunks": partial(label_smoothed_cross_entropy, chunk_elements=LOSS_CHUNK_ELEMENTS)}[loss]
         self.model = copy.deepcopy(base).train()
         for module in self.model.modules():
             if isinstance(module, MultiHeadAttention):
                 module.kernel = kernel
+        if dropout != "ours":  # the previous version: torch's nn.Dropout (a bernoulli_ mask) everywhere
+            for module in list(self.model.modules()):
+                for name, child in module.named_children():
+                    if isinstance(child, Dropout):
+                        setattr(module, name, torch.nn.Dropout(child.p))
         if compiled:
             self.model.compile()
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
-        suffix = (" compiled" if compiled else "") + (" previous loss" if loss != "fused" else "")
+        suffix = ((" compiled" if compiled else "") + ({"fused": "", "previous": " previous loss"}.get(loss, f" loss in {loss}"))
+                  + (" torch dropout" if dropout != "ours" else ""))
         self.name = f"{precision} {kernel}{suffix}"
 
     def __call__(self, batch: dict) -> float:
@@ -175,6 +189,12 @@ def main(argv=None) -> dict:
                         help="the batch size of the compiled variants (default: the smallest --tokens)")
     parser.add_argument("--previous-loss", action="store_true",
                         help="also each precision's auto kernel with the loss's previous implementation")
+    parser.add_argument("--previous-chunks", action="store_true",
+                        help="also each precision's auto kernel with the loss in 128 MiB chunks (before 4 MiB on CPU)")
+    parser.add_argument("--previous-dropout", action="store_true",
+                        help="also each precision's auto kernel with torch's dropout (before dropout.py)")
+    parser.add_argument("--dropout", type=float, default=SMALL["dropout"],
+                        help="the model's dropout (the recipe: 0.1 in fp32, 0.3 in bf16)")
     parser.add_argument("--rounds", type=int, default=3, help="timed steps of every variant (after a warm-up)")
     parser.add_argument("--pool", type=int, default=2, help="distinct batches per batch size, used in turn")
     parser.add_argument("--threads", type=int, default=1)
@@ -182,7 +202,7 @@ def main(argv=None) -> dict:
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     started = time.perf_counter()
-    base = Transformer(TransformerConfig(**SMALL))
+    base = Transformer(TransformerConfig(**{**SMALL, "dropout": args.dropout}))
     count = FlopCount.of(base)
     pools = {n: batches(n, args.pool, seed=n) for n in args.tokens}
     variants = [Step(base, p, k, False) for p in args.precisions for k in args.kernels]
@@ -190,6 +210,12 @@ def main(argv=None) -> dict:
         variants += [Step(base, p, auto_kernel("cpu", compute_dtype(p))[0], True) for p in args.precisions]
     if args.previous_loss:
         variants += [Step(base, p, auto_kernel("cpu", compute_dtype(p))[0], False, loss="previous")
+                     for p in args.precisions]
+    if args.previous_chunks:
+        variants += [Step(base, p, auto_kernel("cpu", compute_dtype(p))[0], False, loss="large chunks")
+                     for p in args.precisions]
+    if args.previous_dropout:
+        variants += [Step(base, p, auto_kernel("cpu", compute_dtype(p))[0], False, dropout="torch")
                      for p in args.precisions]
 
     compile_tokens = args.compile_tokens or min(args.tokens)

@@ -16,7 +16,8 @@ from transformer_nmt.checkpoint import load_checkpoint, read_checkpoint
 from transformer_nmt.model import Transformer
 from transformer_nmt.train import train
 from transformer_nmt.training import (CKPT_DATA_CONFIG, CKPT_MODEL_CONFIG, CKPT_TOKENIZER, TranslationModule,
-                                      dropout_seed, inverse_sqrt_lr, label_smoothed_cross_entropy)
+                                      dropout_seed, inverse_sqrt_lr, label_smoothed_cross_entropy,
+                                      loss_chunk_elements)
 
 # --- loss -------------------------------------------------------------------------------------
 
@@ -74,12 +75,9 @@ def label_smoothed_cross_entropy_before(logits, labels, epsilon, pad_id):
                                               (torch.bfloat16, dict(rtol=1.6e-2, atol=1e-5)),
                                               (torch.float16, dict(rtol=2e-3, atol=1e-6))])
 @pytest.mark.parametrize("overwrite", [False, True])
-def test_chunked_loss_has_the_value_and_gradient_of_the_unchunked_one(monkeypatch, dtype, tolerance, overwrite):
+def test_chunked_loss_has_the_value_and_gradient_of_the_unchunked_one(dtype, tolerance, overwrite):
     """Chunks of 2 rows (so 8 chunks over 15 rows, one ragged), compared with the loss as it was; the logits come
     out of a linear layer, as in the model, so that ``overwrite`` may hand their memory to the gradient."""
-    import transformer_nmt.training as training
-
-    monkeypatch.setattr(training, "LOSS_CHUNK_ELEMENTS", 2 * 37)
     g = torch.Generator().manual_seed(1)
     hidden = torch.randn(3, 5, 8, generator=g)
     weight = torch.randn(37, 8, generator=g)
@@ -87,7 +85,7 @@ def test_chunked_loss_has_the_value_and_gradient_of_the_unchunked_one(monkeypatc
     labels[0, 2:] = labels[2, 4:] = 0
     results = []
     for loss_fn in (label_smoothed_cross_entropy_before,
-                    lambda *a: label_smoothed_cross_entropy(*a, overwrite_logits=overwrite)):
+                    lambda *a: label_smoothed_cross_entropy(*a, overwrite_logits=overwrite, chunk_elements=2 * 37)):
         w = weight.clone().to(dtype).requires_grad_()
         loss, nll, n = loss_fn(hidden.to(dtype) @ w.t(), labels, 0.1, 0)
         loss.backward()
@@ -97,6 +95,23 @@ def test_chunked_loss_has_the_value_and_gradient_of_the_unchunked_one(monkeypatc
     torch.testing.assert_close(loss, loss_ref, rtol=1e-5, atol=1e-5)  # both sum the same logits in fp32
     torch.testing.assert_close(nll, nll_ref, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(grad, grad_ref, **tolerance)  # the logits' gradient is rounded to dtype
+
+
+def test_loss_chunks_fit_the_cpu_cache_and_few_launches_elsewhere_and_do_not_change_the_loss():
+    assert loss_chunk_elements("cpu") == 2 ** 20 and loss_chunk_elements("cuda") == 2 ** 25
+    g = torch.Generator().manual_seed(2)
+    labels = torch.randint(1, 8000, (300,), generator=g)
+    labels[::7] = 0
+    results = []
+    for chunk in (None, 2 ** 25, 8000 * 7):  # the CPU default (3 chunks: 131 rows, 131, 38), one chunk, 43 of 7
+        logits = torch.randn(300, 8000, generator=g.manual_seed(3)).requires_grad_()
+        loss, nll, _ = label_smoothed_cross_entropy(logits, labels, 0.1, 0, chunk_elements=chunk)
+        loss.backward()
+        results.append((loss, nll, logits.grad))
+    for loss, nll, grad in results[1:]:
+        torch.testing.assert_close(loss, results[0][0], rtol=1e-6, atol=0)
+        torch.testing.assert_close(nll, results[0][1], rtol=1e-6, atol=0)
+        assert torch.equal(grad, results[0][2])  # row by row: the same arithmetic whatever the chunk
 
 
 def label_smoothed_cross_entropy_logsumexp(logits, labels, epsilon, pad_id):

@@ -30,6 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from transformer_nmt.dropout import dropout
+
 ATTENTION_KERNELS = ("auto", "plain", "blocked", "fused")
 
 
@@ -133,7 +135,7 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor |
     row_sum = exp_scores.sum(dim=-1, keepdim=True)
     weights = exp_scores / row_sum.clamp_min(torch.finfo(row_sum.dtype).tiny)  # (..., Lq, Lk)
     weights = weights.to(v.dtype)
-    dropped = F.dropout(weights, p=dropout_p) if dropout_p > 0.0 else weights
+    dropped = dropout(weights, dropout_p)
     return dropped @ v, weights  # (..., Lq, d_v), (..., Lq, Lk)
 
 

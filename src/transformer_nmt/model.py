@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from transformer_nmt.attention import AttentionCache, MultiHeadAttention, causal_mask, check_attention, head_dims
+from transformer_nmt.dropout import Dropout
 
 POSITIONS = ("sinusoidal", "learned")  # 3.5: fixed sinusoids, or a trained table (Table 3, row E)
 
@@ -94,7 +95,7 @@ class SublayerConnection(nn.Module):
     def __init__(self, d_model: int, dropout: float, norm_first: bool):
         super().__init__()
         self.norm = nn.LayerNorm(d_model)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.norm_first = norm_first
 
     def forward(self, x: Tensor, sublayer) -> tuple[Tensor, Tensor | None]:
@@ -188,7 +189,7 @@ class Transformer(nn.Module):
             self.positions = nn.Parameter(torch.empty(cfg.max_positions, cfg.d_model))
         else:  # a function of the config: not saved (checkpoints stay small; DDP need not broadcast it)
             self.register_buffer("positions", sinusoidal_positions(cfg.max_positions, cfg.d_model), persistent=False)
-        self.embed_dropout = nn.Dropout(cfg.dropout)
+        self.embed_dropout = Dropout(cfg.dropout)
         self.encoder_layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.n_encoder_layers))
         self.decoder_layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.n_decoder_layers))
         # Pre-LN leaves the residual stream un-normalised: close each stack with a LayerNorm.

@@ -29,7 +29,17 @@ CKPT_DATA_CONFIG = "data_config"  # the data config (plain dict, with _target_) 
 LOSS_SCALE_TOKENS = 1000.0  # backward runs on (summed token loss) / this; see training_step
 
 
-LOSS_CHUNK_ELEMENTS = 2 ** 25  # logits per chunk of the loss: its fp32 temporaries are 128 MiB, whatever the batch
+# Logits per chunk of the loss, so that its fp32 temporaries stay the same size whatever the batch. On a GPU, 128 MiB
+# (few kernel launches); on CPU 4 MiB, which stays in cache through the chunk's passes: the CPU recipe's bf16 loss
+# (3,840 x 8,000 logits, 2 threads) runs forward and backward 3.5x faster than in 128 MiB chunks (178 -> 50 ms,
+# docs/benchmarks.md, "The training step against the matmul ceiling").
+LOSS_CHUNK_ELEMENTS = 2 ** 25
+LOSS_CHUNK_ELEMENTS_CPU = 2 ** 20
+
+
+def loss_chunk_elements(device_type: str) -> int:
+    """Logits per chunk of the loss on ``device_type`` ("cpu", "cuda", ...)."""
+    return LOSS_CHUNK_ELEMENTS_CPU if device_type == "cpu" else LOSS_CHUNK_ELEMENTS
 
 
 class _SmoothedCrossEntropy(torch.autograd.Function):
@@ -48,12 +58,11 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, logits, labels, epsilon: float, pad_id: int, overwrite: bool):
-        # logits (N, V) in the compute dtype, labels (N,)
+    def forward(ctx, logits, labels, epsilon: float, pad_id: int, overwrite: bool, rows: int):
+        # logits (N, V) in the compute dtype, labels (N,); ``rows`` per chunk
         n, vocab = logits.shape
         keep = (labels != pad_id).float()  # (N,): 1 for a real target token, 0 for padding
         sums = torch.zeros(2, dtype=torch.float32, device=logits.device)  # (smoothed loss, nll)
-        rows = max(1, LOSS_CHUNK_ELEMENTS // vocab)
         with torch.autocast(logits.device.type, enabled=False):
             for start in range(0, n, rows):
                 chunk = slice(start, start + rows)
@@ -62,7 +71,7 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
                 smoothed = (1.0 - epsilon) * nll - epsilon * log_probs.mean(dim=-1)  # (n_c,)
                 sums += torch.stack([smoothed, nll]) @ keep[chunk]  # masked sums: no boolean indexing
         ctx.save_for_backward(logits, labels, keep)
-        ctx.epsilon, ctx.overwrite = epsilon, overwrite
+        ctx.epsilon, ctx.overwrite, ctx.rows = epsilon, overwrite, rows
         loss, nll = sums.unbind()
         ctx.mark_non_differentiable(nll)
         return loss, nll
@@ -73,7 +82,7 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
         n, vocab = logits.shape
         eps = ctx.epsilon
         grad = logits if ctx.overwrite else torch.empty_like(logits)  # (N, V)
-        rows = max(1, LOSS_CHUNK_ELEMENTS // vocab)
+        rows = ctx.rows
         with torch.autocast(logits.device.type, enabled=False):
             for start in range(0, n, rows):
                 chunk = slice(start, start + rows)
@@ -82,11 +91,12 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
                 g.scatter_add_(-1, labels[chunk, None], g.new_full((g.shape[0], 1), eps - 1.0))
                 g *= (keep[chunk] * grad_loss)[:, None]
                 grad[chunk] = g
-        return grad, None, None, None, None
+        return grad, None, None, None, None, None
 
 
 def label_smoothed_cross_entropy(logits: Tensor, labels: Tensor, epsilon: float, pad_id: int,
-                                 overwrite_logits: bool = False) -> tuple[Tensor, Tensor, Tensor]:
+                                 overwrite_logits: bool = False,
+                                 chunk_elements: int | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """Section 5.4: cross-entropy against q = (1 - epsilon) * one_hot(label) + epsilon / V.
 
     This is the uniform label smoothing of Szegedy et al. (2016), which the paper cites, and equals
@@ -97,10 +107,13 @@ def label_smoothed_cross_entropy(logits: Tensor, labels: Tensor, epsilon: float,
     vocabulary) no float32 copy of the logits or of the log-probabilities is ever held. With
     ``overwrite_logits`` the backward pass writes the gradient into the logits' memory: pass it when the
     logits feed nothing but this loss (the training step), and the loss holds no (tokens x V) buffer of its own.
+    ``chunk_elements``: logits per chunk (None: ``loss_chunk_elements`` of the logits' device); the values do
+    not depend on it beyond fp32 rounding of the sums.
     """
     vocab = logits.shape[-1]
+    rows = max(1, (chunk_elements or loss_chunk_elements(logits.device.type)) // vocab)
     loss, nll = _SmoothedCrossEntropy.apply(logits.reshape(-1, vocab), labels.reshape(-1), epsilon, pad_id,
-                                            overwrite_logits)
+                                            overwrite_logits, rows)
     return loss, nll, (labels != pad_id).sum()
 
 

@@ -1,0 +1,94 @@
+"""dropout.py: the CPU mask drawn from integers keeps dropout's distribution and arithmetic."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from transformer_nmt.dropout import Dropout, dropout
+from transformer_nmt.model import Transformer, TransformerConfig
+
+N = 1_000_000
+
+
+@pytest.mark.parametrize("p", [0.1, 0.3, 0.5])
+def test_drop_rate_within_five_sigma_and_adjacent_elements_independent(p):
+    torch.manual_seed(0)
+    dropped = dropout(torch.ones(N), p) == 0  # (N,)
+    sigma = math.sqrt(p * (1 - p) / N)
+    assert abs(dropped.float().mean().item() - p) < 5 * sigma
+    # Elements 2i and 2i+1 come from the two halves of one 64-bit draw: both dropped with probability p^2.
+    pairs = dropped.view(-1, 2)
+    both = pairs.all(dim=1).float().mean().item()
+    assert abs(both - p * p) < 5 * math.sqrt(p * p * (1 - p * p) / (N // 2))
+    # Across the length, the rate does not drift (each tenth within five sigma of p).
+    for part in dropped.view(10, -1):
+        assert abs(part.float().mean().item() - p) < 5 * math.sqrt(p * (1 - p) / (N // 10))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_kept_elements_scaled_once_in_the_input_dtype(dtype):
+    torch.manual_seed(1)
+    x = torch.randn(257, 33).to(dtype)  # an odd number of elements: the last 64-bit draw is half used
+    y = dropout(x, 0.3)
+    assert y.shape == x.shape and y.dtype == dtype
+    kept = y != 0
+    expected = (x.float() * (1 / 0.7)).to(dtype)  # one rounding from fp32, as F.dropout's kernel rounds
+    assert torch.equal(y[kept], expected[kept])
+    assert 0.2 < 1 - kept.float().mean().item() < 0.4
+
+
+def test_gradient_is_the_mask_times_the_scale():
+    torch.manual_seed(2)
+    x = torch.randn(64, 32, requires_grad=True)
+    y = dropout(x, 0.25)
+    g = torch.randn_like(y)
+    y.backward(g)
+    mask = (y != 0).float()
+    torch.testing.assert_close(x.grad, g * mask / 0.75, rtol=1e-6, atol=0)
+
+
+def test_seeded_draws_repeat_and_differ_between_seeds():
+    x = torch.ones(10_000)
+    torch.manual_seed(7)
+    a = dropout(x, 0.3)
+    torch.manual_seed(7)
+    b = dropout(x, 0.3)
+    torch.manual_seed(8)
+    c = dropout(x, 0.3)
+    assert torch.equal(a, b) and not torch.equal(a, c)
+
+
+def test_identity_when_not_training_or_p_zero_and_zeros_at_p_one():
+    x = torch.randn(5, 7)
+    assert dropout(x, 0.3, training=False) is x and dropout(x, 0.0) is x
+    assert torch.equal(dropout(x, 1.0), torch.zeros_like(x))
+    module = Dropout(0.3).eval()
+    assert module(x) is x and "p=0.3" in repr(module)
+
+
+@pytest.mark.parametrize("p", [-0.1, 1.5])
+def test_probability_outside_zero_one_is_refused(p):
+    with pytest.raises(ValueError, match=r"dropout probability must be in \[0, 1\]"):
+        Dropout(p)
+    with pytest.raises(ValueError, match=r"dropout probability must be in \[0, 1\]"):
+        dropout(torch.ones(3), p)
+
+
+def test_expectation_matches_torch_dropout():
+    """Same expectation as F.dropout: the mean over many elements of dropout(x) is mean(x) (5 sigma)."""
+    torch.manual_seed(3)
+    x = torch.rand(N) + 0.5  # in [0.5, 1.5)
+    ours, theirs = dropout(x, 0.3).mean().item(), F.dropout(x, 0.3).mean().item()
+    sigma = math.sqrt((x.square().mean().item() / 0.7 - x.mean().item() ** 2) / N)
+    assert abs(ours - x.mean().item()) < 5 * sigma and abs(theirs - x.mean().item()) < 5 * sigma
+
+
+def test_the_model_uses_this_dropout_everywhere():
+    model = Transformer(TransformerConfig(vocab_size=50, d_model=16, n_heads=2, d_ff=32, n_encoder_layers=1,
+                                          n_decoder_layers=1, dropout=0.2))
+    ours = [m for m in model.modules() if isinstance(m, Dropout)]
+    assert not any(isinstance(m, nn.Dropout) for m in model.modules())
+    assert len(ours) == 1 + 2 + 3 and all(m.p == 0.2 for m in ours)  # embeddings, encoder 2, decoder 3 sub-layers
