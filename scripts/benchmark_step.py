@@ -5,7 +5,8 @@ attention kernel and torch.compile, side by side in one process.
     python scripts/benchmark_step.py --tokens 1024 2048 --rounds 5 --no-compile
     python scripts/benchmark_step.py --threads 2           # the recipe's thread count (a quiet machine only)
     python scripts/benchmark_step.py --tokens 2048 --no-compile --kernels plain fused --previous-loss
-    python scripts/benchmark_step.py --tokens 1024 4096 --no-compile --previous-dropout --threads 2
+    python scripts/benchmark_step.py --tokens 1024 4096 --no-compile --kernels plain --precisions bf16-mixed \
+        --previous-dropout --previous-chunks --reference "bf16-mixed plain" --threads 2 --rounds 9
 
 The recipe's small model (conf/model/small.yaml: d_model 256, 4 heads, 3+3 layers, d_ff 1024, dropout 0.1;
 vocabulary 8000) takes the training step of training.TranslationModule: forward, the label-smoothed loss,
@@ -17,17 +18,17 @@ depend on them).
 
 Variants (every one at every batch size): each precision with each attention kernel eagerly, and with
 ``--compile`` the model's forward under torch.compile (as train.compile=true does) with each precision's
-``auto`` kernel, at one batch size (``--compile-tokens``; compiling takes minutes here); with
-``--previous-loss`` also each precision's ``auto`` kernel with the loss as it was before its fused
-log_softmax/softmax kernels; with ``--previous-chunks`` also each precision's ``auto`` kernel with the loss in
-chunks of 2^25 logits (128 MiB in fp32), as it ran on CPU before training.LOSS_CHUNK_ELEMENTS_CPU; with
-``--previous-dropout`` also each precision's ``auto`` kernel with torch's
-``nn.Dropout`` in place of dropout.py's. Every round runs one step of every variant in turn, on the same batch per batch
-size (compiled variants first warm up on every batch of the pool, their compile time reported apart);
-tokens/s is the median over rounds, and every "vs" column the median of the per-round ratios to the same
-round's fp32 eager step with the fused kernel at the same batch size (alternation cancels the machine's
-load, which drifts). The ceiling is flops.matmul_ceiling at the batches' mean target rows, per precision,
-measured in this process every round between the steps it rates, and the share the median of per-round
+``auto`` kernel, at one batch size (``--compile-tokens``; compiling takes minutes here). Each of these adds
+every precision's ``auto`` kernel with one part as it was: ``--previous-loss`` the loss before its fused
+log_softmax/softmax kernels (in the chunks of then, 2^25 logits); ``--previous-chunks`` today's loss in chunks
+of 2^25 logits (128 MiB in fp32), as it ran on CPU before training.LOSS_CHUNK_ELEMENTS_CPU;
+``--previous-dropout`` torch's ``nn.Dropout`` in place of dropout.py's. Every round runs one step of every
+variant in turn, on the same batch per batch size (compiled variants first warm up on every batch of the
+pool, their compile time reported apart); tokens/s is the median over rounds, and every "vs" column the
+median of the per-round ratios to the same round's step of the ``--reference`` variant (default: fp32 eager
+with the fused kernel) at the same batch size (alternation cancels the machine's load, which drifts). The
+ceiling is flops.matmul_ceiling at the batches' mean target rows, per precision, measured in this process
+every round between the steps it rates, and the share the median of per-round
 shares; model FLOPs are flops.FlopCount's (scripts/gpu_check.py and results.json use the same definition).
 """
 
@@ -158,8 +159,8 @@ class Step:
         if compiled:
             self.model.compile()
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
-        suffix = ((" compiled" if compiled else "") + ({"fused": "", "previous": " previous loss"}.get(loss, f" loss in {loss}"))
-                  + (" torch dropout" if dropout != "ours" else ""))
+        loss_name = {"fused": "", "previous": " previous loss"}.get(loss, f" loss in {loss}")
+        suffix = (" compiled" if compiled else "") + loss_name + (" torch dropout" if dropout != "ours" else "")
         self.name = f"{precision} {kernel}{suffix}"
 
     def __call__(self, batch: dict) -> float:
@@ -195,6 +196,9 @@ def main(argv=None) -> dict:
                         help="also each precision's auto kernel with torch's dropout (before dropout.py)")
     parser.add_argument("--dropout", type=float, default=SMALL["dropout"],
                         help="the model's dropout (the recipe: 0.1 in fp32, 0.3 in bf16)")
+    parser.add_argument("--reference", default=None,
+                        help='the variant the "vs" column divides by, e.g. "bf16-mixed plain" (default: '
+                             '"32-true fused", else the first variant)')
     parser.add_argument("--rounds", type=int, default=3, help="timed steps of every variant (after a warm-up)")
     parser.add_argument("--pool", type=int, default=2, help="distinct batches per batch size, used in turn")
     parser.add_argument("--threads", type=int, default=1)
@@ -217,6 +221,10 @@ def main(argv=None) -> dict:
     if args.previous_dropout:
         variants += [Step(base, p, auto_kernel("cpu", compute_dtype(p))[0], False, dropout="torch")
                      for p in args.precisions]
+    eager = [v.name for v in variants if not v.compiled]  # a reference runs at every batch size
+    if args.reference is not None and args.reference not in eager:
+        raise SystemExit(f"--reference {args.reference!r} is not an eager variant of this run: {eager}")
+    reference = args.reference or ("32-true fused" if "32-true fused" in eager else eager[0])
 
     compile_tokens = args.compile_tokens or min(args.tokens)
 
@@ -246,7 +254,6 @@ def main(argv=None) -> dict:
             for p in args.precisions:
                 ceilings[p, n].append(ceiling(p, n)["ceiling_gflops"])
 
-    reference = "32-true fused" if "32-true" in args.precisions and "fused" in args.kernels else variants[0].name
     rows = []
     for n in pools:
         ref = [s for s, _ in times[reference, n]]

@@ -103,7 +103,8 @@ def test_loss_chunks_fit_the_cpu_cache_and_few_launches_elsewhere_and_do_not_cha
     labels = torch.randint(1, 8000, (300,), generator=g)
     labels[::7] = 0
     results = []
-    for chunk in (None, 2 ** 25, 8000 * 7):  # the CPU default (3 chunks: 131 rows, 131, 38), one chunk, 43 of 7
+    # the CPU default (3 chunks: 131 rows, 131, 38), one chunk, 42 chunks of 7 rows and one of 6
+    for chunk in (None, 2 ** 25, 8000 * 7):
         logits = torch.randn(300, 8000, generator=g.manual_seed(3)).requires_grad_()
         loss, nll, _ = label_smoothed_cross_entropy(logits, labels, 0.1, 0, chunk_elements=chunk)
         loss.backward()

@@ -111,7 +111,11 @@ def label_smoothed_cross_entropy(logits: Tensor, labels: Tensor, epsilon: float,
     not depend on it beyond fp32 rounding of the sums.
     """
     vocab = logits.shape[-1]
-    rows = max(1, (chunk_elements or loss_chunk_elements(logits.device.type)) // vocab)
+    if chunk_elements is None:
+        chunk_elements = loss_chunk_elements(logits.device.type)
+    elif chunk_elements < 1:
+        raise ValueError(f"chunk_elements must be >= 1, got {chunk_elements}")
+    rows = max(1, chunk_elements // vocab)
     loss, nll = _SmoothedCrossEntropy.apply(logits.reshape(-1, vocab), labels.reshape(-1), epsilon, pad_id,
                                             overwrite_logits, rows)
     return loss, nll, (labels != pad_id).sum()
