@@ -207,8 +207,13 @@ def argv_problems(tool: str, argv: list[str]) -> list[str]:
         return [f"overrides {list(train)} do not compose: {problem}"] if problem else []
     if tool.startswith("scripts/"):
         source = (ROOT / tool).read_text(encoding="utf-8")
+        def defined(flag: str) -> bool:  # "--no-X" is defined by a BooleanOptionalAction "--X"
+            positive = "--" + flag.removeprefix("--no-")
+            return f'"{flag}"' in source or (flag.startswith("--no-") and f'"{positive}"' in source
+                                              and "BooleanOptionalAction" in source)
+
         problems = [f"{tool} defines no option {flag}" for flag in (w.split("=")[0] for w in rest if w.startswith("--"))
-                    if f'"{flag}"' not in source]
+                    if not defined(flag)]
         if pairs and tool not in tool_options():
             problems.append(f"{tool} takes no key=value options, given {pairs}")
         elif pairs:
