@@ -139,14 +139,19 @@ def previous_loss(logits, labels, epsilon, pad_id, overwrite_logits=False):
     return loss, nll, (labels != pad_id).sum()
 
 
+# loss variant -> (what a variant's name adds, the loss function)
+LOSSES = {"fused": ("", label_smoothed_cross_entropy), "previous": (" previous loss", previous_loss),
+          "large chunks": (" loss in large chunks", partial(label_smoothed_cross_entropy,
+                                                           chunk_elements=LOSS_CHUNK_ELEMENTS))}
+
+
 class Step:
     """One variant: a model (its own copy of the shared initial weights), its Adam, its precision."""
 
     def __init__(self, base: Transformer, precision: str, kernel: str, compiled: bool, loss: str = "fused",
                  dropout: str = "ours"):
         self.precision, self.kernel, self.compiled = precision, kernel, compiled
-        self.loss = {"fused": label_smoothed_cross_entropy, "previous": previous_loss,
-                     "large chunks": partial(label_smoothed_cross_entropy, chunk_elements=LOSS_CHUNK_ELEMENTS)}[loss]
+        loss_name, self.loss = LOSSES[loss]
         self.model = copy.deepcopy(base).train()
         for module in self.model.modules():
             if isinstance(module, MultiHeadAttention):
@@ -159,7 +164,6 @@ class Step:
         if compiled:
             self.model.compile()
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
-        loss_name = {"fused": "", "previous": " previous loss"}.get(loss, f" loss in {loss}")
         suffix = (" compiled" if compiled else "") + loss_name + (" torch dropout" if dropout != "ours" else "")
         self.name = f"{precision} {kernel}{suffix}"
 
@@ -210,17 +214,12 @@ def main(argv=None) -> dict:
     count = FlopCount.of(base)
     pools = {n: batches(n, args.pool, seed=n) for n in args.tokens}
     variants = [Step(base, p, k, False) for p in args.precisions for k in args.kernels]
-    if args.compile:
-        variants += [Step(base, p, auto_kernel("cpu", compute_dtype(p))[0], True) for p in args.precisions]
-    if args.previous_loss:
-        variants += [Step(base, p, auto_kernel("cpu", compute_dtype(p))[0], False, loss="previous")
-                     for p in args.precisions]
-    if args.previous_chunks:
-        variants += [Step(base, p, auto_kernel("cpu", compute_dtype(p))[0], False, loss="large chunks")
-                     for p in args.precisions]
-    if args.previous_dropout:
-        variants += [Step(base, p, auto_kernel("cpu", compute_dtype(p))[0], False, dropout="torch")
-                     for p in args.precisions]
+    for wanted, compiled, part in ((args.compile, True, {}), (args.previous_loss, False, {"loss": "previous"}),
+                                   (args.previous_chunks, False, {"loss": "large chunks"}),
+                                   (args.previous_dropout, False, {"dropout": "torch"})):
+        if wanted:  # each precision's auto kernel, compiled or with one part as it was
+            variants += [Step(base, p, auto_kernel("cpu", compute_dtype(p))[0], compiled, **part)
+                         for p in args.precisions]
     eager = [v.name for v in variants if not v.compiled]  # a reference runs at every batch size
     if args.reference is not None and args.reference not in eager:
         raise SystemExit(f"--reference {args.reference!r} is not an eager variant of this run: {eager}")
