@@ -13,10 +13,10 @@ import time
 import torch
 import torch.nn.functional as F
 
-from transformer_nmt.alignment import (ALIGNMENT_POSITIONS, alignment_error_rate, hard_alignment, piece_alignment,
+from transformer_nmt.inference.alignment import (ALIGNMENT_POSITIONS, alignment_error_rate, hard_alignment, piece_alignment,
                                        word_alignment)
-from transformer_nmt.model import Transformer, TransformerConfig
-from transformer_nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from transformer_nmt.model.transformer import Transformer, TransformerConfig
+from transformer_nmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 PERMUTATION = (3, 0, 6, 1, 5, 2, 4)  # target j copies source PERMUTATION[j]
 N_SPECIAL, N_SYMBOLS = 4, 16  # ids 0..3 are pad, unk, bos, eos; the symbols follow

@@ -117,7 +117,7 @@ def synthesize_wmt(n_pairs: int, folder: Path, seed: int = 0) -> str:
 
 
 def wmt_datamodule(args):
-    from transformer_nmt.datamodule import TranslationDataModule
+    from transformer_nmt.data.datamodule import TranslationDataModule
 
     prefix = args.prefix
     return TranslationDataModule(train=prefix, val=prefix + "-val", test=None, cache_dir=args.cache,
@@ -130,7 +130,7 @@ def run_wmt_stage(args) -> dict:
     """One stage of ``prepare`` (or of the first epoch), in this process, on the cache the earlier stages left."""
     import datasets
 
-    from transformer_nmt.batching import TokenBucketBatchSampler
+    from transformer_nmt.data.batching import TokenBucketBatchSampler
 
     datasets.disable_progress_bars()
     dm = wmt_datamodule(args)
@@ -220,7 +220,7 @@ def plans_only(args) -> None:
     log-normal; target the source's times N(1.05, 0.15)): three epochs at each setting, wall and CPU time."""
     import numpy as np
 
-    from transformer_nmt.batching import TokenBucketBatchSampler, pair_widths
+    from transformer_nmt.data.batching import TokenBucketBatchSampler, pair_widths
 
     rng = np.random.default_rng(0)
     for n in args.pairs:
@@ -305,8 +305,8 @@ def run_phase(args) -> dict:
     """One phase, in this process; returns its timing and peak memory."""
     import datasets
 
-    from transformer_nmt.corpus import CorpusSpec, both_sides, write_split
-    from transformer_nmt.tokenizer import Tokenizer, tokenize_dataset, train_sentencepiece
+    from transformer_nmt.data.corpus import CorpusSpec, both_sides, write_split
+    from transformer_nmt.data.tokenizer import Tokenizer, tokenize_dataset, train_sentencepiece
 
     datasets.disable_progress_bars()
     work = Path(args.workdir)

@@ -42,14 +42,14 @@ import torch
 from torch import Tensor
 
 from transformer_nmt.checkpoint import load_checkpoint
-from transformer_nmt.ctranslate2_engine import CTranslate2Model
-from transformer_nmt.decoding import beam_search, forbid_special, greedy_decode, length_penalty, max_output_lengths
-from transformer_nmt.evaluate import score
-from transformer_nmt.export import export_model, import_ctranslate2
-from transformer_nmt.model import Transformer
-from transformer_nmt.tokenizer import Tokenizer
+from transformer_nmt.inference.ctranslate2_engine import CTranslate2Model
+from transformer_nmt.model.decoding import beam_search, forbid_special, greedy_decode, length_penalty, max_output_lengths
+from transformer_nmt.inference.evaluate import score
+from transformer_nmt.inference.export import export_model, import_ctranslate2
+from transformer_nmt.model.transformer import Transformer
+from transformer_nmt.data.tokenizer import Tokenizer
 from transformer_nmt.options import parse_options
-from transformer_nmt.translate import encode_sources, read_lines, token_batches, translate_lines
+from transformer_nmt.inference.translate import encode_sources, read_lines, token_batches, translate_lines
 
 ROOT = Path(__file__).resolve().parent.parent
 OPTIONS = {"ckpt": "random", "src": None, "ref": None, "max_tokens": 4096, "limit": 1000, "beam": 4, "rounds": 1,

@@ -25,8 +25,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-from transformer_nmt.model import Transformer, TransformerConfig
-from transformer_nmt.training import label_smoothed_cross_entropy
+from transformer_nmt.model.transformer import Transformer, TransformerConfig
+from transformer_nmt.training.module import label_smoothed_cross_entropy
 
 VARIANTS = ("before", "chunked", "chunked, in place")
 

@@ -37,9 +37,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from transformer_nmt.attention import auto_kernel, blocked_attention, scaled_dot_product_attention
-from transformer_nmt.model import Transformer, TransformerConfig
-from transformer_nmt.precision import cpu_native_bf16, reported_cpu_flags
+from transformer_nmt.model.attention import auto_kernel, blocked_attention, scaled_dot_product_attention
+from transformer_nmt.model.transformer import Transformer, TransformerConfig
+from transformer_nmt.hardware import cpu_native_bf16, reported_cpu_flags
 
 DIMS = dict(vocab_size=8000, d_model=256, n_heads=4, n_encoder_layers=3, n_decoder_layers=3, d_ff=1024,
             dropout=0.1, max_positions=256)

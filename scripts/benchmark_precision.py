@@ -16,9 +16,10 @@ import time
 
 import torch
 
-from transformer_nmt.model import Transformer, TransformerConfig
-from transformer_nmt.precision import cpu_native_bf16, resolve_precision
-from transformer_nmt.training import label_smoothed_cross_entropy
+from transformer_nmt.model.transformer import Transformer, TransformerConfig
+from transformer_nmt.hardware import cpu_native_bf16
+from transformer_nmt.training.precision import resolve_precision
+from transformer_nmt.training.module import label_smoothed_cross_entropy
 
 SMALL = dict(vocab_size=8000, d_model=256, n_heads=4, n_encoder_layers=3, n_decoder_layers=3, d_ff=1024, dropout=0.1)
 

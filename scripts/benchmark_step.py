@@ -47,13 +47,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from transformer_nmt.attention import MultiHeadAttention, auto_kernel
-from transformer_nmt.batching import TokenBucketBatchSampler, pad_pairs, pair_widths
-from transformer_nmt.dropout import Dropout
-from transformer_nmt.flops import FlopCount, matmul_ceiling
-from transformer_nmt.model import Transformer, TransformerConfig
-from transformer_nmt.precision import compute_dtype, reported_cpu_flags
-from transformer_nmt.training import LOSS_CHUNK_ELEMENTS, LOSS_SCALE_TOKENS, label_smoothed_cross_entropy
+from transformer_nmt.model.attention import MultiHeadAttention, auto_kernel
+from transformer_nmt.data.batching import TokenBucketBatchSampler, pad_pairs, pair_widths
+from transformer_nmt.model.dropout import Dropout
+from transformer_nmt.model.flops import FlopCount, matmul_ceiling
+from transformer_nmt.model.transformer import Transformer, TransformerConfig
+from transformer_nmt.hardware import reported_cpu_flags
+from transformer_nmt.training.precision import compute_dtype
+from transformer_nmt.training.module import LOSS_CHUNK_ELEMENTS, LOSS_SCALE_TOKENS, label_smoothed_cross_entropy
 
 REPO = Path(__file__).resolve().parents[1]
 SMALL = dict(vocab_size=8000, d_model=256, n_heads=4, n_encoder_layers=3, n_decoder_layers=3, d_ff=1024, dropout=0.1,

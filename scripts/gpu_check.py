@@ -35,10 +35,10 @@ import lightning.pytorch as pl
 import numpy as np
 import torch
 
-from transformer_nmt.attention import ATTENTION_KERNELS
-from transformer_nmt.batching import TokenBucketBatchSampler, pad_pairs, pair_widths
-from transformer_nmt.flops import model_flops  # the one definition, shared with the training run's MFU
-from transformer_nmt.training import TranslationModule
+from transformer_nmt.model.attention import ATTENTION_KERNELS
+from transformer_nmt.data.batching import TokenBucketBatchSampler, pad_pairs, pair_widths
+from transformer_nmt.model.flops import model_flops  # the one definition, shared with the training run's MFU
+from transformer_nmt.training.module import TranslationModule
 
 REPO = Path(__file__).resolve().parents[1]
 BUDGET_SECONDS = 8 * 60  # the whole check, tests included, on one H200

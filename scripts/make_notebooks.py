@@ -29,7 +29,7 @@ Everything runs on the CPU in a few seconds."""),
     ("code", """import math
 import torch
 import matplotlib.pyplot as plt
-from transformer_nmt.attention import (MultiHeadAttention, blocked_attention, causal_mask,
+from transformer_nmt.model.attention import (MultiHeadAttention, blocked_attention, causal_mask,
                                        scaled_dot_product_attention)
 torch.manual_seed(0)
 %config InlineBackend.figure_formats = ["png"]
@@ -139,7 +139,7 @@ assert torch.allclose(blocked, plain, atol=1e-5)"""),
 MAPS = [
     ("md", """# Every head of every layer: attention maps of a trained checkpoint
 
-Loads a checkpoint written by `python -m transformer_nmt.train`, then `transformer_nmt.explore.attention`
+Loads a checkpoint written by `python -m transformer_nmt.train`, then `transformer_nmt.analysis.explore.attention`
 translates one sentence with beam search and runs the model once more on (source, translation): it returns
 the attention weights of every head (encoder self-attention, decoder self-attention, cross-attention) and
 each head's entropy, which this notebook plots. The same data, as an interactive page, comes from
@@ -152,7 +152,7 @@ its maps show no alignment. Run the notebook on a checkpoint of yours to see a t
     ("code", """import os
 from pathlib import Path
 import matplotlib.pyplot as plt
-from transformer_nmt import explore
+from transformer_nmt.analysis import explore
 from transformer_nmt.checkpoint import load_checkpoint
 %config InlineBackend.figure_formats = ["png"]
 plt.rcParams["figure.dpi"] = 80

@@ -35,7 +35,8 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from transformer_nmt.precision import reported_cpu_flags
+from transformer_nmt import run_files
+from transformer_nmt.hardware import reported_cpu_flags
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -101,7 +102,7 @@ def run_directory(train_overrides: list[str]) -> Path:
     """The directory ``python -m transformer_nmt.train *train_overrides`` runs in (its ``hydra.run.dir``)."""
     from hydra import compose, initialize_config_dir
 
-    from transformer_nmt.train import CONF_DIR  # also registers train_defaults and the ${run_name:} resolver
+    from transformer_nmt.training.app import CONF_DIR  # also registers train_defaults and the ${run_name:} resolver
 
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
         cfg = compose("train", overrides=train_overrides, return_hydra_config=True)
@@ -120,7 +121,7 @@ def validation_curve(run_dir: Path) -> list[tuple[float, int, float]]:
     from the run's TensorBoard events (files named events.out.tfevents.SECONDS.HOST...)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    files = sorted((run_dir / "tensorboard").rglob("events.out.tfevents.*"))
+    files = sorted((run_dir / run_files.TENSORBOARD).rglob("events.out.tfevents.*"))
     if not files:
         return []
     launched = min(int(f.name.split(".")[3]) for f in files)
@@ -142,29 +143,29 @@ def main(argv: list[str]) -> dict:
             own[key] = value
     if own["train"] not in ("true", "false"):
         sys.exit(f"train={own['train']!r}: use true or false")
-    from transformer_nmt.launch import run_name
-    from transformer_nmt.translate import OPTIONS
+    from transformer_nmt.training.launch import run_name
+    from transformer_nmt.inference.translate import OPTIONS
 
     overrides = [a for a in argv if a.partition("=")[0] not in own]
     if not any(a.startswith("run_id=") for a in overrides):
         overrides.append(f"run_id={run_name(None)}")  # fixed here, so that this script knows the run dir
     train_overrides = ["experiment=multi30k_cpu", *overrides]
     run_dir = Path(own["run_dir"]).resolve() if own["run_dir"] else run_directory(train_overrides)
-    eval_dir = run_dir / "eval"
+    eval_dir = run_dir / run_files.EVAL
     timings: dict[str, float] = {}
 
     train_seconds = None
     if own["train"] == "true":
         train_seconds = run_step("train", ["transformer_nmt.train", *train_overrides, f"hydra.run.dir={run_dir}"],
                                  timings)
-    elif not (run_dir / "checkpoints" / "last.ckpt").is_file():
-        sys.exit(f"train=false: {run_dir / 'checkpoints' / 'last.ckpt'} does not exist; give the run_id "
+    elif not run_files.last_checkpoint(run_dir).is_file():
+        sys.exit(f"train=false: {run_files.last_checkpoint(run_dir)} does not exist; give the run_id "
                  f"(and overrides) or run_dir of a trained run")
-    keep = OmegaConf.load(run_dir / "config.yaml").checkpoint.recent.keep
+    keep = OmegaConf.load(run_dir / run_files.CONFIG).checkpoint.recent.keep
     beam = OPTIONS["beam"]
-    averaged, last = run_dir / "averaged.ckpt", run_dir / "checkpoints" / "last.ckpt"
-    run_step("average", ["transformer_nmt.average", f"dir={run_dir / 'checkpoints' / 'recent'}", f"last={keep}",
-                         f"output={averaged}"], timings)
+    averaged, last = run_dir / run_files.AVERAGED, run_files.last_checkpoint(run_dir)
+    recent = run_dir / run_files.CHECKPOINTS / run_files.RECENT
+    run_step("average", ["transformer_nmt.average", f"dir={recent}", f"last={keep}", f"output={averaged}"], timings)
     val = {ckpt.stem: evaluate(ckpt, "val", beam, eval_dir, timings) for ckpt in (averaged, last)}
     chosen = max((averaged, last), key=lambda c: val[c.stem]["bleu"])  # ties: the averaged one (first)
     scores = {
@@ -174,7 +175,7 @@ def main(argv: list[str]) -> dict:
         ("test", 1): evaluate(chosen, "test", 1, eval_dir, timings),
     }
     curve = validation_curve(run_dir)
-    results_file = run_dir / "results.json"
+    results_file = run_dir / run_files.RESULTS
     results = json.loads(results_file.read_text()) if results_file.is_file() else {}
     budget = where_the_time_went(results, train_seconds) if results else None
     report = {

@@ -40,7 +40,9 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-RESULTS, HYPOTHESES, REFERENCES = "results.json", "val_hypotheses.txt", "val_references.txt"
+from transformer_nmt import run_files  # noqa: E402
+
+RESULTS, HYPOTHESES, REFERENCES = run_files.RESULTS, run_files.HYPOTHESES, run_files.REFERENCES
 SEED_ENV, DEFAULT_SEED, DEFAULT_RESAMPLES = "SACREBLEU_SEED", "12345", 1000
 ALPHA = 0.05
 # A configuration: (results.json key, column), in the paper's column order.
@@ -101,8 +103,8 @@ def composed_config(*overrides: str) -> tuple:
     """The configuration key of conf/train.yaml with ``overrides``, composed as the app composes it."""
     from hydra import compose, initialize_config_dir
 
-    from transformer_nmt.attention import head_dims
-    from transformer_nmt.train import CONF_DIR  # also registers train_defaults, which conf/train.yaml composes
+    from transformer_nmt.model.attention import head_dims
+    from transformer_nmt.training.app import CONF_DIR  # also registers train_defaults, which conf/train.yaml composes
 
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
         cfg = compose("train", overrides=list(overrides))

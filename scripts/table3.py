@@ -28,11 +28,12 @@ import sys
 import time
 from pathlib import Path
 
-from transformer_nmt.precision import reported_cpu_flags  # the flags every report names
+from transformer_nmt import run_files
+from transformer_nmt.hardware import reported_cpu_flags  # the flags every report names
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS, OUTPUTS = REPO / "docs" / "table3", REPO / "outputs" / "table3"
-RESULTS, HYPOTHESES, REFERENCES = "results.json", "val_hypotheses.txt", "val_references.txt"
+RESULTS, HYPOTHESES, REFERENCES = run_files.RESULTS, run_files.HYPOTHESES, run_files.REFERENCES
 BASE_SEEDS, SEEDS = (1, 2, 3, 4, 5), (1, 2)
 CHECKPOINT_EVERY = 250  # optimizer steps: a killed run resumes from here (results do not change)
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from transformer_nmt.precision import CPU_BF16_ANSWERS, CPU_BF16_ENV
+from transformer_nmt.hardware import CPU_BF16_ANSWERS, CPU_BF16_ENV
 
 
 @pytest.fixture(params=CPU_BF16_ANSWERS)

@@ -6,11 +6,11 @@ import re
 import pytest
 import torch
 
-from transformer_nmt.alignment import (align, alignment_error_rate, check_alignment_options, hard_alignment,
+from transformer_nmt.inference.alignment import (align, alignment_error_rate, check_alignment_options, hard_alignment,
                                        piece_words, word_alignment, word_ids)
 from transformer_nmt.checkpoint import load_checkpoint
-from transformer_nmt.translate import main as translate_main
-from transformer_nmt.translate import translate_ids
+from transformer_nmt.inference.translate import main as translate_main
+from transformer_nmt.inference.translate import translate_ids
 
 from script_module import load_script
 from tiny_checkpoint import tiny_tokenizer, write_checkpoint

@@ -7,8 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-import transformer_nmt.attention as attention_module
-from transformer_nmt.attention import (
+import transformer_nmt.model.attention as attention_module
+from transformer_nmt.model.attention import (
     AttentionCache,
     MultiHeadAttention,
     blocked_attention,

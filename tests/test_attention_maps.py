@@ -20,10 +20,11 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from torch.utils.tensorboard import SummaryWriter
 
 from test_train_app import one_thread, tiny_config, write_tiny_corpus  # noqa: F401 (fixture)
-from transformer_nmt.callbacks import AttentionMaps, attention_entropy, render_heatmaps
-from transformer_nmt.datamodule import TranslationDataModule
-from transformer_nmt.model import Transformer, TransformerConfig
-from transformer_nmt.train import train
+from transformer_nmt.analysis.attention_maps import attention_entropy, render_heatmaps
+from transformer_nmt.training.callbacks import AttentionMaps
+from transformer_nmt.data.datamodule import TranslationDataModule
+from transformer_nmt.model.transformer import Transformer, TransformerConfig
+from transformer_nmt.training.app import train
 
 N_ENC, N_DEC, HEADS = 2, 1, 4
 
@@ -189,7 +190,7 @@ import sys
 from pathlib import Path
 sys.path.insert(0, {tests!r})
 from test_train_app import tiny_config
-from transformer_nmt.train import train
+from transformer_nmt.training.app import train
 
 corpus, out = Path(sys.argv[1]), Path(sys.argv[2])
 train(tiny_config(corpus, "trainer.devices=2", "trainer.strategy=ddp", "trainer.max_steps=2",

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from transformer_nmt.batching import TokenBucketBatchSampler as _Sampler
-from transformer_nmt.batching import pad_pairs, pair_widths
+from transformer_nmt.data.batching import TokenBucketBatchSampler as _Sampler
+from transformer_nmt.data.batching import pad_pairs, pair_widths
 
 
 def TokenBucketBatchSampler(src, tgt, *args, **kwargs):

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from script_module import load_script
-from transformer_nmt.training import label_smoothed_cross_entropy
+from transformer_nmt.training.module import label_smoothed_cross_entropy
 
 
 @pytest.fixture(scope="module")
@@ -55,8 +55,8 @@ def test_one_round_prints_every_variant_against_the_fp32_fused_reference(bench, 
 
 
 def test_previous_dropout_swaps_every_dropout_back_and_a_wrong_reference_stops_before_timing(bench):
-    from transformer_nmt.dropout import Dropout
-    from transformer_nmt.model import Transformer, TransformerConfig
+    from transformer_nmt.model.dropout import Dropout
+    from transformer_nmt.model.transformer import Transformer, TransformerConfig
 
     base = Transformer(TransformerConfig(**bench.SMALL))
     step = bench.Step(base, "32-true", "plain", False, dropout="torch")

@@ -7,7 +7,7 @@ import datasets
 import numpy as np
 import pytest
 
-from transformer_nmt.corpus import CorpusError, CorpusSpec, filter_pairs, write_split
+from transformer_nmt.data.corpus import CorpusError, CorpusSpec, filter_pairs, write_split
 
 EN = ["A dog runs.", "Two men talk.", "  A child plays.  "]
 DE = ["Ein Hund rennt.", "Zwei Männer reden.", "Ein Kind spielt."]
@@ -202,7 +202,7 @@ def test_control_characters_replace_policy_counts_sentences(tmp_path):
 
 
 def test_filter_report_lists_what_reading_cleaned():
-    from transformer_nmt.corpus import FilterReport
+    from transformer_nmt.data.corpus import FilterReport
 
     report = FilterReport("train", 10, ratio=1, utf8_replaced_lines=2, control_replaced_sentences=3)
     assert str(report) == ("train: filtered 1 of 10 pairs: 1 length ratio; cleaned: 2 lines with invalid UTF-8 "

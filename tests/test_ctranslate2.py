@@ -10,19 +10,19 @@ import torch
 from sacrebleu.metrics import BLEU
 
 from transformer_nmt.checkpoint import load_checkpoint
-from transformer_nmt.decoding import beam_search, greedy_decode, max_output_lengths
-from transformer_nmt.evaluate import main as evaluate_main
-from transformer_nmt.export import EXPORT_INFO, cached_export, export_model
-from transformer_nmt.export import main as export_main
-from transformer_nmt.model import Transformer, TransformerConfig
-from transformer_nmt.translate import encode_sources, token_batches, translate_lines
-from transformer_nmt.translate import main as translate_main
+from transformer_nmt.model.decoding import beam_search, greedy_decode, max_output_lengths
+from transformer_nmt.inference.evaluate import main as evaluate_main
+from transformer_nmt.inference.export import EXPORT_INFO, cached_export, export_model
+from transformer_nmt.inference.export import main as export_main
+from transformer_nmt.model.transformer import Transformer, TransformerConfig
+from transformer_nmt.inference.translate import encode_sources, token_batches, translate_lines
+from transformer_nmt.inference.translate import main as translate_main
 
 from tiny_checkpoint import multi30k_lines, tiny_tokenizer, trained_checkpoint, write_checkpoint
 
 ctranslate2 = pytest.importorskip("ctranslate2")
-from transformer_nmt.precision import available_cpus
-from transformer_nmt.ctranslate2_engine import CTranslate2Model  # noqa: E402
+from transformer_nmt.hardware import available_cpus
+from transformer_nmt.inference.ctranslate2_engine import CTranslate2Model  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -212,8 +212,8 @@ def test_errors_name_the_option(tmp_path, trained, exported, monkeypatch):
 RACER = """
 import os, sys, time
 from pathlib import Path
-from transformer_nmt.ctranslate2_engine import CTranslate2Model
-from transformer_nmt.export import cached_export
+from transformer_nmt.inference.ctranslate2_engine import CTranslate2Model
+from transformer_nmt.inference.export import cached_export
 barrier, replace = Path(sys.argv[2]), os.replace
 def replace_together(src, dst):  # both processes publish their export at the same moment: the worst interleaving
     if Path(dst).parent.name == "ctranslate2":
@@ -262,7 +262,7 @@ def test_the_export_cache_replaces_a_leftover_export_that_never_finished(tmp_pat
 def test_export_refuses_heads_whose_width_is_not_d_model(tmp_path):
     """d_k = d_v = 7 with 4 heads at d_model 30: each head's width differs from d_model / n_heads only through
     the rounding, but 4 x 7 = 28 != 30, which CTranslate2's attention cannot hold."""
-    from transformer_nmt.export import transformer_spec
+    from transformer_nmt.inference.export import transformer_spec
 
     tokenizer = tiny_tokenizer()
     model = Transformer(TransformerConfig(vocab_size=tokenizer.vocab_size, d_model=30, n_heads=4, d_k=7, d_v=7,

@@ -5,9 +5,9 @@ gradients of ``plain``, and the chunked loss those of the unchunked one. Skipped
 import pytest
 import torch
 
-from transformer_nmt.attention import ATTENTION_KERNELS
-from transformer_nmt.model import Transformer, TransformerConfig
-from transformer_nmt.training import label_smoothed_cross_entropy
+from transformer_nmt.model.attention import ATTENTION_KERNELS
+from transformer_nmt.model.transformer import Transformer, TransformerConfig
+from transformer_nmt.training.module import label_smoothed_cross_entropy
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}

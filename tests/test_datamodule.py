@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-import transformer_nmt.datamodule as datamodule_module
-from transformer_nmt.batching import pair_widths
-from transformer_nmt.datamodule import TranslationDataModule
-from transformer_nmt.tokenizer import Tokenizer
+import transformer_nmt.data.datamodule as datamodule_module
+from transformer_nmt.data.batching import pair_widths
+from transformer_nmt.data.datamodule import TranslationDataModule
+from transformer_nmt.data.tokenizer import Tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 MULTI30K = ROOT / "data" / "multi30k"
@@ -208,7 +208,7 @@ def test_configs_compose(data_slice):
     with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "conf")):
         default = compose("prepare")
         assert default.data.format == "text" and default.data.train == "data/multi30k/train"
-        assert default.data._target_ == "transformer_nmt.datamodule.TranslationDataModule"
+        assert default.data._target_ == "transformer_nmt.data.datamodule.TranslationDataModule"
         wmt = compose("prepare", overrides=["data=wmt14_en_de"])
         assert (wmt.data.format, wmt.data.hub_config, wmt.data.vocab_size) == ("hub", "de-en", 37000)
         local = compose("prepare", overrides=["data=local", f"data.train={data_slice}/train"])

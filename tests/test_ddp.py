@@ -9,7 +9,7 @@ import textwrap
 import torch
 
 from test_train_app import write_tiny_corpus
-from transformer_nmt.datamodule import TranslationDataModule
+from transformer_nmt.data.datamodule import TranslationDataModule
 
 STEPS = 4
 
@@ -19,9 +19,9 @@ SCRIPT = textwrap.dedent(f"""
     from pathlib import Path
     import lightning.pytorch as pl
     import torch
-    from transformer_nmt.checkpoint import AtomicCheckpointIO
-    from transformer_nmt.datamodule import TranslationDataModule
-    from transformer_nmt.training import TranslationModule
+    from transformer_nmt.training.checkpoint_io import AtomicCheckpointIO
+    from transformer_nmt.data.datamodule import TranslationDataModule
+    from transformer_nmt.training.module import TranslationModule
 
     corpus, out = Path(sys.argv[1]), Path(sys.argv[2])
     pl.seed_everything(0, workers=True)

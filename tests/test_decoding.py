@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from transformer_nmt.decoding import beam_search, greedy_decode, length_penalty
-from transformer_nmt.model import DecoderCache, Transformer, TransformerConfig
+from transformer_nmt.model.decoding import beam_search, greedy_decode, length_penalty
+from transformer_nmt.model.transformer import DecoderCache, Transformer, TransformerConfig
 
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
 

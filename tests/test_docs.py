@@ -30,7 +30,7 @@ from omegaconf import OmegaConf
 from script_module import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
-CONF_DIR = ROOT / "conf"
+CONF_DIR = ROOT / "src" / "transformer_nmt" / "conf"
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 FENCE = re.compile(r"^```[^\n]*\n(.*?)^```", re.M | re.S)

@@ -7,8 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from transformer_nmt.dropout import Dropout, dropout
-from transformer_nmt.model import Transformer, TransformerConfig
+from transformer_nmt.model.dropout import Dropout, dropout
+from transformer_nmt.model.transformer import Transformer, TransformerConfig
 
 N = 1_000_000
 

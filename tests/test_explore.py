@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from transformer_nmt import explore
-from transformer_nmt.analyze_heads import all_heads
-from transformer_nmt.callbacks import attention_entropy
+from transformer_nmt.analysis import explore
+from transformer_nmt.analysis.heads import all_heads
+from transformer_nmt.analysis.attention_maps import attention_entropy
 from transformer_nmt.checkpoint import load_checkpoint
-from transformer_nmt.model import Transformer, TransformerConfig
+from transformer_nmt.model.transformer import Transformer, TransformerConfig
 
 from tiny_checkpoint import tiny_tokenizer, trained_checkpoint, write_checkpoint
 

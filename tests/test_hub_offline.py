@@ -11,7 +11,8 @@ from hydra import compose, initialize_config_dir
 
 from test_train_app import one_thread  # noqa: F401 (fixture: one thread, restored afterwards)
 from transformer_nmt.prepare import format_statistics
-from transformer_nmt.train import CONF_DIR, train
+from transformer_nmt.conf import CONF_DIR
+from transformer_nmt.training.app import train
 
 MULTI30K = Path(__file__).resolve().parents[1] / "data" / "multi30k"
 

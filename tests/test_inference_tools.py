@@ -9,14 +9,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from transformer_nmt.average import average_checkpoints
-from transformer_nmt.average import main as average_main
+from transformer_nmt.inference.average import average_checkpoints
+from transformer_nmt.inference.average import main as average_main
 from transformer_nmt.checkpoint import CheckpointError, atomic_torch_save, load_checkpoint
-from transformer_nmt.evaluate import main as evaluate_main
-from transformer_nmt.evaluate import score
-from transformer_nmt.training import CKPT_TOKENIZER
-from transformer_nmt.translate import main as translate_main
-from transformer_nmt.translate import translate_lines
+from transformer_nmt.inference.evaluate import main as evaluate_main
+from transformer_nmt.inference.evaluate import score
+from transformer_nmt.checkpoint import CKPT_TOKENIZER
+from transformer_nmt.inference.translate import main as translate_main
+from transformer_nmt.inference.translate import translate_lines
 
 from tiny_checkpoint import multi30k_lines, tiny_tokenizer, write_checkpoint
 
@@ -164,7 +164,7 @@ def test_evaluate_reports_length_ratio_and_brevity_penalty():
 # --- head importance ---------------------------------------------------------------------------
 
 def test_analyze_heads_masks_every_head_once_and_writes_its_reports(tmp_path, checkpoint):
-    from transformer_nmt.analyze_heads import main as analyze_main
+    from transformer_nmt.analysis.heads import main as analyze_main
 
     sources, references = multi30k_lines("val", "en", 8), multi30k_lines("val", "de", 8)
     (tmp_path / "src.en").write_text("\n".join(sources) + "\n", encoding="utf-8")

@@ -7,8 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from transformer_nmt.attention import causal_mask
-from transformer_nmt.model import Transformer, TransformerConfig, sinusoidal_positions
+from transformer_nmt.model.attention import causal_mask
+from transformer_nmt.model.transformer import Transformer, TransformerConfig, sinusoidal_positions
 
 PAD = 0
 
@@ -348,7 +348,7 @@ def test_too_long_input_names_max_positions():
 
 @pytest.mark.parametrize("kernel", ["plain", "blocked", "fused"])
 def test_d_k_apart_and_learned_positions_train_and_decode_under_every_kernel(kernel):
-    from transformer_nmt.decoding import greedy_decode
+    from transformer_nmt.model.decoding import greedy_decode
 
     torch.manual_seed(3)
     shape = dict(d_k=6, d_v=10, positions="learned", n_encoder_layers=1, n_decoder_layers=2)

@@ -16,7 +16,7 @@ import torch
 
 import transformer_nmt
 from test_train_app import tiny_overrides, write_tiny_corpus
-from transformer_nmt.datamodule import TranslationDataModule
+from transformer_nmt.data.datamodule import TranslationDataModule
 
 STEPS, KILL_STEP = 8, 5  # each rank gets 5 batches an epoch: the runs cross an epoch boundary
 JOB = "job"  # torchrun --rdzv_id: the run dir is outputs/mn/torchrun-job
@@ -25,7 +25,7 @@ JOB = "job"  # torchrun --rdzv_id: the run dir is outputs/mn/torchrun-job
 KILLER = textwrap.dedent("""
     import os, signal
     import lightning.pytorch as pl
-    from transformer_nmt import train as app
+    from transformer_nmt.training import app as train as app
 
     class KillNode1(pl.Callback):
         def on_train_batch_end(self, trainer, *args):

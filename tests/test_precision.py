@@ -3,8 +3,10 @@
 import pytest
 import torch
 
-import transformer_nmt.precision as precision
-from transformer_nmt.precision import CPU_BF16_ENV, cpu_flags, resolve_precision
+import transformer_nmt.hardware as hardware
+import transformer_nmt.training.precision as precision
+from transformer_nmt.hardware import CPU_BF16_ENV, cpu_flags
+from transformer_nmt.training.precision import resolve_precision
 
 
 @pytest.fixture(autouse=True)
@@ -30,7 +32,7 @@ def cuda(monkeypatch):
     (set(), "32-true"),
 ])
 def test_auto_on_cpu_follows_native_bf16(monkeypatch, flags, expected):
-    monkeypatch.setattr(precision, "cpu_flags", lambda: flags)
+    monkeypatch.setattr(hardware, "cpu_flags", lambda: flags)
     chosen, why = resolve_precision("auto", "cpu")
     assert chosen == expected
     assert why.startswith("auto: the CPU has") and ("no native bf16" in why) == (expected == "32-true")
@@ -40,20 +42,20 @@ def test_auto_on_cpu_follows_native_bf16(monkeypatch, flags, expected):
 @pytest.mark.parametrize("accelerator", ["gpu", "cuda", "auto"])
 def test_auto_on_cuda_follows_the_devices_bf16_support(monkeypatch, cuda, bf16, expected, accelerator):
     cuda(bf16)
-    monkeypatch.setattr(precision, "cpu_flags", lambda: {"avx512_bf16"})  # the CPU does not decide on a GPU run
+    monkeypatch.setattr(hardware, "cpu_flags", lambda: {"avx512_bf16"})  # the CPU does not decide on a GPU run
     chosen, why = resolve_precision("auto", accelerator)
     assert chosen == expected and ("Pretend GPU supports bf16" in why) == bf16
 
 
 def test_accelerator_auto_without_cuda_asks_the_cpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    monkeypatch.setattr(precision, "cpu_flags", lambda: {"amx_bf16"})
+    monkeypatch.setattr(hardware, "cpu_flags", lambda: {"amx_bf16"})
     assert resolve_precision("auto", "auto")[0] == "bf16-mixed"
 
 
 @pytest.mark.parametrize("explicit", ["32-true", "bf16-mixed", "16-mixed"])
 def test_an_explicit_precision_is_kept(monkeypatch, explicit):
-    monkeypatch.setattr(precision, "cpu_flags", lambda: set())
+    monkeypatch.setattr(hardware, "cpu_flags", lambda: set())
     assert resolve_precision(explicit, "cpu") == (explicit, "set in trainer.precision")
 
 
@@ -67,7 +69,7 @@ def test_cpu_flags_reads_the_flags_line(tmp_path):
 @pytest.mark.parametrize("answer, flags, expected", [
     ("native", set(), "bf16-mixed"), ("emulated", {"avx2", "avx512_bf16", "amx_bf16"}, "32-true")])
 def test_the_environment_answers_for_the_cpu_whatever_its_flags(monkeypatch, answer, flags, expected):
-    monkeypatch.setattr(precision, "cpu_flags", lambda: flags)
+    monkeypatch.setattr(hardware, "cpu_flags", lambda: flags)
     monkeypatch.setenv(CPU_BF16_ENV, answer)
     chosen, why = resolve_precision("auto", "cpu")
     assert chosen == expected and why.endswith(f"({CPU_BF16_ENV}={answer})" + ("" if answer == "native" else
@@ -128,6 +130,6 @@ def test_by_precision_without_a_value_for_the_precision_names_the_key(monkeypatc
 
 
 def test_reported_cpu_flags_keep_the_reported_ones_in_their_order(tmp_path, monkeypatch):
-    assert precision.reported_cpu_flags(["avx512f", "amx_bf16", "avx2"]) == ["avx2", "amx_bf16"]
-    monkeypatch.setattr(precision, "cpu_flags", lambda: {"avx512_bf16", "avx2", "sse4_2"})
-    assert precision.reported_cpu_flags() == ["avx2", "avx512_bf16"]  # this CPU's by default
+    assert hardware.reported_cpu_flags(["avx512f", "amx_bf16", "avx2"]) == ["avx2", "amx_bf16"]
+    monkeypatch.setattr(hardware, "cpu_flags", lambda: {"avx512_bf16", "avx2", "sse4_2"})
+    assert hardware.reported_cpu_flags() == ["avx2", "avx512_bf16"]  # this CPU's by default

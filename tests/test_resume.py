@@ -18,9 +18,10 @@ import transformer_nmt
 import transformer_nmt.checkpoint as checkpoint_module
 from test_multinode import free_port
 from test_train_app import compose_train, one_thread, tiny_config, tiny_overrides, write_tiny_corpus  # noqa: F401 (fixture)
-from transformer_nmt.average import last_checkpoints
-from transformer_nmt.checkpoint import AtomicCheckpointIO, checkpoint_step, read_checkpoint
-from transformer_nmt.train import build_callbacks, build_trainer, train
+from transformer_nmt.inference.average import last_checkpoints
+from transformer_nmt.checkpoint import checkpoint_step, read_checkpoint
+from transformer_nmt.training.checkpoint_io import AtomicCheckpointIO
+from transformer_nmt.training.app import build_callbacks, build_trainer, train
 
 TOTAL_STEPS = 14  # the tiny corpus makes 10 batches per epoch: the runs cross an epoch boundary
 
@@ -71,7 +72,7 @@ def test_resumed_run_ends_with_the_weights_of_an_uninterrupted_one(corpus, unint
 
 WRITER = textwrap.dedent("""
     import sys, torch
-    from transformer_nmt.checkpoint import AtomicCheckpointIO
+    from transformer_nmt.training.checkpoint_io import AtomicCheckpointIO
     big = {"state_dict": {f"w{i}": torch.full((4_000_000,), 2.0) for i in range(16)}, "marker": "new"}  # 256 MB
     print("ready", flush=True)
     AtomicCheckpointIO().save_checkpoint(big, sys.argv[1])

@@ -16,9 +16,9 @@ from test_multinode import free_port
 from test_resume import fake_scontrol
 from test_train_app import one_thread, tiny_config, write_tiny_corpus  # noqa: F401 (fixture)
 from transformer_nmt.checkpoint import read_checkpoint
-from transformer_nmt.fingerprint import CKPT_FINGERPRINT, ResumeError, differences, run_fingerprint
-from transformer_nmt.launch import LaggedAgreement
-from transformer_nmt.train import ConfigError, finished_already, train
+from transformer_nmt.training.fingerprint import CKPT_FINGERPRINT, ResumeError, differences, run_fingerprint
+from transformer_nmt.training.launch import LaggedAgreement
+from transformer_nmt.training.app import ConfigError, finished_already, train
 
 
 @pytest.fixture(scope="module")
@@ -129,7 +129,7 @@ AGREEMENT = textwrap.dedent("""
     import json, os, signal, sys
     from types import SimpleNamespace
     import torch, torch.distributed as dist
-    from transformer_nmt.launch import SlurmRequeue
+    from transformer_nmt.training.launch import SlurmRequeue
 
     rank, port, out = int(sys.argv[1]), sys.argv[2], sys.argv[3]
     dist.init_process_group("gloo", rank=rank, world_size=2, init_method=f"tcp://127.0.0.1:{port}")

@@ -20,7 +20,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from torch.utils._python_dispatch import TorchDispatchMode
 
-import transformer_nmt.train as train_app
+import transformer_nmt.training.app as train_app
 from test_train_app import one_thread, tiny_config, write_tiny_corpus  # noqa: F401 (fixture)
 
 HOST_READS = [(torch.Tensor, name) for name in

@@ -7,13 +7,13 @@ import json
 import pytest
 import torch
 
-import transformer_nmt.time_budget as time_budget
+import transformer_nmt.training.time_budget as time_budget
 from script_module import load_script
 from test_train_app import one_thread, tiny_config, write_tiny_corpus  # noqa: F401 (fixture)
-from transformer_nmt.flops import FlopCount, matmul_ceiling, model_flops
-from transformer_nmt.model import Transformer, TransformerConfig
-from transformer_nmt.time_budget import PHASES, TimeBudget
-from transformer_nmt.train import train
+from transformer_nmt.model.flops import FlopCount, matmul_ceiling, model_flops
+from transformer_nmt.model.transformer import Transformer, TransformerConfig
+from transformer_nmt.training.time_budget import PHASES, TimeBudget
+from transformer_nmt.training.app import train
 
 
 def test_model_flops_equal_a_hand_count_on_a_tiny_model():

@@ -5,7 +5,7 @@ import pickle
 import datasets
 import pytest
 
-from transformer_nmt.tokenizer import Tokenizer, tokenize_dataset, train_sentencepiece
+from transformer_nmt.data.tokenizer import Tokenizer, tokenize_dataset, train_sentencepiece
 
 WORDS = "the a dog cat runs sleeps on under green red big small house tree der die das Hund Katze läuft schläft".split()
 

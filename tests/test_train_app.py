@@ -21,8 +21,10 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from transformer_nmt.precision import CPU_BF16_ENV, NATIVE_BF16_CPU_FLAGS, cpu_flags, precision_dependent
-from transformer_nmt.train import CONF_DIR, ConfigError, batch_seed, train, validate_config
+from transformer_nmt.hardware import CPU_BF16_ENV, NATIVE_BF16_CPU_FLAGS, cpu_flags
+from transformer_nmt.training.precision import precision_dependent
+from transformer_nmt.conf import CONF_DIR
+from transformer_nmt.training.app import ConfigError, batch_seed, train, validate_config
 
 REPO = Path(__file__).resolve().parents[1]
 MULTI30K = REPO / "data" / "multi30k"

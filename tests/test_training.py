@@ -11,13 +11,13 @@ import torch.nn.functional as F
 from lightning.pytorch.callbacks import Timer
 
 from test_train_app import one_thread, tiny_config, write_tiny_corpus  # noqa: F401 (fixture)
-from transformer_nmt.callbacks import TokenProgressBar
-from transformer_nmt.checkpoint import load_checkpoint, read_checkpoint
-from transformer_nmt.model import Transformer
-from transformer_nmt.train import train
-from transformer_nmt.training import (CKPT_DATA_CONFIG, CKPT_MODEL_CONFIG, CKPT_TOKENIZER, TranslationModule,
-                                      dropout_seed, inverse_sqrt_lr, label_smoothed_cross_entropy,
-                                      loss_chunk_elements)
+from transformer_nmt.training.callbacks import TokenProgressBar
+from transformer_nmt.checkpoint import (CKPT_DATA_CONFIG, CKPT_MODEL_CONFIG, CKPT_TOKENIZER, load_checkpoint,
+                                        read_checkpoint)
+from transformer_nmt.model.transformer import Transformer
+from transformer_nmt.training.app import train
+from transformer_nmt.training.module import (TranslationModule, dropout_seed, inverse_sqrt_lr,
+                                             label_smoothed_cross_entropy, loss_chunk_elements)
 
 # --- loss -------------------------------------------------------------------------------------
 
@@ -225,7 +225,7 @@ def test_checkpoints_are_self_contained_and_load_with_weights_only(accumulated_r
     path = run_dir / "checkpoints" / "last.ckpt"
     raw = torch.load(path, weights_only=True)  # plain containers, tensors and bytes only
     assert isinstance(raw[CKPT_TOKENIZER], bytes) and isinstance(raw[CKPT_MODEL_CONFIG], dict)
-    assert raw[CKPT_DATA_CONFIG]["_target_"] == "transformer_nmt.datamodule.TranslationDataModule"
+    assert raw[CKPT_DATA_CONFIG]["_target_"] == "transformer_nmt.data.datamodule.TranslationDataModule"
     assert type(raw["hyper_parameters"]["model_config"]) is dict
     assert read_checkpoint(path)["global_step"] == 3
 
@@ -254,8 +254,8 @@ def test_accumulated_gradient_is_the_per_token_mean_over_the_whole_optimizer_ste
 
     import lightning.pytorch as pl
 
-    from transformer_nmt.datamodule import TranslationDataModule
-    from transformer_nmt.training import TranslationModule, label_smoothed_cross_entropy
+    from transformer_nmt.data.datamodule import TranslationDataModule
+    from transformer_nmt.training.module import TranslationModule, label_smoothed_cross_entropy
 
     datamodule = TranslationDataModule(train=f"{corpus}/train", val=f"{corpus}/val", test=None,
                                        cache_dir=str(tmp_path / "cache"), vocab_size=256, max_tokens=300, num_proc=1)
@@ -302,7 +302,7 @@ def test_padding_to_a_multiple_of_8_keeps_the_token_budget():
     """train.compile pads batch widths to a multiple of 8; the sampler packs by the rounded widths."""
     import numpy as np
 
-    from transformer_nmt.batching import TokenBucketBatchSampler, pad_pairs, pair_widths
+    from transformer_nmt.data.batching import TokenBucketBatchSampler, pad_pairs, pair_widths
 
     g = np.random.default_rng(0)
     src_lens, tgt_lens = g.integers(1, 40, 300), g.integers(1, 40, 300)
@@ -317,7 +317,7 @@ def test_padding_to_a_multiple_of_8_keeps_the_token_budget():
 
 
 def test_resume_from_last_without_a_checkpoint_names_the_run_dir_option(corpus, tmp_path):
-    from transformer_nmt.launch import LaunchError
+    from transformer_nmt.training.launch import LaunchError
 
     with pytest.raises(LaunchError, match="ckpt_path=last: no checkpoints/last.ckpt in .*hydra.run.dir"):
         train(tiny_config(corpus, "ckpt_path=last"), tmp_path / "fresh_run")
@@ -328,7 +328,7 @@ def test_resuming_refuses_another_vocabulary_and_pre_in_proj_optimizer_state():
     (the ids would mean other pieces); a pre-in_proj checkpoint's optimizer state cannot resume."""
     from test_tokenizer import sentences
 
-    from transformer_nmt.tokenizer import train_sentencepiece
+    from transformer_nmt.data.tokenizer import train_sentencepiece
 
     ours, other = (train_sentencepiece(iter(sentences(seed=seed)), vocab_size=size, seed=1)
                    for seed, size in ((0, 120), (1, 100)))

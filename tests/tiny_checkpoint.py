@@ -9,9 +9,9 @@ from pathlib import Path
 import torch
 
 from transformer_nmt.checkpoint import atomic_torch_save
-from transformer_nmt.model import Transformer, TransformerConfig
-from transformer_nmt.tokenizer import train_sentencepiece
-from transformer_nmt.training import CKPT_MODEL_CONFIG, CKPT_TOKENIZER
+from transformer_nmt.model.transformer import Transformer, TransformerConfig
+from transformer_nmt.data.tokenizer import train_sentencepiece
+from transformer_nmt.checkpoint import CKPT_MODEL_CONFIG, CKPT_TOKENIZER
 
 MULTI30K = Path(__file__).resolve().parent.parent / "data" / "multi30k"
 

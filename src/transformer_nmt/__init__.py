@@ -1,3 +1,18 @@
-"""An encoder-decoder Transformer for machine translation ("Attention Is All You Need", Vaswani et al. 2017)."""
+"""An encoder-decoder Transformer for machine translation ("Attention Is All You Need", Vaswani et al. 2017).
+
+The layers, bottom up (a module imports only from its own layer or those below):
+
+    hardware.py, options.py     the machine's CPU flags and cores; key=value options over a dataclass
+    model/                      attention, the Transformer, dropout, decoding (plain torch)
+    data/                       corpus, tokenizer, batching, the datamodule
+    checkpoint.py               the checkpoint format: atomic writes, reading one into a model and tokenizer
+    training/                   Lightning: the module, callbacks, launch, fingerprints, precision, the run
+    inference/                  translate, evaluate, average, export, CTranslate2, alignment (no Lightning)
+    analysis/                   attention maps, head importance, the explorer
+    conf/                       the Hydra configs (train.yaml, prepare.yaml and their groups)
+
+The commands are the thin modules at the top: ``python -m transformer_nmt.train``, ``.prepare``,
+``.translate``, ``.evaluate``, ``.average``, ``.export``, ``.analyze_heads``, ``.explore``.
+"""
 
 __version__ = "0.1.0"

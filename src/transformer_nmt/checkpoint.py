@@ -2,7 +2,7 @@
 
 A checkpoint is a Lightning checkpoint (weights, optimizer, schedule, loop and sampler state) plus
 what a later ``evaluate``/``translate`` needs and nothing else: the TransformerConfig as a plain
-dict and the serialized SentencePiece model (training.py adds both). Everything in it is a plain
+dict and the serialized SentencePiece model (training/module.py adds both). Everything in it is a plain
 Python container, tensor or bytes, so ``torch.load(path, weights_only=True)`` reads it.
 
 Writing goes to ``PATH.tmp-<pid>`` in the same directory, is flushed to disk, then renamed over
@@ -14,17 +14,17 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import torch
-from lightning.pytorch.plugins.io import TorchCheckpointIO
 
-from transformer_nmt.model import Transformer, TransformerConfig
-from transformer_nmt.tokenizer import Tokenizer
-from transformer_nmt.training import CKPT_DATA_CONFIG, CKPT_MODEL_CONFIG, CKPT_TOKENIZER
-
+from transformer_nmt.model.transformer import Transformer, TransformerConfig
+from transformer_nmt.data.tokenizer import Tokenizer
+# Keys this project adds to a Lightning checkpoint, so that it is self-contained (training/module.py writes them).
+CKPT_MODEL_CONFIG = "transformer_config"
+CKPT_TOKENIZER = "tokenizer_model_proto"
+CKPT_DATA_CONFIG = "data_config"  # the data config (plain dict) the model was trained on
 MODEL_PREFIX = "model."  # TranslationModule holds the Transformer as ``self.model``
 
 
@@ -57,25 +57,6 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], Any]) -> N
         os.fsync(directory)  # make the rename itself durable
     finally:
         os.close(directory)
-
-
-class AtomicCheckpointIO(TorchCheckpointIO):
-    """Lightning's checkpoint writer, but a killed writer never leaves a corrupt file (see module doc).
-
-    Lightning's own writer buffers the whole checkpoint and moves it from the system temp directory,
-    which is a copy, not a rename, when that directory is on another file system.
-
-    The time it writes counts as ``checkpointing`` in the run's time budget (time_budget.TimeBudget sets
-    ``time_budget``).
-    """
-
-    time_budget = None
-
-    def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options: Any | None = None) -> None:
-        if storage_options is not None:
-            raise TypeError(f"{type(self).__name__} takes no storage_options")
-        with self.time_budget.phase("checkpointing") if self.time_budget else nullcontext():
-            atomic_torch_save(checkpoint, path)
 
 
 def read_checkpoint(path: str | os.PathLike, mmap: bool = False) -> dict:

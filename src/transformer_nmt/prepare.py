@@ -15,7 +15,7 @@ import hydra
 import numpy as np
 from omegaconf import DictConfig
 
-from transformer_nmt.datamodule import TranslationDataModule
+from transformer_nmt.data.datamodule import TranslationDataModule
 
 
 def split_statistics(dm: TranslationDataModule, split: str) -> dict:
@@ -65,7 +65,7 @@ def format_statistics(dm: TranslationDataModule, elapsed: float) -> str:
     return "\n".join(lines)
 
 
-@hydra.main(version_base="1.3", config_path="../../conf", config_name="prepare")
+@hydra.main(version_base="1.3", config_path="conf", config_name="prepare")
 def main(cfg: DictConfig) -> None:
     start = time.perf_counter()
     dm: TranslationDataModule = hydra.utils.instantiate(cfg.data)

@@ -31,11 +31,11 @@ from pathlib import Path
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
-from transformer_nmt.decoding import length_penalty, max_output_lengths
-from transformer_nmt.export import EXPORT_INFO, SENTENCEPIECE_MODEL, import_ctranslate2
-from transformer_nmt.model import TransformerConfig
-from transformer_nmt.precision import available_cpus
-from transformer_nmt.tokenizer import Tokenizer
+from transformer_nmt.model.decoding import length_penalty, max_output_lengths
+from transformer_nmt.inference.export import EXPORT_INFO, SENTENCEPIECE_MODEL, import_ctranslate2
+from transformer_nmt.model.transformer import TransformerConfig
+from transformer_nmt.hardware import available_cpus
+from transformer_nmt.data.tokenizer import Tokenizer
 
 
 class CTranslate2Model:

@@ -16,7 +16,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import numpy as np
 import torch
 
-from transformer_nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from transformer_nmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 
 def pair_widths(src_lens: np.ndarray, tgt_lens: np.ndarray) -> np.ndarray:

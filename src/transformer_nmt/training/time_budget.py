@@ -36,8 +36,8 @@ from contextlib import contextmanager, nullcontext
 
 import lightning.pytorch as pl
 
-from transformer_nmt.flops import FlopCount, matmul_ceiling
-from transformer_nmt.precision import compute_dtype
+from transformer_nmt.model.flops import FlopCount, matmul_ceiling
+from transformer_nmt.training.precision import compute_dtype
 
 PHASES = ("training_steps", "validation", "checkpointing", "attention_maps", "mfu_probe", "fit_other", "test")
 

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from transformer_nmt.model import DecoderCache, Transformer
-from transformer_nmt.tokenizer import BOS_ID, EOS_ID
+from transformer_nmt.model.transformer import DecoderCache, Transformer
+from transformer_nmt.data.tokenizer import BOS_ID, EOS_ID
 
 STOP_RULES = ("bound", "k_finished")
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from transformer_nmt.model import Transformer
+from transformer_nmt.model.transformer import Transformer
 
 ALIGNMENT_MODES = ("hard", "soft")
 ALIGNMENT_POSITIONS = ("output", "input")

@@ -18,14 +18,11 @@ import sacrebleu
 import torch
 from torch import Tensor
 
-from transformer_nmt.decoding import greedy_decode
-from transformer_nmt.model import Transformer, TransformerConfig
-from transformer_nmt.tokenizer import Tokenizer
+from transformer_nmt.checkpoint import CKPT_DATA_CONFIG, CKPT_MODEL_CONFIG, CKPT_TOKENIZER
+from transformer_nmt.model.decoding import greedy_decode
+from transformer_nmt.model.transformer import Transformer, TransformerConfig
+from transformer_nmt.data.tokenizer import Tokenizer
 
-# Keys this project adds to a Lightning checkpoint, so that it is self-contained (see checkpoint.py).
-CKPT_MODEL_CONFIG = "transformer_config"
-CKPT_TOKENIZER = "tokenizer_model_proto"
-CKPT_DATA_CONFIG = "data_config"  # the data config (plain dict, with _target_) the model was trained on
 LOSS_SCALE_TOKENS = 1000.0  # backward runs on (summed token loss) / this; see training_step
 
 

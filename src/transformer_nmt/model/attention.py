@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from transformer_nmt.dropout import dropout
+from transformer_nmt.model.dropout import dropout
 
 ATTENTION_KERNELS = ("auto", "plain", "blocked", "fused")
 

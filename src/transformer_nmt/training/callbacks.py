@@ -1,12 +1,12 @@
 """Callbacks: per-head attention maps in TensorBoard, ``last.ckpt`` after every validation, and a
 progress bar with tokens/s and ETA.
 
-(Atomic checkpoint writing is a CheckpointIO plugin, in checkpoint.py.)
+(Atomic checkpoint writing is a CheckpointIO plugin, in checkpoint_io.py; the maps themselves are drawn by
+analysis/attention_maps.py.)
 """
 
 from __future__ import annotations
 
-import io
 import logging
 import math
 import threading
@@ -14,67 +14,21 @@ import time
 from pathlib import Path
 
 import numpy as np
-import PIL.Image
 import torch
 from lightning.pytorch.callbacks import Callback, Checkpoint, Timer, TQDMProgressBar
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_warn
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
 from tensorboard.compat.proto import types_pb2
 from tensorboard.compat.proto.summary_pb2 import Summary
 from tensorboard.compat.proto.tensor_pb2 import TensorProto
 from tensorboard.compat.proto.tensor_shape_pb2 import TensorShapeProto
 from tensorboard.plugins.image import metadata as image_metadata
 
-from transformer_nmt.time_budget import timed
+from transformer_nmt import run_files
+from transformer_nmt.analysis.attention_maps import ATTENTION_KINDS, attention_entropy, render_heatmaps
+from transformer_nmt.training.time_budget import timed
 
 log = logging.getLogger(__name__)
-
-ATTENTION_KINDS = {"encoder": "encoder-self", "decoder": "decoder-self", "cross": "cross"}  # model key -> tag
-
-
-def attention_entropy(weights: torch.Tensor) -> torch.Tensor:
-    """Mean entropy (nats) of each head's attention distributions. weights (B, h, Lq, Lk) -> (h,)."""
-    p = weights.float()
-    per_query = -(p * torch.log(p.clamp_min(1e-12))).sum(dim=-1)  # (B, h, Lq)
-    return per_query.mean(dim=(0, 2))  # (h,)
-
-
-def render_heatmaps(maps: np.ndarray, keys: list[str], queries: list[str], titles: list[str],
-                    inches: float = 6.0, dpi: int = 80, fontsize: float = 10.0) -> list[bytes]:
-    """Maps (n, Lq, Lk) over one probe's tokens (keys on x, queries on y): one PNG each, ``inches * dpi``
-    pixels square whatever the sentence lengths, so that TensorBoard shows every map of a tag at one size.
-
-    The axes and token labels are drawn once; each map then redraws only its image and title. Labels
-    shrink below ``fontsize`` only when a long sentence needs it.
-    """
-    fig = Figure(figsize=(inches, inches), dpi=dpi)
-    canvas = FigureCanvasAgg(fig)
-    left, bottom, top = 0.2, 0.2, 0.93
-    ax = fig.add_axes((left, bottom, 0.99 - left, top - bottom))
-    image = ax.imshow(maps[0], cmap="viridis", interpolation="nearest", aspect="auto", animated=True)
-    title = fig.suptitle("", fontsize=fontsize, animated=True)  # animated: left out of canvas.draw()
-    points_per_token = (top - bottom) * inches * 72 / max(len(keys), len(queries))  # 72 points per inch
-    size = min(fontsize, 0.9 * points_per_token)
-    ax.set_xticks(range(len(keys)), keys, rotation=90, fontsize=size)
-    ax.set_yticks(range(len(queries)), queries, fontsize=size)
-    ax.tick_params(length=0, pad=1)
-    canvas.draw()
-    background = canvas.copy_from_bbox(fig.bbox)
-    pngs = []
-    for weights, text in zip(maps, titles):
-        canvas.restore_region(background)
-        image.set_data(weights)
-        image.set_clim(0.0, max(float(weights.max()), 1e-6))  # 0 to the largest weight: diffuse heads stay readable
-        title.set_text(text)
-        ax.draw_artist(image)
-        fig.draw_artist(title)
-        buffer = io.BytesIO()
-        PIL.Image.fromarray(np.asarray(canvas.buffer_rgba())[..., :3]).save(buffer, format="png")
-        pngs.append(buffer.getvalue())
-    return pngs
-
 
 def image_summary(tag: str, pngs: list[bytes], width: int, height: int) -> Summary:
     """A TensorBoard image summary holding several images (samples) under one tag: the format of
@@ -187,7 +141,7 @@ class AttentionMaps(Callback):
     def attention_weights(self, model, tokenizer, probes: list) -> dict:
         """Run each probe through ``model``: {kind: [(weights (layers, h, Lq, Lk), key pieces, query pieces)
         for each probe]}, on the CPU."""
-        from transformer_nmt.decoding import greedy_decode
+        from transformer_nmt.model.decoding import greedy_decode
 
         device = next(model.parameters()).device
         maps = {}
@@ -248,7 +202,7 @@ class LastCheckpoint(Checkpoint):
     """
 
     def __init__(self, dirpath, every_n_train_steps: int | None = None):
-        self.path = Path(dirpath) / "last.ckpt"
+        self.path = Path(dirpath) / run_files.LAST
         self.every_n_train_steps = every_n_train_steps
         self.saved_step = None
 

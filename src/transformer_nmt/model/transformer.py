@@ -19,8 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from transformer_nmt.attention import AttentionCache, MultiHeadAttention, causal_mask, check_attention, head_dims
-from transformer_nmt.dropout import Dropout
+from transformer_nmt.model.attention import AttentionCache, MultiHeadAttention, causal_mask, check_attention, head_dims
+from transformer_nmt.model.dropout import Dropout
 
 POSITIONS = ("sinusoidal", "learned")  # 3.5: fixed sinusoids, or a trained table (Table 3, row E)
 

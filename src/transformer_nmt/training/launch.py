@@ -28,14 +28,13 @@ import torch
 from lightning.pytorch.callbacks import Checkpoint
 from omegaconf import OmegaConf
 
+from transformer_nmt import run_files
 from transformer_nmt.checkpoint import checkpoint_step
-from transformer_nmt.fingerprint import fingerprint_digest
+from transformer_nmt.training.fingerprint import fingerprint_digest
 
 log = logging.getLogger(__name__)
 
 TIME_FORMAT = "%Y-%m-%d_%H-%M-%S"
-LAST = "checkpoints/last.ckpt"  # under the run dir; written by callbacks.LastCheckpoint
-HPC = "hpc_ckpt_*.ckpt"  # under the run dir; written by Lightning's own SLURM auto-requeue, if it ran
 
 
 class LaunchError(ValueError):
@@ -113,10 +112,10 @@ def resume_checkpoint(ckpt_path: str | None, run_dir: Path) -> tuple[Path | None
             raise LaunchError(f"ckpt_path={ckpt_path}: no such file (ckpt_path=auto resumes this run dir's last "
                               f"checkpoint when it has one)")
         return path, f"from {path}, step {checkpoint_step(path)} (ckpt_path={ckpt_path})"
-    candidates = [p for p in [run_dir / LAST, *run_dir.glob(HPC)] if p.is_file()]
+    candidates = [p for p in [run_files.last_checkpoint(run_dir), *run_dir.glob(run_files.HPC_PATTERN)] if p.is_file()]
     if not candidates:
         if ckpt_path == "last":
-            raise LaunchError(f"ckpt_path=last: no {LAST} in {run_dir}; pass the run's directory "
+            raise LaunchError(f"ckpt_path=last: no {run_files.CHECKPOINTS}/{run_files.LAST} in {run_dir}; pass the run's directory "
                               f"(run_id=NAME or hydra.run.dir=DIR) to resume it")
         return None, f"fresh start: no checkpoint in {run_dir} (ckpt_path=auto)"
     steps = {path: checkpoint_step(path) for path in candidates}
@@ -230,7 +229,7 @@ class SlurmRequeue(Checkpoint):
         if not stop:
             return
         self._agreement.result()  # this step's agreement, started on every rank: finish it before stopping
-        path = Path(trainer.default_root_dir) / LAST
+        path = run_files.last_checkpoint(trainer.default_root_dir)
         trainer.save_checkpoint(path)
         job = slurm_job()
         if trainer.is_global_zero:

@@ -38,16 +38,17 @@ from filelock import FileLock
 from omegaconf import OmegaConf
 from torch.utils.data import DataLoader
 
-from transformer_nmt.batching import TokenBucketBatchSampler, pad_pairs, pair_widths
-from transformer_nmt.corpus import (CorpusSpec, FilterReport, both_sides, file_fingerprint, filter_pairs, split_inputs,
+from transformer_nmt.conf import CONF_DIR
+from transformer_nmt.data.batching import TokenBucketBatchSampler, pad_pairs, pair_widths
+from transformer_nmt.data.corpus import (CorpusSpec, FilterReport, both_sides, file_fingerprint, filter_pairs, split_inputs,
                                    write_split)
-from transformer_nmt.precision import available_cpus
-from transformer_nmt.tokenizer import Tokenizer, tokenize_dataset, train_sentencepiece
+from transformer_nmt.hardware import available_cpus
+from transformer_nmt.data.tokenizer import Tokenizer, tokenize_dataset, train_sentencepiece
 
 log = logging.getLogger(__name__)
 
 SPLITS = ("train", "val", "test")
-DEFAULTS = OmegaConf.load(Path(__file__).resolve().parents[2] / "conf" / "data" / "local.yaml")  # options' home
+DEFAULTS = OmegaConf.load(CONF_DIR / "data" / "local.yaml")  # options' home
 
 
 # ------------------------------------------------------------------------------------------------ caching

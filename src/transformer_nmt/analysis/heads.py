@@ -1,0 +1,228 @@
+"""Head importance: silence one attention head at a time, measure what BLEU and loss lose.
+
+After Michel, Levy and Neubig (2019), "Are Sixteen Heads Really Better than One?": each head's output
+is multiplied by a gate (1 = on, 0 = off) at evaluation, with no retraining.
+
+    python -m transformer_nmt.analyze_heads ckpt=RUN/checkpoints/last.ckpt split=val max_sentences=300
+    python -m transformer_nmt.analyze_heads ckpt=model.ckpt src=val.en ref=val.de
+
+Writes to ``out=DIR`` (default ``heads/`` beside the checkpoint):
+- ``head_importance.csv`` and ``.md``: per (kind, layer, head) the BLEU and loss with that head masked and
+  their change from the full model; kinds are ``encoder`` (self), ``decoder`` (self) and ``cross``;
+- ``head_importance.png``: heatmaps of the BLEU change, one panel per kind (layers x heads);
+- ``pruning.csv`` and ``pruning.png``: BLEU as heads are removed, least important first (importance =
+  loss increase when the head alone is masked), in ``steps`` equal fractions of all heads.
+BLEU is greedy (``beam=1``, fast) unless ``beam`` says otherwise; loss is the mean per-token
+cross-entropy of the references under teacher forcing.
+"""
+
+from __future__ import annotations
+
+import csv
+import sys
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from sacrebleu.metrics import BLEU  # noqa: E402
+
+from transformer_nmt.checkpoint import load_checkpoint  # noqa: E402
+from transformer_nmt.inference.evaluate import evaluation_pairs  # noqa: E402
+from transformer_nmt.model.transformer import Transformer  # noqa: E402
+from transformer_nmt.options import parse_options  # noqa: E402
+from transformer_nmt.data.tokenizer import Tokenizer  # noqa: E402
+from transformer_nmt.inference.translate import encode_sources, token_batches, translate_lines  # noqa: E402
+
+KINDS = ("encoder", "decoder", "cross")
+OPTIONS = {"ckpt": None, "split": None, "src": None, "ref": None, "out": None, "max_sentences": 300, "beam": 1,
+           "max_tokens": 4096, "steps": 10, "device": "cpu"}
+
+
+@torch.no_grad()
+def reference_loss(model: Transformer, tokenizer: Tokenizer, sources: list[str], references: list[str],
+                   max_tokens: int = 4096) -> float:
+    """Mean cross-entropy per reference token (teacher forcing, no label smoothing)."""
+    max_positions = model.config.max_positions
+    src_ids = encode_sources(tokenizer, sources, max_positions)
+    tgt_ids = [[tokenizer.bos_id] + ids[: max_positions - 2] + [tokenizer.eos_id]
+               for ids in tokenizer.encode_batch(references)]
+    keep = [i for i, ids in enumerate(src_ids) if ids is not None]
+    total, count = 0.0, 0
+    device = model.positions.device
+    for batch in token_batches([max(len(src_ids[i]), len(tgt_ids[i])) for i in keep], max_tokens):
+        rows = [keep[j] for j in batch]
+        src = _pad([src_ids[i] for i in rows], model.config.pad_id).to(device)
+        tgt = _pad([tgt_ids[i] for i in rows], model.config.pad_id).to(device)
+        logits = model(src, tgt[:, :-1])  # (B, T, V)
+        total += F.cross_entropy(logits.flatten(0, 1).float(), tgt[:, 1:].flatten(), ignore_index=model.config.pad_id,
+                                 reduction="sum").item()
+        count += int((tgt[:, 1:] != model.config.pad_id).sum())
+    return total / max(count, 1)
+
+
+def _pad(rows: list[list[int]], pad_id: int) -> torch.Tensor:
+    out = torch.full((len(rows), max(len(r) for r in rows)), pad_id, dtype=torch.long)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = torch.tensor(r)
+    return out
+
+
+def measure(model, tokenizer, sources, references, beam, max_tokens) -> tuple[float, float]:
+    """(BLEU, loss) of the model as currently gated."""
+    hypotheses = [h[0][0] for h in translate_lines(model, tokenizer, sources, beam=beam, max_tokens=max_tokens)]
+    return (BLEU().corpus_score(hypotheses, [references]).score,
+            reference_loss(model, tokenizer, sources, references, max_tokens))
+
+
+def all_heads(model: Transformer) -> list[tuple[str, int, int]]:
+    return [(kind, layer, head) for kind in KINDS for layer, module in enumerate(model.attention_layers(kind))
+            for head in range(module.n_heads)]
+
+
+def set_gates(model: Transformer, removed: set[tuple[str, int, int]]) -> None:
+    """Gate off exactly the heads in ``removed`` (all others on)."""
+    for kind in KINDS:
+        for layer, module in enumerate(model.attention_layers(kind)):
+            gates = torch.tensor([0.0 if (kind, layer, h) in removed else 1.0 for h in range(module.n_heads)])
+            model.set_head_gates(kind, layer, None if bool(gates.all()) else gates)
+
+
+def head_ablation(model, tokenizer, sources, references, beam=1, max_tokens=4096, log=print) -> tuple[dict, list]:
+    """BLEU and loss of the full model, then with each head masked alone."""
+    set_gates(model, set())
+    base_bleu, base_loss = measure(model, tokenizer, sources, references, beam, max_tokens)
+    log(f"full model: BLEU {base_bleu:.2f}, loss {base_loss:.4f} on {len(sources)} sentences")
+    rows = []
+    for kind, layer, head in all_heads(model):
+        set_gates(model, {(kind, layer, head)})
+        bleu, loss = measure(model, tokenizer, sources, references, beam, max_tokens)
+        rows.append({"kind": kind, "layer": layer, "head": head, "bleu": bleu, "loss": loss,
+                     "delta_bleu": bleu - base_bleu, "delta_loss": loss - base_loss})
+        log(f"  {kind:7s} layer {layer} head {head}: BLEU {bleu:6.2f} ({bleu - base_bleu:+.2f}), "
+            f"loss {loss:.4f} ({loss - base_loss:+.4f})")
+    set_gates(model, set())
+    return {"bleu": base_bleu, "loss": base_loss}, rows
+
+
+def pruning_order(rows: list[dict]) -> list[tuple[str, int, int]]:
+    """(kind, layer, head), least important first: smallest loss increase when masked alone."""
+    return [(r["kind"], int(r["layer"]), int(r["head"])) for r in sorted(rows, key=lambda r: float(r["delta_loss"]))]
+
+
+def read_importance(path: str | Path, model: Transformer) -> list[dict]:
+    """The rows of a ``head_importance.csv`` that ``main`` wrote for ``model``: one row per head of the model, or
+    an error naming the file (another model's file, or not analyze_heads' table)."""
+    if not Path(path).is_file():
+        raise SystemExit(f"{path} does not exist: write it with python -m transformer_nmt.analyze_heads ckpt=...")
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    try:
+        heads = [(r["kind"], int(r["layer"]), int(r["head"])) for r in rows]
+        pruning_order(rows)  # reads delta_loss
+    except (KeyError, TypeError, ValueError):
+        raise SystemExit(f"{path} is not a head importance table (columns kind, layer, head, delta_loss, as "
+                         "python -m transformer_nmt.analyze_heads writes it)") from None
+    if sorted(heads) != sorted(all_heads(model)):
+        unknown, missing = sorted(set(heads) - set(all_heads(model))), sorted(set(all_heads(model)) - set(heads))
+        raise SystemExit(f"{path} does not rank this model's heads, one row each (not in the model: {unknown}; "
+                         f"missing: {missing}; {len(heads)} rows for {len(all_heads(model))} heads): write it for "
+                         "this checkpoint with python -m transformer_nmt.analyze_heads ckpt=...")
+    return rows
+
+
+def pruned_heads(rows: list[dict], fraction: float) -> set[tuple[str, int, int]]:
+    """The ``round(fraction x heads)`` least important heads (``pruning_order``), ``fraction`` from 0 to 1."""
+    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 <= fraction <= 1:
+        raise ValueError(f"prune={fraction!r}: give the fraction of heads to remove, a number from 0 to 1")
+    order = pruning_order(rows)
+    return set(order[: round(fraction * len(order))])
+
+
+def pruning_curve(model, tokenizer, sources, references, rows, steps=10, beam=1, max_tokens=4096, log=print):
+    """Remove heads least important first (smallest loss increase alone); BLEU at ``steps`` fractions."""
+    curve = []
+    for step in range(steps + 1):
+        removed = pruned_heads(rows, step / steps)
+        set_gates(model, removed)
+        bleu, loss = measure(model, tokenizer, sources, references, beam, max_tokens)
+        curve.append({"fraction_removed": len(removed) / len(rows), "heads_removed": len(removed), "bleu": bleu,
+                      "loss": loss})
+        log(f"  pruned {len(removed):3d}/{len(rows)} heads: BLEU {bleu:.2f}, loss {loss:.4f}")
+    set_gates(model, set())
+    return curve
+
+
+def write_table(rows: list[dict], base: dict, out_dir: Path) -> None:
+    with open(out_dir / "head_importance.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    lines = [f"Full model: BLEU {base['bleu']:.2f}, loss {base['loss']:.4f}.", "",
+             "| kind | layer | head | BLEU masked | change | loss masked | change |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    lines += [f"| {r['kind']} | {r['layer']} | {r['head']} | {r['bleu']:.2f} | {r['delta_bleu']:+.2f} | "
+              f"{r['loss']:.4f} | {r['delta_loss']:+.4f} |" for r in rows]
+    (out_dir / "head_importance.md").write_text("\n".join(lines) + "\n")
+
+
+def plot_heatmaps(rows: list[dict], out_path: Path) -> None:
+    fig, axes = plt.subplots(1, len(KINDS), figsize=(4 * len(KINDS), 3.2), squeeze=False)
+    limit = max(abs(r["delta_bleu"]) for r in rows) or 1.0
+    for ax, kind in zip(axes[0], KINDS):
+        kind_rows = [r for r in rows if r["kind"] == kind]
+        n_layers = max(r["layer"] for r in kind_rows) + 1
+        n_heads = max(r["head"] for r in kind_rows) + 1
+        grid = torch.zeros(n_layers, n_heads)
+        for r in kind_rows:
+            grid[r["layer"], r["head"]] = r["delta_bleu"]
+        image = ax.imshow(grid, cmap="RdBu", vmin=-limit, vmax=limit)
+        for r in kind_rows:
+            ax.text(r["head"], r["layer"], f"{r['delta_bleu']:+.1f}", ha="center", va="center", fontsize=8)
+        ax.set_title(f"{kind} attention")
+        ax.set_xlabel("head")
+        ax.set_ylabel("layer")
+        ax.set_xticks(range(n_heads))
+        ax.set_yticks(range(n_layers))
+    fig.colorbar(image, ax=axes[0].tolist(), label="BLEU change when masked")
+    fig.savefig(out_path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+
+
+def plot_pruning(curve: list[dict], out_path: Path) -> None:
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    ax.plot([100 * c["fraction_removed"] for c in curve], [c["bleu"] for c in curve], marker="o")
+    ax.set_xlabel("% of attention heads removed (least important first)")
+    ax.set_ylabel("BLEU")
+    ax.grid(alpha=0.3)
+    fig.savefig(out_path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    options = parse_options(sys.argv[1:] if argv is None else argv, OPTIONS)
+    ckpt = options["ckpt"]
+    model, tokenizer, meta = load_checkpoint(ckpt, map_location=options["device"])
+    sources, references, _ = evaluation_pairs(options, meta)
+    n = options["max_sentences"]
+    sources, references = (sources[:n], references[:n]) if n else (sources, references)
+    out_dir = Path(options["out"] or Path(ckpt).parent / "heads")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    base, rows = head_ablation(model, tokenizer, sources, references, options["beam"], options["max_tokens"])
+    write_table(rows, base, out_dir)
+    plot_heatmaps(rows, out_dir / "head_importance.png")
+    curve = pruning_curve(model, tokenizer, sources, references, rows, options["steps"], options["beam"],
+                          options["max_tokens"])
+    with open(out_dir / "pruning.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(curve[0]))
+        writer.writeheader()
+        writer.writerows(curve)
+    plot_pruning(curve, out_dir / "pruning.png")
+    print(f"wrote {out_dir}/head_importance.{{csv,md,png}} and pruning.{{csv,png}}")
+    return {"base": base, "heads": rows, "pruning": curve}
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,24 @@
+"""How to decode: the one home of the search's settings (paper section 6.1: beam 4, length penalty 0.6, at most
+source length + 50 tokens) and of the engine that runs it. translate, evaluate, analyze_heads, explore, the
+validation BLEU of training, the CTranslate2 engine and the benchmarks all read their defaults from here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class DecodeConfig:
+    beam: int = field(default=4, metadata={"help": "beam size; 1: greedy decoding"})
+    alpha: float = field(default=0.6, metadata={"help": "GNMT length penalty ((5 + |Y|) / 6) ** alpha"})
+    max_len_offset: int = field(default=50, metadata={"help": "at most source length + this many tokens out"})
+    max_tokens: int = field(default=4096, metadata={"help": "source tokens per batch, padding counted"})
+    n_best: int = field(default=1, metadata={"help": "hypotheses per input, best first (<= beam)"})
+    engine: str = field(default="native", metadata={"help": "native (torch) | ctranslate2 (pip install -e .[serve])"})
+    device: str = field(default="cpu", metadata={"help": "cpu, cuda, cuda:1, ..."})
+    compute_type: str = field(default="default", metadata={
+        "help": "ctranslate2: default (as exported) | int8 | float32 | ... (quantized at load)"})
+    threads: int = field(default=0, metadata={
+        "help": "threads within each operation; 0: native: torch's default, ctranslate2: 1 per batch"})
+    inter_threads: int = field(default=0, metadata={
+        "help": "ctranslate2: batches decoded at once; 0: one per core"})

@@ -1,0 +1,111 @@
+"""Score a checkpoint with sacreBLEU: detokenized hypotheses to a file, BLEU and chrF to JSON beside it.
+
+    python -m transformer_nmt.evaluate ckpt=RUN/checkpoints/averaged.ckpt split=test
+    python -m transformer_nmt.evaluate ckpt=model.ckpt src=newstest2014.en ref=newstest2014.de
+
+``split=val|test`` reads that split of the data the checkpoint was trained on (its data config travels
+in the checkpoint), every pair, unfiltered; ``src=FILE ref=FILE`` scores any pair of plain-text files
+(``.gz`` too). Beam and engine options as in ``translate`` (beam 4, alpha 0.6, max_len_offset 50;
+``engine=ctranslate2`` with ``ckpt`` or ``model_dir``). Writes to
+``out=DIR`` (default: ``eval/`` beside the checkpoint) ``NAME.hyp`` (one line per source line),
+``NAME.ref`` and ``NAME.json`` with sacreBLEU's BLEU (cased and lowercased, with the length ratio and
+brevity penalty) and chrF and their signatures, so ``sacrebleu NAME.ref -i NAME.hyp`` reproduces the score.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import hydra
+import torch
+from sacrebleu.metrics import BLEU, CHRF
+
+from transformer_nmt import run_files
+from transformer_nmt.inference.alignment import ALIGNMENT_DEFAULTS
+from transformer_nmt.data.corpus import ReadStats, read_pairs
+from transformer_nmt.options import parse_options
+from transformer_nmt.inference.translate import OPTIONS as TRANSLATE_OPTIONS
+from transformer_nmt.inference.translate import load_model, read_lines, translate_lines
+
+OPTIONS = {**{k: v for k, v in TRANSLATE_OPTIONS.items()  # translate's, less those of its output lines
+              if k not in ("input", "output", "n_best", "print_alignment", *ALIGNMENT_DEFAULTS)},
+           "split": None, "src": None, "ref": None, "out": None, "name": None}
+
+
+def split_pairs(meta: dict, split: str) -> tuple[list[str], list[str]]:
+    """All source and reference sentences (unfiltered) of a split of a checkpoint's own training data;
+    ``meta`` as returned by ``load_checkpoint``."""
+    if meta.get("data_config") is None:
+        raise SystemExit(f"checkpoint {meta['path']} does not record its data config; give src=FILE ref=FILE instead")
+    datamodule = hydra.utils.instantiate(meta["data_config"])
+    sources, references = [], []
+    for src_chunk, tgt_chunk in read_pairs(datamodule.spec, split, ReadStats()):
+        sources.extend(src_chunk)
+        references.extend(tgt_chunk)
+    return sources, references
+
+
+def evaluation_pairs(options: dict, meta: dict) -> tuple[list[str], list[str], str]:
+    """(sources, references, default output name) from ``split=val|test`` (the checkpoint's own data,
+    ``meta`` from ``load_checkpoint``) or from ``src=FILE ref=FILE``; errors say which options to give."""
+    if options["split"]:
+        if options["split"] not in ("val", "test"):
+            raise SystemExit(f"split={options['split']!r}: use val or test (or src=FILE ref=FILE)")
+        sources, references = split_pairs(meta, options["split"])
+        name = options["split"]
+    elif options["src"] and options["ref"]:
+        sources, references = read_lines(options["src"]), read_lines(options["ref"])
+        name = Path(options["src"]).name.removesuffix(".gz")
+    else:
+        raise SystemExit("give split=val|test, or src=FILE ref=FILE")
+    if len(sources) != len(references):
+        raise SystemExit(f"{len(sources)} source lines but {len(references)} reference lines")
+    return sources, references, name
+
+
+def score(hypotheses: list[str], references: list[str]) -> dict:
+    """sacreBLEU BLEU (cased and lowercased) and chrF, with their signatures; beside the cased BLEU its
+    length ratio (hypothesis / reference tokens) and brevity penalty."""
+    metrics = {}
+    for name, metric in (("bleu", BLEU()), ("bleu_lowercase", BLEU(lowercase=True)), ("chrf", CHRF())):
+        result = metric.corpus_score(hypotheses, [references])
+        metrics[name] = round(result.score, 4)
+        if name == "bleu":
+            metrics["length_ratio"], metrics["bp"] = round(result.sys_len / result.ref_len, 4), round(result.bp, 4)
+        metrics[f"{name}_signature"] = str(metric.get_signature())
+    return metrics
+
+
+def main(argv: list[str] | None = None) -> dict:
+    options = parse_options(sys.argv[1:] if argv is None else argv, OPTIONS)
+    ckpt = options["ckpt"] or options["model_dir"]
+    model, tokenizer, meta = load_model(options)
+    sources, references, default_name = evaluation_pairs(options, meta)
+    name = options["name"] or default_name
+
+    started = time.perf_counter()
+    hypotheses = [hyps[0][0] for hyps in translate_lines(
+        model, tokenizer, sources, options["beam"], options["alpha"], options["max_len_offset"],
+        options["max_tokens"])]
+    seconds = time.perf_counter() - started
+
+    out_dir = Path(options["out"] or Path(ckpt).parent / run_files.EVAL)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / f"{name}.hyp").write_text("".join(h + "\n" for h in hypotheses), encoding="utf-8")
+    (out_dir / f"{name}.ref").write_text("".join(r + "\n" for r in references), encoding="utf-8")
+    result = {"checkpoint": str(ckpt), "sentences": len(sources), **score(hypotheses, references),
+              "engine": options["engine"], "compute_type": options["compute_type"],
+              "threads": getattr(model, "threads", torch.get_num_threads()),
+              "inter_threads": getattr(model, "inter_threads", None),
+              "beam": options["beam"], "alpha": options["alpha"], "max_len_offset": options["max_len_offset"],
+              "decode_seconds": round(seconds, 1), "global_step": meta.get("global_step")}
+    (out_dir / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    print(json.dumps(result, indent=2))
+    return result
+
+
+if __name__ == "__main__":
+    main()

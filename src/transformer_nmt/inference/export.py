@@ -1,0 +1,249 @@
+"""Export a checkpoint to a CTranslate2 model directory, built with CTranslate2's own model-spec API.
+
+    python -m transformer_nmt.export ckpt=RUN/averaged.ckpt output=RUN/ct2
+    python -m transformer_nmt.export ckpt=RUN/averaged.ckpt output=RUN/ct2_int8 quantization=int8
+
+``quantization``: ``none`` (float32 weights, the default) or one of CTranslate2's weight types (``int8``,
+``int8_float32``, ``float16``, ...). A float32 export can also be quantized when it is loaded (the
+``compute_type`` option of ``translate``). The directory holds CTranslate2's ``model.bin``,
+``config.json`` and ``shared_vocabulary.json``, plus ``sentencepiece.model`` and ``transformer_nmt.json``
+(our model and data config, so ``translate``/``evaluate`` need nothing else).
+
+How our model maps onto CTranslate2's ``TransformerSpec``:
+- post-LN or pre-LN (``pre_norm``; pre-LN's final LayerNorms are the stacks' ``layer_norm``), LayerNorm eps 1e-5;
+- embeddings scaled by sqrt(d_model) (``scale_embeddings``); tied or untied matrices (tied ones are stored once);
+- positions: our sinusoid table is given explicitly, because ours interleaves sin and cos
+  (PE[:, 2i] = sin, PE[:, 2i+1] = cos) where CTranslate2's built-in one concatenates [sin | cos];
+- vocabulary: the SentencePiece pieces in id order, so CTranslate2 id == our id; its unk/bos/eos tokens are
+  the pieces of our ids 1/2/3; the decoder starts from bos, and eos is appended to every source;
+- the output layer gets a bias of -1e4 on pad and bos, which are never valid outputs (``forbid_special``
+  in decoding): exp(-1e4) underflows to 0, so every other log-probability is unchanged;
+- head gates (set by head-importance analysis) are folded into the attention output projections.
+Dropout, attention dropout and the attention kernel do not exist at inference and are ignored.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+from filelock import FileLock
+
+from transformer_nmt.checkpoint import load_checkpoint
+from transformer_nmt.model.transformer import Transformer
+from transformer_nmt.options import parse_options
+from transformer_nmt.data.tokenizer import Tokenizer
+
+EXPORT_INFO = "transformer_nmt.json"  # our configs, beside CTranslate2's files
+EXPORT_FORMAT = 1  # part of the cache key: bump when the export of a given checkpoint changes
+SENTENCEPIECE_MODEL = "sentencepiece.model"
+FORBIDDEN_LOGIT_BIAS = -1e4  # on pad and bos; finite so float16 and int8 exports keep it
+LAYER_NORM_EPS = 1e-5  # torch.nn.LayerNorm's default, which the model uses
+OPTIONS = {"ckpt": None, "output": None, "quantization": "none", "force": False}
+
+
+def import_ctranslate2():
+    """The ctranslate2 module, or an error that says how to install it."""
+    try:
+        import ctranslate2
+    except ImportError:
+        raise SystemExit('CTranslate2 is not installed: pip install -e ".[serve]" (or pip install "ctranslate2>=4")'
+                         ) from None
+    return ctranslate2
+
+
+def check_quantization(quantization: str) -> str | None:
+    """``quantization`` option -> CTranslate2's weight type (None = float32 as trained)."""
+    accepted = import_ctranslate2().specs.model_spec.ACCEPTED_MODEL_TYPES
+    if quantization in ("none", None):
+        return None
+    if quantization not in accepted:
+        raise SystemExit(f"quantization={quantization!r}: use none or one of {', '.join(accepted)}")
+    return quantization
+
+
+def _array(tensor: torch.Tensor) -> np.ndarray:
+    return tensor.detach().to("cpu", torch.float32).numpy().copy()
+
+
+def _set_linear(spec, linear: torch.nn.Linear, rows: slice = slice(None), column_scale: torch.Tensor | None = None
+                ) -> None:
+    """Fill a LinearSpec from output rows ``rows`` of ``linear``; ``column_scale`` (d_in,) multiplies the
+    input columns (folds per-head gates into W_O)."""
+    weight = linear.weight[rows]  # (d_out, d_in)
+    spec.weight = _array(weight if column_scale is None else weight * column_scale)
+    if linear.bias is not None:
+        spec.bias = _array(linear.bias[rows])
+
+
+def _set_layer_norm(spec, norm: torch.nn.LayerNorm) -> None:
+    spec.gamma, spec.beta = _array(norm.weight), _array(norm.bias)
+
+
+def _set_attention(spec, attention, norm: torch.nn.LayerNorm, self_attention: bool) -> None:
+    """``in_proj`` stacks [W_Q; W_K; W_V]. Self-attention: linear[0] = Q|K|V, linear[1] = W_O;
+    cross-attention: linear[0] = Q, linear[1] = K|V, linear[2] = W_O."""
+    if self_attention:
+        _set_linear(spec.linear[0], attention.in_proj)
+    else:
+        _set_linear(spec.linear[0], attention.in_proj, slice(0, attention.d_model))
+        _set_linear(spec.linear[1], attention.in_proj, slice(attention.d_model, None))
+    gates = attention.head_gates  # one per head, over its d_v columns of W_O
+    column_scale = None if gates is None else gates.to(torch.float32).cpu().repeat_interleave(attention.d_v)
+    _set_linear(spec.linear[-1], attention.out_proj, column_scale=column_scale)
+    _set_layer_norm(spec.layer_norm, norm)
+
+
+def _set_feed_forward(spec, feed_forward, norm: torch.nn.LayerNorm) -> None:
+    _set_linear(spec.linear_0, feed_forward.linear1)
+    _set_linear(spec.linear_1, feed_forward.linear2)
+    _set_layer_norm(spec.layer_norm, norm)
+
+
+def _set_inputs(spec, embedding: torch.nn.Embedding, positions: torch.Tensor) -> None:
+    embeddings = spec.embeddings[0] if isinstance(spec.embeddings, list) else spec.embeddings
+    embeddings.weight = _array(embedding.weight)
+    spec.scale_embeddings = True  # * sqrt(d_model)
+    spec.position_encodings.encodings = _array(positions)  # (max_positions, d_model), our interleaved layout
+
+
+def transformer_spec(model: Transformer, tokenizer: Tokenizer):
+    """Our model as a ``ctranslate2.specs.TransformerSpec`` (weights set, vocabulary registered)."""
+    specs = import_ctranslate2().specs
+    cfg = model.config
+    if tokenizer.vocab_size != cfg.vocab_size:
+        raise ValueError(f"tokenizer has {tokenizer.vocab_size} pieces but the model {cfg.vocab_size}")
+    d_k, d_v = cfg.head_dims()
+    if not cfg.n_heads * d_k == cfg.n_heads * d_v == cfg.d_model:
+        raise ValueError(f"CTranslate2 needs n_heads x d_k = n_heads x d_v = d_model ({cfg.d_model}); this model has "
+                         f"n_heads {cfg.n_heads}, model.d_k {d_k}, model.d_v {d_v}: translate with PyTorch")
+    spec = specs.TransformerSpec.from_config((cfg.n_encoder_layers, cfg.n_decoder_layers), cfg.n_heads,
+                                             pre_norm=cfg.norm_first, activation=specs.Activation.RELU)
+    _set_inputs(spec.encoder, model.src_embed, model.positions)
+    for layer_spec, layer in zip(spec.encoder.layer, model.encoder_layers):
+        _set_attention(layer_spec.self_attention, layer.self_attn, layer.attn_block.norm, self_attention=True)
+        _set_feed_forward(layer_spec.ffn, layer.feed_forward, layer.ff_block.norm)
+
+    _set_inputs(spec.decoder, model.tgt_embed, model.positions)
+    for layer_spec, layer in zip(spec.decoder.layer, model.decoder_layers):
+        _set_attention(layer_spec.self_attention, layer.self_attn, layer.self_attn_block.norm, self_attention=True)
+        _set_attention(layer_spec.attention, layer.cross_attn, layer.cross_attn_block.norm, self_attention=False)
+        _set_feed_forward(layer_spec.ffn, layer.feed_forward, layer.ff_block.norm)
+    if cfg.norm_first:
+        _set_layer_norm(spec.encoder.layer_norm, model.encoder_norm)
+        _set_layer_norm(spec.decoder.layer_norm, model.decoder_norm)
+
+    output_weight = model.tgt_embed.weight if model.output_proj is None else model.output_proj.weight
+    spec.decoder.projection.weight = _array(output_weight)  # (vocab, d_model)
+    bias = np.zeros(cfg.vocab_size, dtype=np.float32)
+    bias[[cfg.pad_id, tokenizer.bos_id]] = FORBIDDEN_LOGIT_BIAS
+    spec.decoder.projection.bias = bias
+
+    pieces = [tokenizer.id_to_piece(i) for i in range(tokenizer.vocab_size)]
+    spec.register_source_vocabulary(pieces)
+    spec.register_target_vocabulary(pieces)
+    spec.config.unk_token = pieces[tokenizer.unk_id]
+    spec.config.bos_token = spec.config.decoder_start_token = pieces[tokenizer.bos_id]
+    spec.config.eos_token = pieces[tokenizer.eos_id]
+    spec.config.add_source_eos = True
+    spec.config.layer_norm_epsilon = LAYER_NORM_EPS
+    return spec
+
+
+def export_model(model: Transformer, tokenizer: Tokenizer, output: str | os.PathLike, quantization: str = "none",
+                 meta: dict | None = None, force: bool = False, exist_ok: bool = False) -> Path:
+    """Write ``model`` as a CTranslate2 model directory ``output``; returns its path.
+
+    The directory is written under a temporary name and renamed into place, so ``output`` is either
+    absent or complete. ``meta`` (as from ``load_checkpoint``) records where the model came from.
+    ``force``: replace an existing ``output``. ``exist_ok``: keep an ``output`` that another process completed
+    meanwhile (the cache, where the same key is the same export) and discard this one."""
+    ctranslate2 = import_ctranslate2()
+    weight_type = check_quantization(quantization)
+    output = Path(output)
+    if output.exists() and not (force or exist_ok):
+        raise SystemExit(f"output={output} already exists; choose another directory or give force=true")
+    spec = transformer_spec(model, tokenizer)
+    spec.validate()
+    spec.optimize(quantization=weight_type)
+    tmp = output.with_name(f"{output.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        spec.save(str(tmp))
+        tokenizer.save(tmp / SENTENCEPIECE_MODEL)
+        meta = meta or {}
+        info = {"model_config": model.config.to_dict(), "data_config": meta.get("data_config"),
+                "checkpoint": meta.get("path"), "global_step": meta.get("global_step"),
+                "quantization": quantization or "none", "ctranslate2_version": ctranslate2.__version__}
+        (tmp / EXPORT_INFO).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+        if force and output.exists():
+            shutil.rmtree(output)
+        try:
+            os.replace(tmp, output)  # atomic; fails when output is a directory that is not empty
+        except OSError:
+            if not exist_ok:
+                raise
+            if not (output / EXPORT_INFO).is_file():
+                replace_unfinished(output, tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return output
+
+
+def replace_unfinished(output: Path, export: Path) -> None:
+    """Put the complete ``export`` where ``output``, a directory without EXPORT_INFO (an export that never
+    finished, left by a writer before exports were atomic), stands; no reader uses such a directory. Under a
+    lock, so that a racing process's complete export is never moved aside; one completed meanwhile is kept."""
+    with FileLock(f"{output}.lock"):
+        if (output / EXPORT_INFO).is_file():
+            return
+        stale = output.with_name(f"{output.name}.unfinished-{os.getpid()}")
+        try:
+            if output.exists():
+                os.replace(output, stale)
+            os.replace(export, output)
+        finally:
+            shutil.rmtree(stale, ignore_errors=True)
+
+
+def cached_export(ckpt: str | os.PathLike) -> Path:
+    """The float32 CTranslate2 export of checkpoint ``ckpt``, written on first use to
+    ``$XDG_CACHE_HOME/transformer_nmt/ctranslate2/`` (default ``~/.cache/...``) under a hash of its path, size and
+    modification time (checkpoints are replaced atomically, never edited: a new file is a new key; hashing the
+    bytes would read gigabytes of optimizer state on every call). Concurrent first uses (two ``translate``
+    processes) each write their own temporary export; the first rename wins and the others keep it: an entry,
+    once there, is never removed or replaced under a reader. A directory without EXPORT_INFO, which no reader
+    uses, is replaced by a complete export (``replace_unfinished``)."""
+    path = Path(ckpt)
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint {path} does not exist")
+    stat = path.stat()
+    digest = hashlib.sha256(f"{path.resolve()}\0{stat.st_size}\0{stat.st_mtime_ns}".encode())
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "transformer_nmt" / "ctranslate2"
+    output = cache / f"{digest.hexdigest()[:20]}-v{EXPORT_FORMAT}"
+    if not (output / EXPORT_INFO).is_file():
+        model, tokenizer, meta = load_checkpoint(path)
+        export_model(model, tokenizer, output, meta=meta, exist_ok=True)
+    return output
+
+
+def main(argv: list[str] | None = None) -> Path:
+    options = parse_options(sys.argv[1:] if argv is None else argv, OPTIONS)
+    if not options["output"]:
+        raise SystemExit("missing output=DIR (the CTranslate2 model directory to write)")
+    check_quantization(options["quantization"])  # before the (slow) checkpoint load
+    model, tokenizer, meta = load_checkpoint(options["ckpt"])
+    output = export_model(model, tokenizer, options["output"], options["quantization"], meta, options["force"])
+    print(f"exported {options['ckpt']} -> {output} (quantization {options['quantization']})")
+    return output
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,289 @@
+"""One training run from a Hydra config (``python -m transformer_nmt.train``): fit, then test.
+
+Builds the datamodule, the LightningModule, callbacks, TensorBoard logger and Trainer from ``conf/``
+(see conf/train.yaml), checks the config before anything expensive, prints a start-up summary, then
+``fit`` and ``test``, and writes a summary of the run to ``results.json`` and the validation hypotheses beside
+it (``val_hypotheses.txt``, for paired significance tests). Everything the run writes goes
+under Hydra's run directory. A sweep run again with the same ``sweep_id`` skips the runs that wrote
+``results.json`` (``finished_already``) and resumes the others.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from collections.abc import Sequence
+from datetime import timedelta
+from pathlib import Path
+
+import hydra
+import lightning.pytorch as pl
+import torch
+from hydra.core.config_store import ConfigStore
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.strategies import DDPStrategy
+from lightning.pytorch.utilities import rank_zero_only
+from omegaconf import DictConfig, OmegaConf
+
+from transformer_nmt import run_files
+from transformer_nmt.model.attention import auto_kernel, check_attention
+from transformer_nmt.training.callbacks import AttentionMaps, LastCheckpoint, TokenProgressBar
+from transformer_nmt.checkpoint import atomic_write
+from transformer_nmt.training.checkpoint_io import AtomicCheckpointIO
+from transformer_nmt.training.fingerprint import RecordFingerprint, check_finished_run, check_resume, run_fingerprint
+from transformer_nmt.training.launch import resume_checkpoint  # also registers hydra.run.dir's ${run_name:} resolver
+from transformer_nmt.model.transformer import TransformerConfig
+from transformer_nmt.hardware import reported_cpu_flags
+from transformer_nmt.training.precision import compute_dtype, precision_dependent, resolve_precision
+from transformer_nmt.training.time_budget import TimeBudget
+from transformer_nmt.training.module import TRAIN_DEFAULTS, TranslationModule
+
+log = logging.getLogger(__name__)
+
+PRECISIONS = ("auto", "32", "32-true", "bf16-mixed", "16-mixed")
+MODEL_FIELDS = set(TransformerConfig.__dataclass_fields__) - {"vocab_size"}
+ConfigStore.instance().store(name="train_defaults", node=TRAIN_DEFAULTS)  # conf/train.yaml: train_defaults@train
+
+
+class ConfigError(ValueError):
+    """A config value that cannot work; the message names the key and what to do."""
+
+
+def validate_config(cfg: DictConfig) -> None:
+    """Fail fast, before data preparation, on settings that cannot work."""
+    model = cfg.model
+    unknown = set(model) - MODEL_FIELDS
+    if "vocab_size" in unknown:
+        raise ConfigError("model.vocab_size is set from the tokenizer at run time: set data.vocab_size instead")
+    if unknown:
+        raise ConfigError(f"unknown model settings {sorted(unknown)}; TransformerConfig has {sorted(MODEL_FIELDS)}")
+    check_attention(model.d_model, model.n_heads, model.get("attention"), prefix="model.", error=ConfigError,
+                    d_k=model.get("d_k"), d_v=model.get("d_v"))
+    if model.get("pad_id", 0) != 0:
+        raise ConfigError(f"model.pad_id must be 0, the tokenizer's pad id (got {model.pad_id})")
+    data_max = cfg.data.get("max_positions")
+    if data_max is not None and model.get("max_positions", 1024) < data_max:
+        raise ConfigError(f"model.max_positions ({model.max_positions}) is below data.max_positions ({data_max}), the "
+                          f"longest sequence a batch may hold: raise model.max_positions or lower data.max_positions")
+    precision = str(cfg.trainer.precision)
+    if precision not in PRECISIONS:
+        raise ConfigError(f"trainer.precision={precision!r} is not supported; use one of {PRECISIONS}")
+    if precision == "16-mixed" and cfg.trainer.get("accelerator") == "cpu":
+        raise ConfigError("trainer.precision=16-mixed needs a GPU; on CPU use bf16-mixed or 32-true")
+    unknown = set(cfg.train) - set(TRAIN_DEFAULTS)
+    if unknown:
+        raise ConfigError(f"unknown train settings {sorted(unknown)}; known: {sorted(TRAIN_DEFAULTS)}")
+    if not 0.0 <= cfg.train.label_smoothing < 1.0:
+        raise ConfigError(f"train.label_smoothing must be in [0, 1), got {cfg.train.label_smoothing}")
+    if cfg.train.warmup_steps < 1:
+        raise ConfigError(f"train.warmup_steps must be >= 1, got {cfg.train.warmup_steps}")
+    if cfg.trainer.get("accumulate_grad_batches", 1) < 1:
+        raise ConfigError("trainer.accumulate_grad_batches must be >= 1")
+    if cfg.trainer.get("gradient_clip_val") is not None:
+        raise ConfigError("trainer.gradient_clip_val: the module clips the gradients itself, after unscaling them "
+                          "by the step's target tokens; set train.clip_grad_norm instead and drop "
+                          "trainer.gradient_clip_val")
+    recent = cfg.checkpoint.recent
+    if recent.every_n_train_steps and recent.every_n_minutes:
+        raise ConfigError("checkpoint.recent: set every_n_train_steps or every_n_minutes, not both")
+
+
+def trainer_precision(cfg: DictConfig) -> tuple[str, str]:
+    """(Lightning precision, why): trainer.precision, with ``auto`` resolved for trainer.accelerator."""
+    return resolve_precision(str(cfg.trainer.precision), str(cfg.trainer.get("accelerator", "auto")))
+
+
+def batch_seed(cfg: DictConfig) -> int:
+    """The seed of the batch order: data.seed, or the run's seed where data.seed is null (the default), so
+    that one ``seed=`` sweep axis varies initialisation, dropout and data order together."""
+    return cfg.seed if cfg.data.get("seed") is None else cfg.data.seed
+
+
+def build_module(cfg: DictConfig, tokenizer) -> TranslationModule:
+    model_config = {**OmegaConf.to_container(cfg.model, resolve=True), "vocab_size": tokenizer.vocab_size}
+    train_config = OmegaConf.to_container(cfg.train, resolve=True)
+    data_config = OmegaConf.to_container(cfg.data, resolve=True)
+    return TranslationModule(model_config, train_config, tokenizer=tokenizer, seed=cfg.seed, data_config=data_config)
+
+
+def build_callbacks(cfg: DictConfig, checkpoint_dir: Path, overrides: Sequence[str] = ()) -> list[pl.Callback]:
+    """Best-k checkpoints by validation BLEU (loss when BLEU is off), ``last.ckpt``, maps, progress bar, and
+    the run's time budget (seconds per phase and the step's MFU, time_budget.py)."""
+    bleu = cfg.train.val_bleu_max_sentences != 0
+    best = ModelCheckpoint(  # first ModelCheckpoint: trainer.test(ckpt_path="best") uses it
+        dirpath=checkpoint_dir,
+        filename="step{step:07d}-bleu{val/bleu:.2f}" if bleu else "step{step:07d}-loss{val/loss:.3f}",
+        auto_insert_metric_name=False, monitor="val/bleu" if bleu else "val/loss", mode="max" if bleu else "min",
+        save_top_k=cfg.checkpoint.save_top_k, save_last=False)
+    last = LastCheckpoint(checkpoint_dir, every_n_train_steps=cfg.checkpoint.every_n_train_steps)
+    callbacks = [TimeBudget(), best, RecordFingerprint(run_fingerprint(cfg), list(overrides))]
+    recent = cfg.checkpoint.recent
+    if recent.keep:  # a rolling window of the newest K, for checkpoint averaging (paper section 6.1)
+        minutes = recent.every_n_minutes
+        callbacks.append(ModelCheckpoint(
+            dirpath=checkpoint_dir / run_files.RECENT, filename="step{step:07d}", auto_insert_metric_name=False,
+            monitor="step", mode="max", save_top_k=recent.keep, save_last=False,
+            every_n_train_steps=recent.every_n_train_steps,  # neither this nor minutes: after every validation
+            train_time_interval=timedelta(minutes=minutes) if minutes else None))
+    callbacks.append(last)  # after the others: last.ckpt holds their newest state
+    maps = cfg.attention_maps
+    if maps.every_n_validations:
+        callbacks.append(AttentionMaps(every_n_validations=maps.every_n_validations, n_probes=maps.n_probes,
+                                       probes=OmegaConf.to_container(maps.probes) if maps.probes else None,
+                                       max_tokens=maps.max_tokens))
+    if cfg.trainer.get("enable_progress_bar", True):
+        callbacks.append(TokenProgressBar())
+    return callbacks
+
+
+def build_trainer(cfg: DictConfig, run_dir: Path, callbacks: list[pl.Callback]) -> pl.Trainer:
+    trainer_args = OmegaConf.to_container(cfg.trainer, resolve=True)
+    trainer_args["precision"] = trainer_precision(cfg)[0]
+    if trainer_args.get("strategy") == "ddp":  # the model's only buffer, the position table, is never trained
+        trainer_args["strategy"] = DDPStrategy(broadcast_buffers=False)
+    callbacks = callbacks + [hydra.utils.instantiate(c) for c in trainer_args.pop("callbacks", None) or []]
+    logger = TensorBoardLogger(save_dir=str(run_dir), name=run_files.TENSORBOARD, version="", default_hp_metric=False)
+    return pl.Trainer(**trainer_args, callbacks=callbacks, logger=logger, plugins=[AtomicCheckpointIO()],
+                      default_root_dir=str(run_dir), use_distributed_sampler=False)
+
+
+def attention_kernel(kernel: str, trainer: pl.Trainer) -> str:
+    """model.attention as the training step runs it: ``auto`` resolved for the device and the precision."""
+    if kernel != "auto":
+        return f"{kernel} (set in model.attention; plain wherever attention maps are drawn)"
+    chosen, why = auto_kernel(trainer.strategy.root_device.type, compute_dtype(trainer.precision))
+    return f"{chosen} ({why}; plain wherever attention maps are drawn)"
+
+
+def summary(cfg: DictConfig, datamodule, module: TranslationModule, trainer: pl.Trainer, resume: str) -> str:
+    """Parameters, corpus sizes, tokens per optimizer step, devices, precision, run dir, what it resumes."""
+    sizes = ", ".join(f"{name} {split.report.kept:,}" for name, split in datamodule.splits.items())
+    per_step = datamodule.max_tokens * trainer.accumulate_grad_batches * trainer.world_size
+    c = module.model.config
+    lines = [
+        f"model       {module.model.num_parameters():,} parameters (d_model {c.d_model}, heads {c.n_heads} with d_k "
+        f"{c.head_dims()[0]}, d_v {c.head_dims()[1]}, {c.positions} positions, "
+        f"layers {c.n_encoder_layers}+{c.n_decoder_layers}, d_ff {c.d_ff}, dropout {c.dropout}, vocab {c.vocab_size})",
+        f"corpus      {datamodule.src_lang}->{datamodule.tgt_lang} pairs after filtering: {sizes}",
+        f"batch       <= {per_step:,} padded tokens per side per optimizer step (data.max_tokens "
+        f"{datamodule.max_tokens} x accumulate {trainer.accumulate_grad_batches} x {trainer.world_size} ranks)",
+        f"devices     {trainer.num_nodes} node(s) x {trainer.num_devices} {type(trainer.accelerator).__name__}, "
+        f"strategy {type(trainer.strategy).__name__}, precision {trainer.precision} ({trainer_precision(cfg)[1]})",
+        f"attention   {attention_kernel(c.attention, trainer)}",
+        f"schedule    warmup {cfg.train.warmup_steps} steps, lr_factor {cfg.train.lr_factor}, "
+        f"max_steps {trainer.max_steps}, max_epochs {trainer.max_epochs}",
+        f"run dir     {trainer.default_root_dir}",
+        f"resume      {resume}",
+    ]
+    chosen = precision_dependent(cfg)
+    if chosen:  # the recipe's ${by_precision:...} settings, as chosen for this run's precision
+        after = next(i for i, line in enumerate(lines) if line.startswith("devices")) + 1
+        lines.insert(after, f"recipe      for {trainer.precision}: " + ", ".join(f"{k} {v}" for k, v in chosen.items()))
+    return "\n".join(lines)
+
+
+def run_results(module: TranslationModule, trainer: pl.Trainer, metrics: dict, overrides: Sequence[str],
+                wall_seconds: float, seed: int | None = None) -> dict:
+    """The summary of one run that ``results.json`` holds: the model's Table 3 columns (h, d_k, d_v, d_model,
+    N, d_ff, P_drop, eps_ls, positions, parameters), the seed, the last validation's perplexity and BLEU, test
+    BLEU when the run tested, mean training throughput (target tokens/s), wall time (the whole run: data,
+    fit, test), where it ran (precision, CPU flags that decide its speed, threads), and where the wall time
+    went with the training step's model FLOPs utilisation (``time_budget``: time_budget.TimeBudget.report;
+    this process's only: a resumed run's earlier launches are not in it)."""
+    c = module.model.config
+    d_k, d_v = c.head_dims()
+
+    def metric(key: str) -> float | None:
+        return round(float(metrics[key]), 4) if key in metrics else None
+
+    tokens_per_sec = module.train_tokens_per_sec()
+    budget = next((cb for cb in trainer.callbacks if isinstance(cb, TimeBudget)), None)
+    return {
+        "overrides": list(overrides),
+        "seed": seed,
+        "n_heads": c.n_heads, "d_model": c.d_model, "d_k": d_k, "d_v": d_v,
+        "n_layers": c.n_encoder_layers, "n_decoder_layers": c.n_decoder_layers, "d_ff": c.d_ff, "dropout": c.dropout,
+        "label_smoothing": module.optim["label_smoothing"], "positions": c.positions,
+        "parameters": module.model.num_parameters(),
+        "val_loss": metric("val/loss"), "val_ppl": metric("val/ppl"), "val_bleu": metric("val/bleu"),
+        "test_bleu": metric("test/bleu"),
+        "train_tgt_tokens_per_sec": round(tokens_per_sec, 1) if tokens_per_sec is not None else None,
+        "steps": trainer.global_step,
+        "wall_seconds": round(wall_seconds, 1),
+        "precision": str(trainer.precision), "torch_threads": torch.get_num_threads(),
+        "cpu_flags": reported_cpu_flags(),
+        "time_budget": budget.report(wall_seconds) if budget is not None else None,
+    }
+
+
+def write_hypotheses(module: TranslationModule, datamodule, run_dir: Path) -> None:
+    """The last validation's greedy hypotheses and their references, one sentence a line in split order, for
+    paired significance tests between runs (scripts/summarize_ablation.py); nothing when BLEU was off."""
+    hypotheses = module.hypotheses.get("val")
+    if not hypotheses:
+        return
+    references = datamodule.references("val")
+    indices = sorted(hypotheses)
+    for name, lines in ((run_files.HYPOTHESES, [hypotheses[i] for i in indices]),
+                        (run_files.REFERENCES, [references[i] for i in indices])):
+        (run_dir / name).write_text("".join(" ".join(line.splitlines()) + "\n" for line in lines), encoding="utf-8")
+
+
+def train(cfg: DictConfig, run_dir: str | Path, overrides: Sequence[str] = (), sweep: bool = False) -> pl.Trainer:
+    """Fit and test one configuration, write ``run_dir/results.json`` (see ``run_results``; ``overrides``:
+    the command line's, recorded there and in the checkpoints; ``sweep``: a job of a multirun, which resumes
+    only a checkpoint written with the same overrides); returns the trainer (metrics in
+    ``trainer.callback_metrics``)."""
+    started = time.perf_counter()
+    run_dir = Path(run_dir)
+    validate_config(cfg)
+    ckpt_path, resume = resume_checkpoint(cfg.ckpt_path, run_dir)
+    check_resume(cfg, ckpt_path, list(overrides) if sweep else None)  # the run dir's checkpoint must be this run's
+    if rank_zero_only.rank == 0:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / run_files.CONFIG).write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    pl.seed_everything(cfg.seed, workers=True)
+    # torch.compile: batch widths a multiple of 8 too, so that shapes repeat (and the user's multiple still holds)
+    compile_pad = {"pad_to_multiple": math.lcm(cfg.data.pad_to_multiple, 8)} if cfg.train.compile else {}
+    datamodule = hydra.utils.instantiate(cfg.data, **compile_pad, seed=batch_seed(cfg))
+    datamodule.setup("fit")  # builds or reuses the vocabulary: the model's vocab_size comes from it
+    module = build_module(cfg, datamodule.tokenizer)
+    callbacks = build_callbacks(cfg, run_dir / run_files.CHECKPOINTS, overrides)
+    trainer = build_trainer(cfg, run_dir, callbacks)
+    if rank_zero_only.rank == 0:
+        log.info("\n%s", summary(cfg, datamodule, module, trainer, resume))
+    trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
+    if cfg.get("validate_at_end") and module.validated_at_step != trainer.global_step:
+        trainer.validate(module, datamodule=datamodule, verbose=False)  # the final weights, as they are
+    metrics = dict(trainer.callback_metrics)  # the last validation's: trainer.test starts from empty metrics
+    if cfg.run_test and "test" in datamodule.splits:
+        best = trainer.checkpoint_callback.best_model_path  # "" when no validation ran
+        trainer.test(module, datamodule=datamodule, ckpt_path=best if best and Path(best).is_file() else None)
+        metrics.update(trainer.callback_metrics)
+    if rank_zero_only.rank == 0:
+        results = run_results(module, trainer, metrics, overrides, time.perf_counter() - started, cfg.seed)
+        write_hypotheses(module, datamodule, run_dir)  # before results.json, which marks the run finished
+        text = json.dumps(results, indent=2) + "\n"
+        atomic_write(run_dir / run_files.RESULTS, lambda f: f.write(text.encode()))  # complete, or not there
+    return trainer
+
+
+def finished_already(cfg: DictConfig, run_dir: Path, overrides: Sequence[str]) -> bool:
+    """A sweep run again (same command, same sweep_id) skips the runs that wrote results.json; the others resume.
+    A finished run with other settings or overrides (``overrides``: this job's) than this command's is an error
+    (fingerprint.check_finished_run)."""
+    path = run_dir / run_files.RESULTS
+    if not path.is_file():
+        return False
+    try:
+        results = json.loads(path.read_text())
+    except ValueError as error:  # written atomically since; an older run may have been killed mid-write
+        log.warning("%s is not readable JSON (%s): the run is taken as unfinished and runs (or resumes)", path, error)
+        return False
+    check_finished_run(cfg, run_dir / run_files.CONFIG, results.get("overrides"), list(overrides))
+    log.info("%s exists: this run of the sweep finished already, skipped (delete the file to run it again)", path)
+    return True
+
