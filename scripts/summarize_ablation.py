@@ -104,7 +104,8 @@ def composed_config(*overrides: str) -> tuple:
     from hydra import compose, initialize_config_dir
 
     from transformer_nmt.model.attention import head_dims
-    from transformer_nmt.training.app import CONF_DIR  # also registers train_defaults, which conf/train.yaml composes
+    import transformer_nmt.training.app  # noqa: F401  (registers train_defaults, which conf/train.yaml composes)
+    from transformer_nmt.conf import CONF_DIR
 
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
         cfg = compose("train", overrides=list(overrides))
