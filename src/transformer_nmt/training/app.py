@@ -34,7 +34,7 @@ from transformer_nmt.training.callbacks import AttentionMaps, LastCheckpoint, To
 from transformer_nmt.checkpoint import atomic_write
 from transformer_nmt.training.checkpoint_io import AtomicCheckpointIO
 from transformer_nmt.training.fingerprint import RecordFingerprint, check_finished_run, check_resume, run_fingerprint
-from transformer_nmt.training.launch import resume_checkpoint  # also registers hydra.run.dir's ${run_name:} resolver
+from transformer_nmt.training.launch import resume_checkpoint
 from transformer_nmt.model.transformer import TransformerConfig
 from transformer_nmt.hardware import reported_cpu_flags
 from transformer_nmt.training.precision import compute_dtype, precision_dependent, resolve_precision
