@@ -106,7 +106,9 @@ def composed_config(*overrides: str) -> tuple:
     from transformer_nmt.model.attention import head_dims
     import transformer_nmt.training.app  # noqa: F401  (registers train_defaults, which conf/train.yaml composes)
     from transformer_nmt.conf import CONF_DIR
+    from transformer_nmt.training.resolvers import register_resolvers
 
+    register_resolvers()  # experiment recipes use ${by_precision:}
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
         cfg = compose("train", overrides=list(overrides))
     model = cfg.model

@@ -3,6 +3,14 @@
 import pytest
 
 from transformer_nmt.hardware import CPU_BF16_ANSWERS, CPU_BF16_ENV
+from transformer_nmt.training.resolvers import register_resolvers
+
+
+@pytest.fixture(autouse=True, scope="session")
+def resolvers():
+    """The configs' resolvers (${run_name:}, ${sweep_name:}, ${by_precision:}), as the apps register them
+    before composing: the tests compose configs themselves (hydra.compose)."""
+    register_resolvers()
 
 
 @pytest.fixture(params=CPU_BF16_ANSWERS)

@@ -123,6 +123,19 @@ def test_one_image_per_probe_and_one_entropy_per_kind_layer_and_head(tmp_path, t
         assert 0.0 <= value.value <= math.log(max(source_tokens, 40))
 
 
+def test_maps_drawn_after_the_logger_closed_its_writer_are_still_written(tmp_path, tokenizer):
+    """Lightning's logger closes its writer at the end of fit; a validation after it (validate_at_end) draws maps."""
+    model = Transformer(TransformerConfig(vocab_size=tokenizer.vocab_size, d_model=16, n_heads=2, n_encoder_layers=1,
+                                          n_decoder_layers=1, d_ff=32)).eval()
+    writer = SummaryWriter(str(tmp_path))
+    writer.close()
+    assert AttentionMaps(inches=1.5, dpi=40).log_maps(writer, model, tokenizer, ["Two dogs play."], step=9) == 6
+    writer.close()
+    events = read_events(tmp_path)
+    images = [t for t in events.Tags()["tensors"] if t.startswith("attention/")]
+    assert len(images) == 6 and all([step for step, _ in image_samples(events, t)] == [9] for t in images)
+
+
 def test_maps_are_logged_every_nth_validation_of_a_training_run(corpus, tmp_path, caplog):
     cfg = tiny_config(corpus, "trainer.max_steps=6", "trainer.val_check_interval=2",
                       "attention_maps.every_n_validations=2", "attention_maps.n_probes=1")

@@ -14,6 +14,7 @@ from transformer_nmt.model.flops import FlopCount, matmul_ceiling, model_flops
 from transformer_nmt.model.transformer import Transformer, TransformerConfig
 from transformer_nmt.training.time_budget import PHASES, TimeBudget
 from transformer_nmt.training.app import train
+from transformer_nmt.training.callbacks import AttentionMaps
 
 
 def test_model_flops_equal_a_hand_count_on_a_tiny_model():
@@ -134,3 +135,13 @@ def test_reproduce_json_holds_the_time_budget_of_a_scored_run(tiny_run, monkeypa
     budget = written["time_budget"]
     assert budget["of"] == "train() call" and budget["wall_seconds"] == pytest.approx(results["wall_seconds"], abs=0.1)
     assert set(budget["phases"]) == set(reproduce.PHASE_LABELS) and budget["mfu"]["ceiling"]["ceiling_gflops"] > 0
+
+
+def test_the_run_hands_its_budget_to_the_checkpoint_writer_and_the_maps(tiny_run):
+    """Explicit links: the app builds the checkpoint IO with the budget, AttentionMaps finds it in trainer.callbacks."""
+    trainer = tiny_run[0]
+    budget = TimeBudget.of(trainer.callbacks)
+    assert isinstance(budget, TimeBudget)
+    assert trainer.strategy.checkpoint_io.time_budget is budget
+    assert next(c for c in trainer.callbacks if isinstance(c, AttentionMaps)).time_budget is budget
+    assert budget.seconds["checkpointing"] > 0 and budget.seconds["attention_maps"] > 0

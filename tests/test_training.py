@@ -339,7 +339,7 @@ def test_resuming_refuses_another_vocabulary_and_pre_in_proj_optimizer_state():
         module.on_load_checkpoint({CKPT_TOKENIZER: other.model_proto})
     old = {"optimizer_states": [{}], "state_dict": {"model.encoder.layers.0.self_attn.q_proj.weight": torch.zeros(1)}}
     TranslationModule(config).on_load_checkpoint(old)  # no trainer: loading weights (evaluate, translate)
-    module._trainer = object()  # attached to a trainer: resuming
+    module.trainer = object()  # attached to a trainer (Lightning's public setter): resuming
     with pytest.raises(ValueError, match="predates the fused Q/K/V projection"):
         module.on_load_checkpoint(old)
 

@@ -16,6 +16,9 @@ import numpy as np
 from omegaconf import DictConfig
 
 from transformer_nmt.data.datamodule import TranslationDataModule
+from transformer_nmt.training.resolvers import register_resolvers
+
+register_resolvers()  # before Hydra composes: the data group's files may use them, as train.yaml's do
 
 
 def split_statistics(dm: TranslationDataModule, split: str) -> dict:

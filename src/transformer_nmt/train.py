@@ -15,7 +15,9 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from transformer_nmt.training.app import finished_already, train
+from transformer_nmt.training.resolvers import register_resolvers
 
+register_resolvers()  # before Hydra composes (hydra.run.dir: ${run_name:}); here, so a launcher's worker has them too
 
 @hydra.main(config_path="conf", config_name="train", version_base="1.3")
 def main(cfg: DictConfig) -> None:

@@ -34,7 +34,7 @@ from transformer_nmt.training.callbacks import AttentionMaps, LastCheckpoint, To
 from transformer_nmt.checkpoint import atomic_write
 from transformer_nmt.training.checkpoint_io import AtomicCheckpointIO
 from transformer_nmt.training.fingerprint import RecordFingerprint, check_finished_run, check_resume, run_fingerprint
-from transformer_nmt.training.launch import resume_checkpoint  # also registers hydra.run.dir's ${run_name:} resolver
+from transformer_nmt.training.launch import resume_checkpoint
 from transformer_nmt.model.transformer import TransformerConfig
 from transformer_nmt.hardware import reported_cpu_flags
 from transformer_nmt.training.precision import compute_dtype, precision_dependent, resolve_precision
@@ -146,7 +146,8 @@ def build_trainer(cfg: DictConfig, run_dir: Path, callbacks: list[pl.Callback]) 
         trainer_args["strategy"] = DDPStrategy(broadcast_buffers=False)
     callbacks = callbacks + [hydra.utils.instantiate(c) for c in trainer_args.pop("callbacks", None) or []]
     logger = TensorBoardLogger(save_dir=str(run_dir), name=run_files.TENSORBOARD, version="", default_hp_metric=False)
-    return pl.Trainer(**trainer_args, callbacks=callbacks, logger=logger, plugins=[AtomicCheckpointIO()],
+    checkpoint_io = AtomicCheckpointIO(time_budget=TimeBudget.of(callbacks))  # times its writes in the run's budget
+    return pl.Trainer(**trainer_args, callbacks=callbacks, logger=logger, plugins=[checkpoint_io],
                       default_root_dir=str(run_dir), use_distributed_sampler=False)
 
 

@@ -26,14 +26,18 @@ from tensorboard.plugins.image import metadata as image_metadata
 
 from transformer_nmt import run_files
 from transformer_nmt.analysis.attention_maps import ATTENTION_KINDS, attention_entropy, render_heatmaps
-from transformer_nmt.training.time_budget import timed
+from transformer_nmt.training.time_budget import TimeBudget, timed
 
 log = logging.getLogger(__name__)
 
 def image_summary(tag: str, pngs: list[bytes], width: int, height: int) -> Summary:
     """A TensorBoard image summary holding several images (samples) under one tag: the format of
     ``tf.summary.image``, a string tensor [width, height, png_0, png_1, ...]. The image card shows one
-    sample at a time, each at full card width."""
+    sample at a time, each at full card width.
+
+    Built by hand from TensorBoard's protos (the ones torch.utils.tensorboard.summary builds its own from):
+    TensorBoard's own builder of this format (``tensorboard.summary.v1.image_pb``) needs TensorFlow, and
+    torch's (``summary.image``) takes one array per tag and encodes it itself."""
     tensor = TensorProto(dtype=types_pb2.DT_STRING, string_val=[str(width).encode(), str(height).encode(), *pngs],
                          tensor_shape=TensorShapeProto(dim=[TensorShapeProto.Dim(size=2 + len(pngs))]))
     metadata = image_metadata.create_summary_metadata(display_name=tag, description="")
@@ -68,13 +72,16 @@ class AttentionMaps(Callback):
         self.inches, self.dpi = inches, dpi
         self.validations = 0
         self._render: threading.Thread | None = None
-        self.time_budget = None  # a time_budget.TimeBudget times the training-path work as attention_maps
+        self.time_budget = None  # the run's time_budget.TimeBudget, found at set-up: times the training-path work
 
     def state_dict(self) -> dict:
         return {"validations": self.validations}
 
     def load_state_dict(self, state_dict: dict) -> None:
         self.validations = state_dict["validations"]
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        self.time_budget = TimeBudget.of(trainer.callbacks)
 
     def on_validation_end(self, trainer, pl_module) -> None:
         if trainer.sanity_checking:
@@ -177,9 +184,11 @@ class AttentionMaps(Callback):
                 for head in range(n_heads):
                     name = f"{tag_kind}/layer_{layer}/head_{head}"
                     samples = [probe_pngs[layer * n_heads + head] for probe_pngs in pngs]
-                    # add_image would tile the probes into one image; this keeps one image per probe under one tag.
-                    writer._get_file_writer().add_summary(image_summary(f"attention/{name}", samples, size, size), step)
                     writer.add_scalar(f"attention_entropy/{name}", float(entropy[head]), step)
+                    # add_image(s) would tile the probes into one image; this keeps one image per probe under one
+                    # tag, through the writer's public FileWriter (torch.utils.tensorboard.writer.FileWriter), which
+                    # the add_scalar above has (re)opened if the logger had closed the writer.
+                    writer.file_writer.add_summary(image_summary(f"attention/{name}", samples, size, size), step)
                     images += len(samples)
         return images
 

@@ -26,7 +26,6 @@ from pathlib import Path
 
 import torch
 from lightning.pytorch.callbacks import Checkpoint
-from omegaconf import OmegaConf
 
 from transformer_nmt import run_files
 from transformer_nmt.checkpoint import checkpoint_step
@@ -91,10 +90,6 @@ def sweep_name(sweep_id: str | None = None) -> str:
     """The last component of ``hydra.sweep.dir``: ``sweep_id``, or the launch time. The same command with the same
     ``sweep_id`` runs the sweep again: runs that finished are skipped, the others resume (``finished_already``)."""
     return str(sweep_id) if sweep_id not in (None, "") else time.strftime(TIME_FORMAT)
-
-
-OmegaConf.register_new_resolver("run_name", run_name, replace=True)  # not cached: it reads the config
-OmegaConf.register_new_resolver("sweep_name", sweep_name, use_cache=True, replace=True)
 
 
 def resume_checkpoint(ckpt_path: str | None, run_dir: Path) -> tuple[Path | None, str]:

@@ -22,6 +22,7 @@ from transformer_nmt.checkpoint import CKPT_DATA_CONFIG, CKPT_MODEL_CONFIG, CKPT
 from transformer_nmt.model.decoding import greedy_decode
 from transformer_nmt.model.transformer import Transformer, TransformerConfig
 from transformer_nmt.data.tokenizer import Tokenizer
+from transformer_nmt.training.lightning_adapter import is_logging_step
 
 LOSS_SCALE_TOKENS = 1000.0  # backward runs on (summed token loss) / this; see training_step
 
@@ -248,7 +249,7 @@ class TranslationModule(pl.LightningModule):
             self._timed["seconds"] += seconds
             self._interval["tokens"] = self._interval["tokens"] + sums[:2]
             self._interval["seconds"] += seconds
-        if self.trainer._logger_connector.should_update_logs:  # Lightning's own test for a logging step
+        if is_logging_step(self.trainer):  # Lightning's own rule for a logging step
             self._log_step(optimizer, sums, grad_norm)
         self._step_sums = None
         self._step_started = now
@@ -356,6 +357,15 @@ class TranslationModule(pl.LightningModule):
         if self.tokenizer is not None:
             checkpoint[CKPT_TOKENIZER] = self.tokenizer.model_proto
 
+    def attached_to_trainer(self) -> bool:
+        """Whether a Trainer runs this module (``trainer.fit(ckpt_path=...)`` restoring it: resuming), not
+        ``load_from_checkpoint`` loading weights. ``LightningModule.trainer`` raises RuntimeError when none is."""
+        try:
+            self.trainer
+        except RuntimeError:
+            return False
+        return True
+
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         saved_tokenizer = checkpoint.get(CKPT_TOKENIZER)
         if self.tokenizer is None and saved_tokenizer is not None:
@@ -365,7 +375,7 @@ class TranslationModule(pl.LightningModule):
                              "(the vocabulary cache was rebuilt, or the data options changed): resume with the "
                              "checkpoint's own: data.tokenizer_path=FILE, the SentencePiece model it embeds (key "
                              f"{CKPT_TOKENIZER!r})")
-        resuming = self._trainer is not None and "optimizer_states" in checkpoint
+        resuming = self.attached_to_trainer() and "optimizer_states" in checkpoint
         if resuming and any(key.endswith(".q_proj.weight") for key in checkpoint.get("state_dict", {})):
             raise ValueError("this checkpoint predates the fused Q/K/V projection (in_proj): its weights load for "
                              "evaluate, translate and average, but its optimizer state cannot resume training")

@@ -74,4 +74,3 @@ def precision_dependent(cfg: DictConfig) -> dict[str, object]:
             if isinstance(value, str) and value.startswith("${by_precision:")}
 
 
-OmegaConf.register_new_resolver("by_precision", by_precision, replace=True)  # not cached: it reads the config

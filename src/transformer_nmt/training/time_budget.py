@@ -7,8 +7,8 @@ another is subtracted from the outer one):
 - ``training_steps``: from ``on_train_batch_start`` to ``on_train_batch_end`` (forward, loss, backward,
   optimizer step: everything of the step but fetching its batch);
 - ``validation``: the validation loops (greedy decoding for BLEU, loss), sanity check included;
-- ``checkpointing``: writing checkpoint files (timed in checkpoint.AtomicCheckpointIO, which the callback
-  hands itself to);
+- ``checkpointing``: writing checkpoint files (timed in checkpoint_io.AtomicCheckpointIO, which the app
+  builds with the run's budget: ``AtomicCheckpointIO(time_budget=TimeBudget.of(callbacks))``);
 - ``attention_maps``: callbacks.AttentionMaps' forward passes on the training path, and the training
   thread's waits for a render to finish (rendering itself runs in a background thread, beside the other
   phases);
@@ -48,9 +48,9 @@ def timed(budget: TimeBudget | None, phase: str):
 
 
 class TimeBudget(pl.Callback):
-    """Seconds per phase of the run and the training step's MFU (module doc). Objects with a ``time_budget``
-    attribute (callbacks, the trainer's checkpoint IO plugin) get this callback in it at set-up, and time
-    their own work with ``timed(self.time_budget, phase)``.
+    """Seconds per phase of the run and the training step's MFU (module doc). What times its own work in it
+    is handed it explicitly: the checkpoint IO plugin at construction, callbacks.AttentionMaps looks it up in
+    ``trainer.callbacks`` (``TimeBudget.of``) at set-up; both time with ``timed(budget, phase)``.
 
     ``probe_seconds``: the matmul ceiling's measurement, at most this long and at most 2% of the fit's
     wall time (a tiny test run spends milliseconds on it)."""
@@ -92,11 +92,13 @@ class TimeBudget(pl.Callback):
         finally:
             self.exit(phase)
 
+    @staticmethod
+    def of(callbacks) -> TimeBudget | None:
+        """The TimeBudget among ``callbacks`` (a run's, or ``trainer.callbacks``), None if there is none."""
+        return next((c for c in callbacks if isinstance(c, TimeBudget)), None)
+
     # --- hooks ----------------------------------------------------------------------------------
     def setup(self, trainer, pl_module, stage: str) -> None:
-        for obj in (*trainer.callbacks, trainer.strategy.checkpoint_io):
-            if hasattr(obj, "time_budget"):
-                obj.time_budget = self
         if self._count is None:
             self._count = FlopCount.of(pl_module.model)
 
@@ -134,8 +136,10 @@ class TimeBudget(pl.Callback):
     def on_train_end(self, trainer, pl_module) -> None:
         if not trainer.is_global_zero or not self.batches:
             return
+        from transformer_nmt.training.callbacks import AttentionMaps  # not at the top: callbacks imports this module
+
         for callback in trainer.callbacks:  # a background render would share the cores with the probe
-            if hasattr(callback, "time_budget") and hasattr(callback, "wait"):
+            if isinstance(callback, AttentionMaps):
                 with timed(self, "attention_maps"):
                     callback.wait()
         c = pl_module.model.config

@@ -1,0 +1,87 @@
+"""training/lightning_adapter.py against Lightning's own private answers, on every optimizer step of short fits
+(accumulation, validation mid-epoch, an early stop, resumes from mid-epoch and after-validation checkpoints).
+A failure means the installed Lightning decides otherwise: the message names its version."""
+
+import lightning
+import lightning.pytorch as pl
+import pytest
+import torch
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.demos.boring_classes import BoringModel
+
+from transformer_nmt.training.lightning_adapter import is_logging_step
+
+
+class Recorder(Callback):
+    """Each optimizer step: (global step, ours, Lightning's); at step ``stop_at`` it stops the run first."""
+
+    def __init__(self, stop_at: int | None = None):
+        self.steps, self.stop_at = [], stop_at
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+        if trainer.global_step == self.stop_at:
+            trainer.should_stop = True
+        lightnings = trainer._logger_connector.should_update_logs  # the private answer ours must equal
+        self.steps.append((trainer.global_step, is_logging_step(trainer), lightnings))
+
+
+def fit(tmp_path, ckpt_path=None, stop_at=None, **trainer_args):
+    recorder = Recorder(stop_at)
+    checkpoints = ModelCheckpoint(dirpath=tmp_path, filename="step{step}", auto_insert_metric_name=False,
+                                  every_n_train_steps=4, save_top_k=-1)
+    args = dict(max_steps=14, log_every_n_steps=3, accumulate_grad_batches=2, limit_train_batches=10,
+                val_check_interval=6, limit_val_batches=1, num_sanity_val_steps=0, enable_progress_bar=False,
+                enable_model_summary=False, logger=False, default_root_dir=tmp_path, accelerator="cpu")
+    trainer = pl.Trainer(**{**args, **trainer_args}, callbacks=[recorder, checkpoints])
+    trainer.fit(BoringModel(), ckpt_path=ckpt_path)
+    return recorder.steps
+
+
+def assert_agrees(steps):
+    disagree = [(step, ours, theirs) for step, ours, theirs in steps if ours != theirs]
+    assert not disagree, (
+        f"Lightning {lightning.__version__} decides its logging steps otherwise than "
+        f"lightning_adapter.is_logging_step at (global_step, ours, Lightning's) {disagree}: update the adapter "
+        f"to this Lightning's trainer._logger_connector.should_update_logs")
+
+
+@pytest.mark.parametrize("trainer_args", [{}, {"accumulate_grad_batches": 1, "log_every_n_steps": 1},
+                                          {"log_every_n_steps": 0}])
+def test_logging_steps_are_lightnings_on_every_step_of_a_fit(tmp_path, trainer_args):
+    torch.manual_seed(0)
+    steps = fit(tmp_path, **trainer_args)
+    assert len(steps) == 14
+    assert_agrees(steps)
+    every = trainer_args.get("log_every_n_steps", 3)
+    expected = [step for step in range(14) if every and (step + 1) % every == 0]
+    assert [step for step, ours, _ in steps if ours] == expected
+
+
+def test_logging_steps_are_lightnings_when_the_run_stops_early(tmp_path):
+    steps = fit(tmp_path, stop_at=4)  # step 5 is no multiple of 3: it logs because the run stops
+    assert_agrees(steps)
+    assert steps[-1][:2] == (4, True)
+
+
+@pytest.mark.parametrize("resume_step", [4, 8])  # 4: saved mid-epoch (after a train batch); 8: the second epoch
+def test_logging_steps_are_lightnings_after_a_resume(tmp_path, resume_step):
+    fit(tmp_path / "first")
+    steps = fit(tmp_path / "resumed", ckpt_path=tmp_path / "first" / f"step{resume_step}.ckpt")
+    assert steps[0][0] == resume_step and len(steps) == 14 - resume_step
+    assert_agrees(steps)
+
+
+def test_logging_steps_are_lightnings_after_resuming_from_a_checkpoint_written_after_validation(tmp_path):
+    # Lightning counts batches that stepped after on_validation_end's checkpoint and corrects the count on resume
+    checkpoints = ModelCheckpoint(dirpath=tmp_path / "first", filename="val{step}", auto_insert_metric_name=False,
+                                  save_top_k=-1, save_on_train_epoch_end=False)
+    trainer = pl.Trainer(max_steps=7, log_every_n_steps=3, accumulate_grad_batches=2, limit_train_batches=10,
+                         val_check_interval=6, limit_val_batches=1, num_sanity_val_steps=0, logger=False,
+                         enable_progress_bar=False, enable_model_summary=False, callbacks=[checkpoints],
+                         default_root_dir=tmp_path, accelerator="cpu")
+    trainer.fit(BoringModel())
+    saved = sorted((tmp_path / "first").glob("val*.ckpt"))
+    assert saved, "no checkpoint written after a validation"
+    steps = fit(tmp_path / "resumed", ckpt_path=saved[0])
+    assert steps and steps[-1][0] == 13
+    assert_agrees(steps)
