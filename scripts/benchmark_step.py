@@ -14,10 +14,10 @@ smoothing) take the training step of training.TranslationModule, its own methods
 on_train_batch_start (the dropout seed), training_step (forward, the label-smoothed loss) under bf16 autocast for
 bf16-mixed (as Lightning's bf16-mixed wraps it), backward, on_before_optimizer_step (the gradients rescaled per
 target token, clip_grad_norm_), then the optimizer and learning-rate schedule of configure_optimizers; a stand-in
-for the Trainer answers what those methods ask of it (one process, no accumulation, no logging step). Batches: Multi30k's own sentence lengths (the first 20,000 pairs of
-data/multi30k/train in words, times 1.2 subwords per word for the 8k BPE vocabulary, + eos), bucketed by
-the project's TokenBucketBatchSampler at each ``--tokens`` budget; random ids (a matmul's speed does not
-depend on them).
+for the Trainer answers what those methods ask of it (one process, no accumulation, no logging step).
+Batches: Multi30k's own sentence lengths (the first 20,000 pairs of data/multi30k/train in words, times 1.2
+subwords per word for the 8k BPE vocabulary, + eos), bucketed by the project's TokenBucketBatchSampler at each
+``--tokens`` budget; random ids (a matmul's speed does not depend on them).
 
 Variants (every one at every batch size): each precision with each attention kernel eagerly, and with
 ``--compile`` the model's forward under torch.compile (as train.compile=true does) with each precision's
@@ -122,6 +122,11 @@ LOSSES = {"fused": ("", label_smoothed_cross_entropy), "previous": (" previous l
                                                            chunk_elements=LOSS_CHUNK_ELEMENTS))}
 
 
+def variant_name(precision: str, kernel: str, compiled: bool, loss: str = "fused", dropout: str = "ours") -> str:
+    suffix = (" compiled" if compiled else "") + LOSSES[loss][0] + (" torch dropout" if dropout != "ours" else "")
+    return f"{precision} {kernel}{suffix}"
+
+
 class StandInTrainer:
     """What TranslationModule's step methods read of their Trainer, for one process stepping by hand: no gradient
     accumulation, one rank, never a logging step (logging is Lightning's, not the step's, cost)."""
@@ -140,7 +145,7 @@ class Step:
     def __init__(self, base: TranslationModule, precision: str, kernel: str, compiled: bool, loss: str = "fused",
                  dropout: str = "ours"):
         self.precision, self.kernel, self.compiled = precision, kernel, compiled
-        loss_name, self.loss = LOSSES[loss]
+        self.loss = LOSSES[loss][1]
         self.module = copy.deepcopy(base).train()
         self.module.trainer = StandInTrainer()
         for layer in self.module.modules():
@@ -152,8 +157,7 @@ class Step:
             self.module.model.compile()
         optimization = self.module.configure_optimizers()
         self.optimizer, self.scheduler = optimization["optimizer"], optimization["lr_scheduler"]["scheduler"]
-        suffix = (" compiled" if compiled else "") + loss_name + (" torch dropout" if dropout != "ours" else "")
-        self.name = f"{precision} {kernel}{suffix}"
+        self.name = variant_name(precision, kernel, compiled, loss, dropout)
 
     def __call__(self, batch: dict) -> float:
         """One training step on ``batch`` through the module's own methods; returns its seconds."""
@@ -203,20 +207,21 @@ def main(argv=None) -> dict:
     started = time.perf_counter()
     if args.previous_loss:
         check_previous_loss()  # before anything is timed
-    base = TranslationModule({**SMALL, "dropout": args.dropout}, TRAIN)
-    count = FlopCount.of(base.model)
-    pools = {n: batches(n, args.pool, seed=n) for n in args.tokens}
-    variants = [Step(base, p, k, False) for p in args.precisions for k in args.kernels]
+    # (precision, kernel, compiled, part as it was) of every variant, checked before anything is built
+    specs = [(p, k, False, {}) for p in args.precisions for k in args.kernels]
     for wanted, compiled, part in ((args.compile, True, {}), (args.previous_loss, False, {"loss": "previous"}),
                                    (args.previous_chunks, False, {"loss": "large chunks"}),
                                    (args.previous_dropout, False, {"dropout": "torch"})):
         if wanted:  # each precision's auto kernel, compiled or with one part as it was
-            variants += [Step(base, p, auto_kernel("cpu", compute_dtype(p))[0], compiled, **part)
-                         for p in args.precisions]
-    eager = [v.name for v in variants if not v.compiled]  # a reference runs at every batch size
+            specs += [(p, auto_kernel("cpu", compute_dtype(p))[0], compiled, part) for p in args.precisions]
+    eager = [variant_name(p, k, c, **part) for p, k, c, part in specs if not c]  # a reference runs at every size
     if args.reference is not None and args.reference not in eager:
         raise SystemExit(f"--reference {args.reference!r} is not an eager variant of this run: {eager}")
     reference = args.reference or ("32-true fused" if "32-true fused" in eager else eager[0])
+    base = TranslationModule({**SMALL, "dropout": args.dropout}, TRAIN)
+    count = FlopCount.of(base.model)
+    pools = {n: batches(n, args.pool, seed=n) for n in args.tokens}
+    variants = [Step(base, p, k, c, **part) for p, k, c, part in specs]
 
     compile_tokens = args.compile_tokens or min(args.tokens)
 

@@ -1,6 +1,6 @@
-"""scripts/reproduce_multi30k.py (transformer_nmt.analysis.reproduce) trains for an hour, so CI checks its pieces: the run directory it scores (the one
-``transformer_nmt.train`` picks), the BLEU-against-minutes curve read back from TensorBoard events, and the refusal
-to score a run that was never trained."""
+"""scripts/reproduce_multi30k.py (transformer_nmt.analysis.reproduce) trains for an hour, so CI checks its pieces:
+the run directory it scores (the one ``transformer_nmt.train`` picks), the BLEU-against-minutes curve read back
+from TensorBoard events, and the refusal to score a run that was never trained."""
 
 import subprocess
 import sys

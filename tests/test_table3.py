@@ -1,5 +1,6 @@
-"""transformer_nmt.analysis.table3 (scripts/table3.py) without training: the plan covers every row of Table 3 with the seeds the study needs, and
-a finished run's small files are kept under docs/table3 once, with the machine it ran on."""
+"""transformer_nmt.analysis.table3 (scripts/table3.py) without training: the plan covers every row of Table 3
+with the seeds the study needs, and a finished run's small files are kept under docs/table3 once, with the machine
+it ran on."""
 
 import json
 

@@ -169,7 +169,8 @@ def main(argv: list[str], root: Path | None = None) -> dict:
     beam = OPTIONS["beam"]
     averaged, last = run_dir / run_files.AVERAGED, run_files.last_checkpoint(run_dir)
     recent = run_dir / run_files.CHECKPOINTS / run_files.RECENT
-    run_step("average", ["transformer_nmt.average", f"dir={recent}", f"last={keep}", f"output={averaged}"], timings, root)
+    run_step("average", ["transformer_nmt.average", f"dir={recent}", f"last={keep}", f"output={averaged}"], timings,
+             root)
     val = {ckpt.stem: evaluate(ckpt, "val", beam, eval_dir, timings, root) for ckpt in (averaged, last)}
     chosen = max((averaged, last), key=lambda c: val[c.stem]["bleu"])  # ties: the averaged one (first)
     scores = {

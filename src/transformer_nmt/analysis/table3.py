@@ -145,8 +145,8 @@ def table(study: Study) -> None:
     docs = study.docs
     text = summarize([docs], docs)
     results = [json.loads(p.read_text()) for p in sorted(docs.glob(f"*/seed*/{RESULTS}"))]
-    setups = sorted({(r.get("precision"), " ".join(reported_cpu_flags(r.get("cpu_flags", []))), r.get("machine", {}).get("cpu_model"),
-                      r.get("torch_threads")) for r in results}, key=str)
+    setups = sorted({(r.get("precision"), " ".join(reported_cpu_flags(r.get("cpu_flags", []))),
+                      r.get("machine", {}).get("cpu_model"), r.get("torch_threads")) for r in results}, key=str)
     loads = [r["machine"]["load_average_1min"] for r in results
              if r.get("machine", {}).get("load_average_1min") is not None]
     lines = [f"\n{len(results)} runs of {len(runs())} planned, {sum(r['wall_seconds'] for r in results) / 3600:.2f} h "
