@@ -5,7 +5,8 @@ current code computes (``check_*``), so that a speed-up never hides a different 
 
 - ``before_greedy``, ``before_beam``: the search before decoding.py's batched one (commit b8dae0a), one Python loop
   over sentences per step (scripts/benchmark_decode.py's ``search`` table).
-- ``previous_loss``: the label-smoothed loss before its fused log_softmax/softmax kernels (training.module's
+- ``unchunked_loss``: the label-smoothed loss before it ran in chunks (scripts/benchmark_loss.py's "before");
+  ``previous_loss``: the chunked one before its fused log_softmax/softmax kernels (training.module's
   ``_SmoothedCrossEntropy``), in the chunks of then (scripts/benchmark_step.py ``--previous-loss``).
 - ``with_torch_dropout``: torch's ``nn.Dropout`` in place of dropout.py's (``--previous-dropout``).
 """
@@ -13,6 +14,7 @@ current code computes (``check_*``), so that a speed-up never hides a different 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from transformer_nmt.model.decoding import forbid_special, length_penalty, max_output_lengths
@@ -144,10 +146,32 @@ class LogSumExpLoss(torch.autograd.Function):
         return grad, None, None, None, None
 
 
+def unchunked_loss(logits, labels, epsilon, pad_id):
+    """The label-smoothed loss before the chunked one (fp32 log-softmax kept for backward, boolean indexing):
+    scripts/benchmark_loss.py's "before"."""
+    log_probs = F.log_softmax(logits.float(), dim=-1)  # (B, T, V)
+    nll = -log_probs.gather(-1, labels.unsqueeze(-1)).squeeze(-1)  # (B, T)
+    uniform = -log_probs.mean(dim=-1)  # (B, T)
+    keep = labels != pad_id  # (B, T)
+    smoothed = (1.0 - epsilon) * nll + epsilon * uniform
+    return smoothed[keep].sum(), nll[keep].sum(), keep.sum()
+
+
 def previous_loss(logits, labels, epsilon, pad_id, overwrite_logits=False):
     vocab = logits.shape[-1]
     loss, nll = LogSumExpLoss.apply(logits.reshape(-1, vocab), labels.reshape(-1), epsilon, pad_id, overwrite_logits)
     return loss, nll, (labels != pad_id).sum()
+
+
+def unchunked_loss(logits, labels, epsilon, pad_id):
+    """The label-smoothed loss before the chunked one (fp32 log-softmax kept for backward, boolean indexing):
+    scripts/benchmark_loss.py's "before"."""
+    log_probs = F.log_softmax(logits.float(), dim=-1)  # (B, T, V)
+    nll = -log_probs.gather(-1, labels.unsqueeze(-1)).squeeze(-1)  # (B, T)
+    uniform = -log_probs.mean(dim=-1)  # (B, T)
+    keep = labels != pad_id  # (B, T)
+    smoothed = (1.0 - epsilon) * nll + epsilon * uniform
+    return smoothed[keep].sum(), nll[keep].sum(), keep.sum()
 
 
 def previous_loss(logits, labels, epsilon, pad_id, overwrite_logits=False):
@@ -157,22 +181,23 @@ def previous_loss(logits, labels, epsilon, pad_id, overwrite_logits=False):
     return loss, nll, (labels != pad_id).sum()
 
 
-def check_previous_loss() -> None:
-    """Stop unless ``previous_loss`` gives the current loss's values and gradient (padding included)."""
+def check_loss(loss_fn) -> None:
+    """Stop unless ``loss_fn`` (a loss of label_smoothed_cross_entropy's signature) gives the current loss's values
+    and gradient, padding included."""
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(2, 7, 50, generator=g)
     labels = torch.randint(1, 50, (2, 7), generator=g)
     labels[1, 4:] = 0
     results = []
-    for loss_fn in (label_smoothed_cross_entropy, previous_loss):
+    for fn in (label_smoothed_cross_entropy, loss_fn):
         x = logits.clone().requires_grad_()
-        loss, nll, n = loss_fn(x, labels, 0.1, 0)
+        loss, nll, n = fn(x, labels, 0.1, 0)
         loss.backward()
         results.append((loss, nll, n, x.grad))
     for new, old in zip(*results):
         if not torch.allclose(new.double(), old.double(), rtol=1e-6, atol=1e-7):
-            raise SystemExit("baselines.previous_loss no longer computes the current loss: a benchmark against it "
-                             "would compare different computations")
+            raise SystemExit(f"baselines.{loss_fn.__name__} no longer computes the current loss: a benchmark against "
+                             f"it would compare different computations")
 
 
 # --- dropout: torch's, before dropout.py ------------------------------------------------------------------------

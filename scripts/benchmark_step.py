@@ -54,10 +54,8 @@ from unittest import mock
 
 import numpy as np
 import torch
-from omegaconf import OmegaConf
 
 import transformer_nmt.training.module as module_code
-from transformer_nmt.conf import CONF_DIR
 from transformer_nmt.model.attention import MultiHeadAttention, auto_kernel
 from transformer_nmt.data.batching import TokenBucketBatchSampler, pad_pairs, pair_widths
 from transformer_nmt.model.flops import FlopCount, matmul_ceiling
@@ -65,25 +63,13 @@ from transformer_nmt.hardware import reported_cpu_flags
 from transformer_nmt.training.precision import compute_dtype
 from transformer_nmt.training.module import LOSS_CHUNK_ELEMENTS, TranslationModule, label_smoothed_cross_entropy
 
-from baselines import check_previous_loss, previous_loss, with_torch_dropout  # scripts/: the parts as they were
+from baselines import check_loss, previous_loss, with_torch_dropout  # scripts/: the parts as they were
+from recipe import small_recipe
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def recipe() -> tuple[dict, dict]:
-    """(model config with vocab_size, train config) of conf/train.yaml with model=small, as the app composes it."""
-    from hydra import compose, initialize_config_dir
-
-    import transformer_nmt.training.app  # noqa: F401  (registers train_defaults, which conf/train.yaml composes)
-
-    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
-        cfg = compose("train", overrides=["model=small"])
-    model = OmegaConf.to_container(cfg.model, resolve=True)
-    model.pop("_target_", None)
-    return {**model, "vocab_size": cfg.data.vocab_size}, OmegaConf.to_container(cfg.train, resolve=True)
-
-
-SMALL, TRAIN = recipe()
+SMALL, TRAIN = small_recipe()
 SUBWORDS_PER_WORD = 1.2
 PRECISIONS = ("32-true", "bf16-mixed")
 
@@ -206,7 +192,7 @@ def main(argv=None) -> dict:
     torch.manual_seed(0)
     started = time.perf_counter()
     if args.previous_loss:
-        check_previous_loss()  # before anything is timed
+        check_loss(previous_loss)  # before anything is timed
     # (precision, kernel, compiled, part as it was) of every variant, checked before anything is built
     specs = [(p, k, False, {}) for p in args.precisions for k in args.kernels]
     for wanted, compiled, part in ((args.compile, True, {}), (args.previous_loss, False, {"loss": "previous"}),
