@@ -72,6 +72,7 @@ def test_the_installed_wheel_trains_and_translates_outside_the_repo(wheel, tmp_p
     install = subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps",
                               "--no-index", str(wheel)], capture_output=True, text=True, timeout=120, env=env)
     assert install.returncode == 0, install.stdout[-3000:] + install.stderr[-3000:]
+    assert (env_dir / "bin" / "transformer-nmt-train").is_file()  # [project.scripts] installed with it
 
     work = tmp_path / "work"
     work.mkdir()
