@@ -1,7 +1,8 @@
 """Old implementations, kept only to be timed side by side with the package's current ones (imported by the
 benchmark scripts, which run with scripts/ on sys.path). Each is as it was, so that a benchmark's "before" rows
-measure what the project had; each benchmark checks, before timing, that the baseline it uses computes what the
-current code computes (``check_*``), so that a speed-up never hides a different result.
+measure what the project had. So that a speed-up never hides a different result, the losses are checked against
+the current one before anything is timed (``check_loss``), dropout swaps must leave none of dropout.py's, and the
+search table counts the outputs identical to the baseline's ("same").
 
 - ``before_greedy``, ``before_beam``: the search before decoding.py's batched one (commit b8dae0a), one Python loop
   over sentences per step (scripts/benchmark_decode.py's ``search`` table).
