@@ -15,7 +15,7 @@ to that native row's; "busy threads" is the median over rounds of the threads of
 a quarter of the pass (read from /proc), so a row that does not use the threads it names shows it. BLEU
 against ``ref``.
 
-``search`` (the history of our search): the per-sentence search this project had (copied below), the batched
+``search`` (the history of our search): the per-sentence search this project had (scripts/baselines.py), the batched
 one of decoding.py (``after``) under both stopping rules, our default on more threads and CTranslate2 against
 our search under its stopping rule (k finished); "x baseline" as "x native" above, against the row named.
 
@@ -43,7 +43,7 @@ from torch import Tensor
 
 from transformer_nmt.checkpoint import load_checkpoint
 from transformer_nmt.inference.ctranslate2_engine import CTranslate2Model
-from transformer_nmt.model.decoding import beam_search, forbid_special, greedy_decode, length_penalty, max_output_lengths
+from transformer_nmt.model.decoding import beam_search, greedy_decode
 from transformer_nmt.inference.evaluate import score
 from transformer_nmt.inference.export import export_model, import_ctranslate2
 from transformer_nmt.model.transformer import Transformer
@@ -51,90 +51,13 @@ from transformer_nmt.data.tokenizer import Tokenizer
 from transformer_nmt.options import parse_options
 from transformer_nmt.inference.translate import encode_sources, read_lines, token_batches, translate_lines
 
+from baselines import before_beam, before_greedy  # scripts/: the search as it was
+
 ROOT = Path(__file__).resolve().parent.parent
 OPTIONS = {"ckpt": "random", "src": None, "ref": None, "max_tokens": 4096, "limit": 1000, "beam": 4, "rounds": 1,
            "threads": [2, 1], "ctranslate2": True, "tables": ["serving", "search"]}
 TABLES = ("serving", "search")
 PAUSE_SECONDS = 0.2
-
-
-# --- before: the search as it was (commit b8dae0a), one Python loop over sentences per step ------------------
-@torch.no_grad()
-def before_greedy(model: Transformer, src: Tensor, bos_id: int, eos_id: int, max_len_offset: int = 50):
-    limits = max_output_lengths(model, src, max_len_offset)
-    memory, cache = model.encode(src), model.new_cache()
-    rows = torch.arange(src.shape[0])
-    last = torch.full((src.shape[0], 1), bos_id, dtype=torch.long)
-    outputs = [[] for _ in range(src.shape[0])]
-    for step in range(int(limits.max())):
-        next_tokens = forbid_special(model.decode(last, memory, src, cache=cache)[:, -1], bos_id, model).argmax(-1)
-        done = (next_tokens == eos_id) | (step + 1 >= limits[rows])
-        for row, token in zip(rows.tolist(), next_tokens.tolist()):
-            if token != eos_id:
-                outputs[row].append(token)
-        if done.all():
-            break
-        if done.any():
-            keep = (~done).nonzero().squeeze(1)
-            rows, memory, src, next_tokens = rows[keep], memory[keep], src[keep], next_tokens[keep]
-            cache.reorder(keep)
-        last = next_tokens.unsqueeze(1)
-    return outputs
-
-
-@torch.no_grad()
-def before_beam(model: Transformer, src: Tensor, k: int, bos_id: int, eos_id: int, alpha: float = 0.6,
-                max_len_offset: int = 50):
-    B = src.shape[0]
-    limits = max_output_lengths(model, src, max_len_offset)
-    src = src.repeat_interleave(k, dim=0)
-    memory, cache = model.encode(src), model.new_cache()
-    sentences = torch.arange(B)
-    beam_scores = torch.full((B, k), float("-inf"))
-    beam_scores[:, 0] = 0.0
-    prefixes = torch.empty(B * k, 0, dtype=torch.long)
-    last = torch.full((B * k, 1), bos_id, dtype=torch.long)
-    finished = [[] for _ in range(B)]
-    for step in range(int(limits.max())):
-        b = sentences.numel()
-        logits = forbid_special(model.decode(last, memory, src, cache=cache)[:, -1], bos_id, model)
-        log_probs = torch.log_softmax(logits.float(), dim=-1)
-        vocab = log_probs.shape[-1]
-        top_scores, top_ids = (beam_scores.view(b * k, 1) + log_probs).view(b, k * vocab).topk(2 * k, dim=1)
-        origins, tokens = top_ids // vocab, top_ids % vocab
-        new_beams = (torch.arange(b) * k).unsqueeze(1).repeat(1, k)
-        new_tokens = torch.full((b, k), eos_id, dtype=torch.long)
-        new_scores = torch.full((b, k), float("-inf"))
-        still_searching = []
-        for i, sentence in enumerate(sentences.tolist()):
-            at_limit = step + 1 >= int(limits[sentence])
-            kept = 0
-            for rank, (s, origin, token) in enumerate(
-                    zip(top_scores[i].tolist(), origins[i].tolist(), tokens[i].tolist())):
-                if s == float("-inf"):
-                    break
-                if token == eos_id and rank >= k:
-                    continue
-                if token == eos_id or at_limit:
-                    generated = prefixes[i * k + origin].tolist() + ([] if token == eos_id else [token])
-                    if len(finished[sentence]) < k:
-                        finished[sentence].append((generated, s / length_penalty(step + 1, alpha)))
-                elif kept < k:
-                    new_beams[i, kept], new_tokens[i, kept], new_scores[i, kept] = i * k + origin, token, s
-                    kept += 1
-            if len(finished[sentence]) < k and not at_limit:
-                still_searching.append(i)
-        if not still_searching:
-            break
-        live = torch.tensor(still_searching)
-        origin_rows = new_beams[live].view(-1)
-        cache.reorder(origin_rows)
-        memory, src = memory[origin_rows], src[origin_rows]
-        prefixes = torch.cat([prefixes[origin_rows], new_tokens[live].view(-1, 1)], dim=1)
-        last = new_tokens[live].view(-1, 1)
-        beam_scores = new_scores[live]
-        sentences = sentences[live]
-    return [max(hyps, key=lambda h: h[1])[0] for hyps in finished]
 
 
 # --- engines: name -> (baseline name or None, function lines -> translations) --------------------------------

@@ -23,22 +23,14 @@ import sys
 import time
 
 import torch
-import torch.nn.functional as F
 
 from transformer_nmt.model.transformer import Transformer, TransformerConfig
 from transformer_nmt.training.module import label_smoothed_cross_entropy
 
+from baselines import check_loss, unchunked_loss  # scripts/: the loss as it was
+from recipe import recipe_adam
+
 VARIANTS = ("before", "chunked", "chunked, in place")
-
-
-def loss_before(logits, labels, epsilon, pad_id):
-    """The label-smoothed loss before the chunked one, as the reference."""
-    log_probs = F.log_softmax(logits.float(), dim=-1)  # (B, T, V)
-    nll = -log_probs.gather(-1, labels.unsqueeze(-1)).squeeze(-1)  # (B, T)
-    uniform = -log_probs.mean(dim=-1)  # (B, T)
-    keep = labels != pad_id  # (B, T)
-    smoothed = (1.0 - epsilon) * nll + epsilon * uniform
-    return smoothed[keep].sum(), nll[keep].sum(), keep.sum()
 
 
 def rss_kib(field):
@@ -52,14 +44,14 @@ def probe(variant: str, vocab: int, batch: int, length: int) -> None:
     torch.manual_seed(0)
     model = Transformer(TransformerConfig(vocab_size=vocab, d_model=64, n_heads=2, n_encoder_layers=1,
                                           n_decoder_layers=1, d_ff=128, dropout=0.0, max_positions=length + 1))
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
+    optimizer = recipe_adam(model.parameters())
     src = torch.randint(4, vocab, (batch, length))
     tgt = torch.randint(4, vocab, (batch, length + 1))
 
     def step(src, tgt):
         logits = model(src, tgt[:, :-1])  # (B, T, V)
         if variant == "before":
-            loss = loss_before(logits, tgt[:, 1:], 0.1, 0)[0]
+            loss = unchunked_loss(logits, tgt[:, 1:], 0.1, 0)[0]
         else:
             loss = label_smoothed_cross_entropy(logits, tgt[:, 1:], 0.1, 0, overwrite_logits=variant != "chunked")[0]
         optimizer.zero_grad(set_to_none=False)
@@ -87,6 +79,8 @@ def main():
     if args.probe:
         probe(args.probe, args.vocab, args.batch, args.length)
         return
+    if "before" in args.variants:
+        check_loss(unchunked_loss)  # the reference must compute the loss it is compared with
     tokens = args.batch * args.length
     logits_mib = tokens * args.vocab * 4 / 2 ** 20
     results = {}

@@ -41,8 +41,10 @@ from transformer_nmt.model.attention import auto_kernel, blocked_attention, scal
 from transformer_nmt.model.transformer import Transformer, TransformerConfig
 from transformer_nmt.hardware import cpu_native_bf16, reported_cpu_flags
 
-DIMS = dict(vocab_size=8000, d_model=256, n_heads=4, n_encoder_layers=3, n_decoder_layers=3, d_ff=1024,
-            dropout=0.1, max_positions=256)
+from recipe import recipe_adam, small_recipe  # scripts/
+
+# the recipe's small model (each table sets the kernel), positions up to the recipe's data.max_positions
+DIMS = {**{k: v for k, v in small_recipe()[0].items() if k != "attention"}, "max_positions": 256}
 PAD = 0
 TABLES = ("throughput", "kernels", "memory", "decode", "decode_kernels")
 
@@ -108,8 +110,7 @@ def throughput_table(steps, batch, length):
         auto = auto_kernel("cpu", torch.bfloat16 if precision == "bf16" else torch.float32)[0]
         models[f"ours (auto = {auto})"] = Transformer(TransformerConfig(**DIMS, attention="auto"))
         models["nn.Transformer"] = TorchTransformerMT(models["ours (plain)"])
-        optimizers = {name: torch.optim.Adam(m.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
-                      for name, m in models.items()}
+        optimizers = {name: recipe_adam(m.parameters()) for name, m in models.items()}
         for model in models.values():
             model.train()
         times = {name: [] for name in models}
@@ -161,8 +162,7 @@ def kernel_table(steps, tokens, lengths):
         torch.manual_seed(0)
         models = {kernel: Transformer(TransformerConfig(**dims, attention=kernel)) for kernel in ("fused", "plain")}
         models["nn.Transformer"] = TorchTransformerMT(models["plain"])
-        optimizers = {name: torch.optim.Adam(m.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
-                      for name, m in models.items()}
+        optimizers = {name: recipe_adam(m.parameters()) for name, m in models.items()}
         variants = {name: (lambda step, name=name: train_step(models[name].train(), optimizers[name],
                                                               *batches[step % 2], "fp32"))
                     for name in models}

@@ -21,7 +21,9 @@ from transformer_nmt.hardware import cpu_native_bf16
 from transformer_nmt.training.precision import resolve_precision
 from transformer_nmt.training.module import label_smoothed_cross_entropy
 
-SMALL = dict(vocab_size=8000, d_model=256, n_heads=4, n_encoder_layers=3, n_decoder_layers=3, d_ff=1024, dropout=0.1)
+from recipe import recipe_adam, small_recipe  # scripts/
+
+SMALL = small_recipe()[0]
 
 
 def main():
@@ -33,7 +35,7 @@ def main():
     torch.set_num_threads(1)
     torch.manual_seed(0)
     model = Transformer(TransformerConfig(**SMALL))
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
+    optimizer = recipe_adam(model.parameters())
     src = torch.randint(4, SMALL["vocab_size"], (args.batch, args.length))
     tgt = torch.randint(4, SMALL["vocab_size"], (args.batch, args.length + 1))
 

@@ -8,19 +8,23 @@ attention kernel and torch.compile, side by side in one process.
     python scripts/benchmark_step.py --tokens 1024 4096 --no-compile --kernels plain --precisions bf16-mixed \
         --previous-dropout --previous-chunks --reference "bf16-mixed plain" --threads 2 --rounds 9
 
-The recipe's small model (conf/model/small.yaml: d_model 256, 4 heads, 3+3 layers, d_ff 1024, dropout 0.1;
-vocabulary 8000) takes the training step of training.TranslationModule: forward, the label-smoothed loss,
-backward, the gradients rescaled per target token, clip_grad_norm_, Adam, under bf16 autocast for bf16-mixed
-(as Lightning's bf16-mixed wraps the step). Batches: Multi30k's own sentence lengths (the first 20,000 pairs of
-data/multi30k/train in words, times 1.2 subwords per word for the 8k BPE vocabulary, + eos), bucketed by
-the project's TokenBucketBatchSampler at each ``--tokens`` budget; random ids (a matmul's speed does not
-depend on them).
+The recipe's small model and training settings (conf/train.yaml with model=small, composed as the app composes
+them: d_model 256, 4 heads, 3+3 layers, d_ff 1024, dropout 0.1; data.vocab_size 8000; Adam's betas and eps, label
+smoothing) take the training step of training.TranslationModule, its own methods in Lightning's order:
+on_train_batch_start (the dropout seed), training_step (forward, the label-smoothed loss) under bf16 autocast for
+bf16-mixed (as Lightning's bf16-mixed wraps it), backward, on_before_optimizer_step (the gradients rescaled per
+target token, clip_grad_norm_), then the optimizer and learning-rate schedule of configure_optimizers; a stand-in
+for the Trainer answers what those methods ask of it (one process, no accumulation, no logging step).
+Batches: Multi30k's own sentence lengths (the first 20,000 pairs of data/multi30k/train in words, times 1.2
+subwords per word for the 8k BPE vocabulary, + eos), bucketed by the project's TokenBucketBatchSampler at each
+``--tokens`` budget; random ids (a matmul's speed does not depend on them).
 
 Variants (every one at every batch size): each precision with each attention kernel eagerly, and with
 ``--compile`` the model's forward under torch.compile (as train.compile=true does) with each precision's
 ``auto`` kernel, at one batch size (``--compile-tokens``; compiling takes minutes here). Each of these adds
-every precision's ``auto`` kernel with one part as it was: ``--previous-loss`` the loss before its fused
-log_softmax/softmax kernels (in the chunks of then, 2^25 logits); ``--previous-chunks`` today's loss in chunks
+every precision's ``auto`` kernel with one part as it was (scripts/baselines.py, checked against the current
+code before timing): ``--previous-loss`` the loss before its fused log_softmax/softmax kernels (in the chunks of
+then, 2^25 logits), called by training_step in place of today's; ``--previous-chunks`` today's loss in chunks
 of 2^25 logits (128 MiB in fp32), as it ran on CPU before training.LOSS_CHUNK_ELEMENTS_CPU;
 ``--previous-dropout`` torch's ``nn.Dropout`` in place of dropout.py's. Every round runs one step of every
 variant in turn, on the same batch per batch size (compiled variants first warm up on every batch of the
@@ -30,35 +34,42 @@ with the fused kernel) at the same batch size (alternation cancels the machine's
 ceiling is flops.matmul_ceiling at the batches' mean target rows, per precision, measured in this process
 every round between the steps it rates, and the share the median of per-round
 shares; model FLOPs are flops.FlopCount's (scripts/gpu_check.py and results.json use the same definition).
+``--json PATH`` also writes the report (rows, ceilings, the batches' shapes) as JSON.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import gzip
+import json
 import os
 import statistics
 import sys
 import time
 from functools import partial
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import torch
 
+import transformer_nmt.training.module as module_code
 from transformer_nmt.model.attention import MultiHeadAttention, auto_kernel
 from transformer_nmt.data.batching import TokenBucketBatchSampler, pad_pairs, pair_widths
-from transformer_nmt.model.dropout import Dropout
 from transformer_nmt.model.flops import FlopCount, matmul_ceiling
-from transformer_nmt.model.transformer import Transformer, TransformerConfig
 from transformer_nmt.hardware import reported_cpu_flags
 from transformer_nmt.training.precision import compute_dtype
-from transformer_nmt.training.module import LOSS_CHUNK_ELEMENTS, LOSS_SCALE_TOKENS, label_smoothed_cross_entropy
+from transformer_nmt.training.module import LOSS_CHUNK_ELEMENTS, TranslationModule, label_smoothed_cross_entropy
+
+from baselines import check_loss, previous_loss, with_torch_dropout  # scripts/: the parts as they were
+from recipe import small_recipe
 
 REPO = Path(__file__).resolve().parents[1]
-SMALL = dict(vocab_size=8000, d_model=256, n_heads=4, n_encoder_layers=3, n_decoder_layers=3, d_ff=1024, dropout=0.1,
-             max_positions=512)
+
+
+SMALL, TRAIN = small_recipe()
 SUBWORDS_PER_WORD = 1.2
 PRECISIONS = ("32-true", "bf16-mixed")
 
@@ -91,95 +102,61 @@ def batches(max_tokens: int, count: int, seed: int = 0, multiple: int = 8) -> li
     return out
 
 
-class LogSumExpLoss(torch.autograd.Function):
-    """The loss's previous implementation (training._SmoothedCrossEntropy before the fused log_softmax/softmax
-    kernels), for ``--previous-loss``: log-sum-exp written out, exp(x - lse) recomputed in the backward pass."""
-
-    @staticmethod
-    def forward(ctx, logits, labels, epsilon, pad_id, overwrite):
-        n, vocab = logits.shape
-        keep = (labels != pad_id).float()
-        lse = torch.empty(n, dtype=torch.float32)
-        sums = torch.zeros(2, dtype=torch.float32)
-        rows = max(1, LOSS_CHUNK_ELEMENTS // vocab)
-        with torch.autocast("cpu", enabled=False):
-            for start in range(0, n, rows):
-                chunk = slice(start, start + rows)
-                x = logits[chunk].float()
-                z = torch.logsumexp(x, dim=-1)
-                nll = z - x.gather(-1, labels[chunk, None]).squeeze(-1)
-                smoothed = (1.0 - epsilon) * nll + epsilon * (z - x.mean(dim=-1))
-                sums += torch.stack([smoothed, nll]) @ keep[chunk]
-                lse[chunk] = z
-        ctx.save_for_backward(logits, labels, lse, keep)
-        ctx.epsilon, ctx.overwrite = epsilon, overwrite
-        loss, nll = sums.unbind()
-        ctx.mark_non_differentiable(nll)
-        return loss, nll
-
-    @staticmethod
-    def backward(ctx, grad_loss, grad_nll):
-        logits, labels, lse, keep = ctx.saved_tensors
-        n, vocab = logits.shape
-        eps = ctx.epsilon
-        grad = logits if ctx.overwrite else torch.empty_like(logits)
-        rows = max(1, LOSS_CHUNK_ELEMENTS // vocab)
-        with torch.autocast("cpu", enabled=False):
-            for start in range(0, n, rows):
-                chunk = slice(start, start + rows)
-                g = torch.exp(logits[chunk].float() - lse[chunk, None]) - eps / vocab
-                g.scatter_add_(-1, labels[chunk, None], g.new_full((g.shape[0], 1), eps - 1.0))
-                g *= (keep[chunk] * grad_loss)[:, None]
-                grad[chunk] = g
-        return grad, None, None, None, None
-
-
-def previous_loss(logits, labels, epsilon, pad_id, overwrite_logits=False):
-    vocab = logits.shape[-1]
-    loss, nll = LogSumExpLoss.apply(logits.reshape(-1, vocab), labels.reshape(-1), epsilon, pad_id, overwrite_logits)
-    return loss, nll, (labels != pad_id).sum()
-
-
 # loss variant -> (what a variant's name adds, the loss function)
 LOSSES = {"fused": ("", label_smoothed_cross_entropy), "previous": (" previous loss", previous_loss),
           "large chunks": (" loss in large chunks", partial(label_smoothed_cross_entropy,
                                                            chunk_elements=LOSS_CHUNK_ELEMENTS))}
 
 
-class Step:
-    """One variant: a model (its own copy of the shared initial weights), its Adam, its precision."""
+def variant_name(precision: str, kernel: str, compiled: bool, loss: str = "fused", dropout: str = "ours") -> str:
+    suffix = (" compiled" if compiled else "") + LOSSES[loss][0] + (" torch dropout" if dropout != "ours" else "")
+    return f"{precision} {kernel}{suffix}"
 
-    def __init__(self, base: Transformer, precision: str, kernel: str, compiled: bool, loss: str = "fused",
+
+class StandInTrainer:
+    """What TranslationModule's step methods read of their Trainer, for one process stepping by hand: no gradient
+    accumulation, one rank, never a logging step (logging is Lightning's, not the step's, cost)."""
+
+    accumulate_grad_batches = world_size = 1
+    global_rank = global_step = 0
+    log_every_n_steps, should_stop = 0, False  # training.lightning_adapter.is_logging_step: never
+
+
+class Step:
+    """One variant: a TranslationModule (its own copy of the shared initial weights), the optimizer and schedule
+    of its configure_optimizers, its precision."""
+
+    def __init__(self, base: TranslationModule, precision: str, kernel: str, compiled: bool, loss: str = "fused",
                  dropout: str = "ours"):
         self.precision, self.kernel, self.compiled = precision, kernel, compiled
-        loss_name, self.loss = LOSSES[loss]
-        self.model = copy.deepcopy(base).train()
-        for module in self.model.modules():
-            if isinstance(module, MultiHeadAttention):
-                module.kernel = kernel
+        self.loss = LOSSES[loss][1]
+        self.module = copy.deepcopy(base).train()
+        self.module.trainer = StandInTrainer()
+        for layer in self.module.modules():
+            if isinstance(layer, MultiHeadAttention):
+                layer.kernel = kernel
         if dropout != "ours":  # the previous version: torch's nn.Dropout (a bernoulli_ mask) everywhere
-            for module in list(self.model.modules()):
-                for name, child in module.named_children():
-                    if isinstance(child, Dropout):
-                        setattr(module, name, torch.nn.Dropout(child.p))
+            with_torch_dropout(self.module.model)
         if compiled:
-            self.model.compile()
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
-        suffix = (" compiled" if compiled else "") + loss_name + (" torch dropout" if dropout != "ours" else "")
-        self.name = f"{precision} {kernel}{suffix}"
+            self.module.model.compile()
+        optimization = self.module.configure_optimizers()
+        self.optimizer, self.scheduler = optimization["optimizer"], optimization["lr_scheduler"]["scheduler"]
+        self.name = variant_name(precision, kernel, compiled, loss, dropout)
 
     def __call__(self, batch: dict) -> float:
-        """One training step on ``batch``; returns its seconds."""
-        src, tgt = batch["src"], batch["tgt"]
+        """One training step on ``batch`` through the module's own methods; returns its seconds."""
+        module = self.module
         start = time.perf_counter()
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.precision == "bf16-mixed"):
-            logits = self.model(src, tgt[:, :-1])
-            loss, _, tokens = self.loss(logits, tgt[:, 1:], 0.1, 0, overwrite_logits=True)
-        (loss / LOSS_SCALE_TOKENS).backward()
-        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
-        torch._foreach_mul_(grads, (LOSS_SCALE_TOKENS / tokens.clamp(min=1)).float())
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm=float("inf"))
+        module.on_train_batch_start(batch, 0)
+        # training_step calls the module's label_smoothed_cross_entropy: a loss variant stands in for it
+        swap = mock.patch.object(module_code, "label_smoothed_cross_entropy", self.loss) \
+            if self.loss is not label_smoothed_cross_entropy else contextlib.nullcontext()
+        with swap, torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.precision == "bf16-mixed"):
+            loss = module.training_step(batch, 0)
+        loss.backward()
+        module.on_before_optimizer_step(self.optimizer)
         self.optimizer.step()
+        self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         return time.perf_counter() - start
 
@@ -207,24 +184,28 @@ def main(argv=None) -> dict:
     parser.add_argument("--rounds", type=int, default=3, help="timed steps of every variant (after a warm-up)")
     parser.add_argument("--pool", type=int, default=2, help="distinct batches per batch size, used in turn")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--json", type=Path, help="also write the report here as JSON")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     started = time.perf_counter()
-    base = Transformer(TransformerConfig(**{**SMALL, "dropout": args.dropout}))
-    count = FlopCount.of(base)
-    pools = {n: batches(n, args.pool, seed=n) for n in args.tokens}
-    variants = [Step(base, p, k, False) for p in args.precisions for k in args.kernels]
+    if args.previous_loss:
+        check_loss(previous_loss)  # before anything is timed
+    # (precision, kernel, compiled, part as it was) of every variant, checked before anything is built
+    specs = [(p, k, False, {}) for p in args.precisions for k in args.kernels]
     for wanted, compiled, part in ((args.compile, True, {}), (args.previous_loss, False, {"loss": "previous"}),
                                    (args.previous_chunks, False, {"loss": "large chunks"}),
                                    (args.previous_dropout, False, {"dropout": "torch"})):
         if wanted:  # each precision's auto kernel, compiled or with one part as it was
-            variants += [Step(base, p, auto_kernel("cpu", compute_dtype(p))[0], compiled, **part)
-                         for p in args.precisions]
-    eager = [v.name for v in variants if not v.compiled]  # a reference runs at every batch size
+            specs += [(p, auto_kernel("cpu", compute_dtype(p))[0], compiled, part) for p in args.precisions]
+    eager = [variant_name(p, k, c, **part) for p, k, c, part in specs if not c]  # a reference runs at every size
     if args.reference is not None and args.reference not in eager:
         raise SystemExit(f"--reference {args.reference!r} is not an eager variant of this run: {eager}")
     reference = args.reference or ("32-true fused" if "32-true fused" in eager else eager[0])
+    base = TranslationModule({**SMALL, "dropout": args.dropout}, TRAIN)
+    count = FlopCount.of(base.model)
+    pools = {n: batches(n, args.pool, seed=n) for n in args.tokens}
+    variants = [Step(base, p, k, c, **part) for p, k, c, part in specs]
 
     compile_tokens = args.compile_tokens or min(args.tokens)
 
@@ -276,6 +257,10 @@ def main(argv=None) -> dict:
               "seconds": time.perf_counter() - started, "threads": args.threads, "rounds": args.rounds,
               "cpu_flags": reported_cpu_flags(), "load": os.getloadavg()}
     print_report(report, pools)
+    if args.json:
+        shapes = {n: [{"src": list(b["src"].shape), "tgt": list(b["tgt"].shape),
+                        "tgt_tokens": int((b["tgt"][:, 1:] != 0).sum())} for b in pool] for n, pool in pools.items()}
+        args.json.write_text(json.dumps({**report, "batches": shapes}, indent=1) + "\n")
     return report
 
 

@@ -23,7 +23,6 @@ Prints a table and writes OUT_DIR/gpu_check.json. Uses no torch API newer than 2
 from __future__ import annotations
 
 import json
-import math
 import os
 import platform
 import subprocess
@@ -36,7 +35,8 @@ import numpy as np
 import torch
 
 from transformer_nmt.model.attention import ATTENTION_KERNELS
-from transformer_nmt.data.batching import TokenBucketBatchSampler, pad_pairs, pair_widths
+from transformer_nmt.conf import CONF_DIR
+from transformer_nmt.data import synthetic as data_synthetic
 from transformer_nmt.model.flops import model_flops  # the one definition, shared with the training run's MFU
 from transformer_nmt.training.module import TranslationModule
 
@@ -44,8 +44,22 @@ REPO = Path(__file__).resolve().parents[1]
 BUDGET_SECONDS = 8 * 60  # the whole check, tests included, on one H200
 PEAK_TFLOPS = float(os.environ.get("GPU_CHECK_PEAK_TFLOPS", "989"))  # H100/H200 SXM dense bf16, data sheet
 CUDA = torch.cuda.is_available()
+
+
+def base_model() -> dict:
+    """The paper's base model as conf/model/base.yaml sets it (the shape fields this check reports)."""
+    from hydra import compose, initialize_config_dir
+
+    import transformer_nmt.training.app  # noqa: F401  (registers train_defaults, which conf/train.yaml composes)
+
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        model = compose("train", overrides=["model=base"]).model
+    return {key: model[key] for key in ("d_model", "n_heads", "n_encoder_layers", "n_decoder_layers", "d_ff",
+                                        "dropout")}
+
+
 SIZES = dict(  # the paper's base model and batch on a GPU; a toy on the CPU dry run
-    model=dict(d_model=512, n_heads=8, n_encoder_layers=6, n_decoder_layers=6, d_ff=2048, dropout=0.1),
+    model=base_model(),
     vocab=37000, max_tokens=25000, warmup=20, steps=200, matmul=8192, pairs=200_000, lr_warmup=400, loss_drop=1.0,
 ) if CUDA else dict(
     model=dict(d_model=32, n_heads=2, n_encoder_layers=1, n_decoder_layers=1, d_ff=64, dropout=0.1),
@@ -96,26 +110,9 @@ def matmul_tflops(n: int) -> float:
 
 
 def synthetic_batches(n_batches: int, seed: int = 0, multiple: int = 1) -> list[dict]:
-    """WMT-length batches of a learnable task: Zipf-distributed source ids, the target the same sentence through
-    a fixed permutation of the vocabulary with lengths within +-20%; lengths log-normal (median 25 subwords,
-    as WMT14 en-de with a 37k BPE vocabulary), bucketed by the project's own sampler."""
-    rng = np.random.default_rng(seed)
-    vocab = SIZES["vocab"]
-    src_lens = np.clip(rng.lognormal(math.log(25), 0.55, SIZES["pairs"]), 1, 250).astype(np.int64)
-    tgt_lens = np.clip(src_lens * rng.uniform(0.8, 1.2, len(src_lens)), 1, 250).astype(np.int64)
-    permutation = rng.permutation(vocab - 4) + 4
-    sampler = TokenBucketBatchSampler(pair_widths(src_lens, tgt_lens), SIZES["max_tokens"], seed=seed,
-                                      pad_to_multiple=multiple)
-    batches = []
-    for indices in sampler:
-        ragged = []
-        src_ids = [(rng.zipf(1.2, src_lens[i]) % (vocab - 4)) + 4 for i in indices]
-        for ids in (src_ids, [permutation[np.resize(s - 4, tgt_lens[i])] for s, i in zip(src_ids, indices)]):
-            ragged.append((np.concatenate(ids), np.r_[0, np.cumsum([len(x) for x in ids])]))
-        batches.append(pad_pairs(ragged[0], ragged[1], indices, multiple))
-        if len(batches) == n_batches:
-            return batches
-    return batches
+    """The package's synthetic WMT-length batches at this check's sizes."""
+    return data_synthetic.synthetic_batches(n_batches, SIZES["vocab"], SIZES["max_tokens"], SIZES["pairs"], seed,
+                                            multiple)
 
 
 class StepClock(pl.Callback):

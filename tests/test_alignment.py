@@ -12,7 +12,7 @@ from transformer_nmt.checkpoint import load_checkpoint
 from transformer_nmt.inference.translate import main as translate_main
 from transformer_nmt.inference.translate import translate_ids
 
-from script_module import load_script
+from transformer_nmt.analysis import alignment_aer
 from tiny_checkpoint import tiny_tokenizer, write_checkpoint
 
 
@@ -63,7 +63,7 @@ def test_hard_alignments_recover_a_known_permutation():
     decoder layer's heads, output position) must find the permutation: AER <= 0.05, each layer reported. The
     input position, which transformer_nmt.alignment says is wrong on this task, must be clearly worse in every
     layer (AER > 0.5), or the default would have no reason to be the output position."""
-    task = load_script("alignment_aer")
+    task = alignment_aer
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # on a tiny model more threads only add contention
     try:

@@ -1,47 +1,28 @@
 """scripts/benchmark_step.py (the training step's tokens/s and share of the matmul ceiling per precision, batch size,
-kernel, torch.compile): its batches are the recipe's, its loss variants agree, and a one-round table comes out."""
+kernel, torch.compile), run as the command it is: a one-round table of every variant comes out, its batches are the
+recipe's, its baselines (scripts/baselines.py) pass their check against the current code, and a wrong reference stops
+it before timing."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
-import torch
 
-from script_module import load_script
-from transformer_nmt.training.module import label_smoothed_cross_entropy
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "benchmark_step.py"
 
 
-@pytest.fixture(scope="module")
-def bench():
-    return load_script("benchmark_step")
+def benchmark(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=300)
 
 
-def test_batches_hold_multi30k_lengths_within_the_token_budget(bench):
-    for batch in bench.batches(1024, 3, seed=1):
-        for side in ("src", "tgt"):
-            assert batch[side].numel() <= 1024 and batch[side].shape[1] % 8 == 0
-        assert 5 <= (batch["tgt"][:, 1:] != 0).sum(1).float().mean() <= 40  # Multi30k: ~15 subwords a sentence
-
-
-def test_the_previous_loss_it_compares_with_equals_the_current_one(bench):
-    g = torch.Generator().manual_seed(0)
-    logits = torch.randn(2, 7, 50, generator=g)
-    labels = torch.randint(1, 50, (2, 7), generator=g)
-    labels[1, 4:] = 0
-    grads = []
-    for loss_fn in (label_smoothed_cross_entropy, bench.previous_loss):
-        x = logits.clone().requires_grad_()
-        loss, nll, n = loss_fn(x, labels, 0.1, 0)
-        loss.backward()
-        grads.append((loss, nll, n, x.grad))
-    for new, old in zip(*grads):
-        torch.testing.assert_close(new, old, rtol=1e-6, atol=1e-7)
-
-
-def test_one_round_prints_every_variant_against_the_fp32_fused_reference(bench, capsys):
-    threads = torch.get_num_threads()
-    try:
-        report = bench.main(["--tokens", "256", "--rounds", "1", "--pool", "1", "--no-compile", "--previous-loss",
-                             "--previous-chunks", "--previous-dropout"])
-    finally:
-        torch.set_num_threads(threads)
+def test_one_round_prints_every_variant_against_the_fp32_fused_reference(tmp_path):
+    out = tmp_path / "report.json"
+    run = benchmark("--tokens", "256", "--rounds", "1", "--pool", "1", "--no-compile", "--previous-loss",
+                    "--previous-chunks", "--previous-dropout", "--json", str(out))
+    assert run.returncode == 0, run.stderr[-3000:]
+    report = json.loads(out.read_text())
     names = [row["variant"] for row in report["rows"]]
     assert names == ["32-true plain", "32-true fused", "bf16-mixed plain", "bf16-mixed fused",
                      "32-true fused previous loss", "bf16-mixed plain previous loss",
@@ -51,17 +32,18 @@ def test_one_round_prints_every_variant_against_the_fp32_fused_reference(bench, 
         assert row["tgt_tokens_per_sec"] > 0 and row["ceiling_gflops"] > 0
         assert row["share"] == pytest.approx(row["model_gflops"] / row["ceiling_gflops"])
     assert report["rows"][1]["vs_reference"] == 1.0
-    assert "Fastest per precision" in capsys.readouterr().out
+    assert "Fastest per precision" in run.stdout and "| 256 |" in run.stdout
+
+    # the recipe's batches: at most the budget per side, widths a multiple of 8, Multi30k's ~15 subwords a sentence
+    assert len(report["batches"]["256"]) == 1
+    for batch in report["batches"]["256"]:
+        for side in ("src", "tgt"):
+            rows, width = batch[side]
+            assert rows * width <= 256 and width % 8 == 0
+        assert 5 <= batch["tgt_tokens"] / batch["tgt"][0] <= 40
 
 
-def test_previous_dropout_swaps_every_dropout_back_and_a_wrong_reference_stops_before_timing(bench):
-    from transformer_nmt.model.dropout import Dropout
-    from transformer_nmt.model.transformer import Transformer, TransformerConfig
-
-    base = Transformer(TransformerConfig(**bench.SMALL))
-    step = bench.Step(base, "32-true", "plain", False, dropout="torch")
-    swapped = [m for m in step.model.modules() if isinstance(m, torch.nn.Dropout)]
-    assert len(swapped) == 1 + 3 * 2 + 3 * 3 and not any(isinstance(m, Dropout) for m in step.model.modules())
-    assert all(m.p == bench.SMALL["dropout"] for m in swapped) and step.name == "32-true plain torch dropout"
-    with pytest.raises(SystemExit, match="--reference 'bf16 plain' is not an eager variant"):
-        bench.main(["--tokens", "256", "--no-compile", "--reference", "bf16 plain"])
+def test_a_wrong_reference_stops_before_timing():
+    run = benchmark("--tokens", "256", "--no-compile", "--reference", "bf16 plain")
+    assert run.returncode != 0 and "--reference 'bf16 plain' is not an eager variant" in run.stderr, run.stderr
+    assert "Training step of the small model" not in run.stdout

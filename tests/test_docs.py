@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import ast
 import copy
 import importlib
 import pkgutil
@@ -27,7 +28,6 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from script_module import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF_DIR = ROOT / "src" / "transformer_nmt" / "conf"
@@ -129,8 +129,17 @@ def tool_options() -> dict[str, object]:
         options = getattr(importlib.import_module(main.__module__) if main else command, "OPTIONS", None)
         if options is not None:
             tools[module.name] = options
-    tools["scripts/benchmark_decode.py"] = load_script("benchmark_decode").OPTIONS
+    tools["scripts/benchmark_decode.py"] = script_options(ROOT / "scripts" / "benchmark_decode.py")
     return tools
+
+
+def script_options(path: Path) -> dict:
+    """A script's ``OPTIONS = {...}`` table of defaults, read from its source (scripts are commands, not modules
+    to import: their imports assume scripts/ on sys.path)."""
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "OPTIONS" for t in node.targets):
+            return ast.literal_eval(node.value)
+    raise AssertionError(f"{path} has no OPTIONS table")
 
 
 GROUPS = {d.name for d in CONF_DIR.iterdir() if d.is_dir()}  # data, experiment, model, trainer

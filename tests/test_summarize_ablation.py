@@ -1,5 +1,6 @@
-"""scripts/summarize_ablation.py on synthetic runs (results.json + val_hypotheses.txt): grouping over seeds and
-sweep directories, mean ± std, Table 3 rows, paired significance against the base, CSV and plots; no training."""
+"""transformer_nmt.analysis.ablation (scripts/summarize_ablation.py) on synthetic runs (results.json +
+val_hypotheses.txt): grouping over seeds and sweep directories, mean ± std, Table 3 rows, paired significance
+against the base, CSV and plots; no training."""
 
 import csv
 import json
@@ -8,9 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from script_module import load_script
-
-summarize_ablation = load_script("summarize_ablation")
+import transformer_nmt.analysis.ablation as summarize_ablation
 
 # The base of conf/experiment/ablation_base.yaml: N 2, d_model 128, d_ff 512, h 4, d_k = d_v = 32, P_drop 0.1,
 # eps_ls 0.1, sinusoids.

@@ -1,11 +1,11 @@
-"""scripts/table3.py without training: the plan covers every row of Table 3 with the seeds the study needs, and
-a finished run's small files are kept under docs/table3 once, with the machine it ran on."""
+"""transformer_nmt.analysis.table3 (scripts/table3.py) without training: the plan covers every row of Table 3
+with the seeds the study needs, and a finished run's small files are kept under docs/table3 once, with the machine
+it ran on."""
 
 import json
 
-from script_module import load_script
-
-table3 = load_script("table3")
+import transformer_nmt.analysis.ablation as summarize_ablation
+import transformer_nmt.analysis.table3 as table3
 
 
 def test_the_plan_has_every_row_five_base_seeds_and_two_for_every_other_cell():
@@ -19,9 +19,8 @@ def test_the_plan_has_every_row_five_base_seeds_and_two_for_every_other_cell():
     assert len(planned) == 5 + 2 * len(others)
 
 
-def test_a_finished_run_is_collected_once_with_its_machine(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(table3, "DOCS", tmp_path / "docs")
-    monkeypatch.setattr(table3, "OUTPUTS", tmp_path / "outputs")
+def test_a_finished_run_is_collected_once_with_its_machine(tmp_path, capsys):
+    study = table3.Study(tmp_path, tmp_path / "docs", tmp_path / "outputs")
     run = tmp_path / "outputs" / "heads8" / "seed2"
     run.mkdir(parents=True)
     (run / "results.json").write_text(json.dumps({"seed": 2, "wall_seconds": 330.0}))
@@ -29,7 +28,7 @@ def test_a_finished_run_is_collected_once_with_its_machine(tmp_path, monkeypatch
     (run / "val_references.txt").write_text("ein hund rennt\n")
     (tmp_path / "docs").mkdir()
 
-    missing = table3.status(["heads8"])
+    missing = table3.status(study, ["heads8"])
     assert [(cell, seed) for cell, _, seed in missing] == [("heads8", 1)]  # seed 2 finished: collected, not rerun
     kept = tmp_path / "docs" / "heads8" / "seed2"
     assert (kept / "val_hypotheses.txt").read_text() == "ein hund\n"
@@ -41,7 +40,6 @@ def test_a_finished_run_is_collected_once_with_its_machine(tmp_path, monkeypatch
 
 def test_every_cell_lands_in_its_row_of_the_summary():
     """The summary assigns each cell, composed as the driver runs it, to the row the plan names."""
-    summarize_ablation = load_script("summarize_ablation")
     base = summarize_ablation.base_config("ablation_base")
     for cell, row, overrides in table3.PLAN:
         key = summarize_ablation.composed_config("experiment=ablation_base", *overrides)

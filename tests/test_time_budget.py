@@ -3,12 +3,13 @@ against a hand count, the exclusive phase accounting on a fake clock, and a tiny
 measured wall time, read back by scripts/reproduce_multi30k.py."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
 
+import transformer_nmt.analysis.reproduce as reproduce
 import transformer_nmt.training.time_budget as time_budget
-from script_module import load_script
 from test_train_app import one_thread, tiny_config, write_tiny_corpus  # noqa: F401 (fixture)
 from transformer_nmt.model.flops import FlopCount, matmul_ceiling, model_flops
 from transformer_nmt.model.transformer import Transformer, TransformerConfig
@@ -29,8 +30,9 @@ def test_model_flops_equal_a_hand_count_on_a_tiny_model():
     attention = 6 * 2 * (2 + 2) * pairs  # h (d_k + d_v) = 2 x (2 + 2)
     assert model_flops(model, {"src": src, "tgt": tgt}) == matmuls + attention == 11808
     assert FlopCount.of(model)(src, tgt).dtype == torch.float64  # a device tensor: summed without a host read
-    gpu_check = load_script("gpu_check")
-    assert gpu_check.model_flops is model_flops  # one definition for the GPU check and the training run
+    # one definition for the GPU check and the training run: scripts/gpu_check.py imports this one
+    gpu_check = (Path(__file__).resolve().parents[1] / "scripts" / "gpu_check.py").read_text()
+    assert "from transformer_nmt.model.flops import model_flops" in gpu_check and "def model_flops" not in gpu_check
 
 
 def test_matmul_ceiling_measures_both_of_the_models_shapes():
@@ -107,7 +109,6 @@ def test_a_runs_mfu_is_its_model_flops_over_its_step_time_against_a_measured_cei
 
 def test_reproduce_reads_the_time_budget_from_results_json(tiny_run):
     _, results, run_dir = tiny_run
-    reproduce = load_script("reproduce_multi30k")
     train_seconds = results["wall_seconds"] + 5.0  # the train step's process: start-up on top of train()
     report = reproduce.where_the_time_went(results, train_seconds)
     phases = report["phases"]
@@ -125,10 +126,9 @@ def test_reproduce_json_holds_the_time_budget_of_a_scored_run(tiny_run, monkeypa
     """main(train=false) on the tiny run, its subprocesses (average, evaluate) stubbed: reproduce.json carries the
     run's time budget (of the train() call, since this launch did not train) and its precision."""
     _, results, run_dir = tiny_run
-    reproduce = load_script("reproduce_multi30k")
     scores = dict(bleu=1.0, bleu_lowercase=1.0, chrf=2.0, length_ratio=1.0, bp=1.0)
-    monkeypatch.setattr(reproduce, "run_step", lambda name, args, timings: timings.setdefault(name, 0.0))
-    monkeypatch.setattr(reproduce, "evaluate", lambda ckpt, split, beam, out, timings: dict(scores))
+    monkeypatch.setattr(reproduce, "run_step", lambda name, args, timings, root: timings.setdefault(name, 0.0))
+    monkeypatch.setattr(reproduce, "evaluate", lambda ckpt, split, beam, out, timings, root: dict(scores))
     report = reproduce.main(["train=false", f"run_dir={run_dir}"])
     written = json.loads((run_dir / "reproduce.json").read_text())
     assert written["time_budget"] == report["time_budget"] and written["precision"] == results["precision"]

@@ -1,0 +1,216 @@
+"""Old implementations, kept only to be timed side by side with the package's current ones (imported by the
+benchmark scripts, which run with scripts/ on sys.path). Each is as it was, so that a benchmark's "before" rows
+measure what the project had. So that a speed-up never hides a different result, the losses are checked against
+the current one before anything is timed (``check_loss``), dropout swaps must leave none of dropout.py's, and the
+search table counts the outputs identical to the baseline's ("same").
+
+- ``before_greedy``, ``before_beam``: the search before decoding.py's batched one (commit b8dae0a), one Python loop
+  over sentences per step (scripts/benchmark_decode.py's ``search`` table).
+- ``unchunked_loss``: the label-smoothed loss before it ran in chunks (scripts/benchmark_loss.py's "before");
+  ``previous_loss``: the chunked one before its fused log_softmax/softmax kernels (training.module's
+  ``_SmoothedCrossEntropy``), in the chunks of then (scripts/benchmark_step.py ``--previous-loss``).
+- ``with_torch_dropout``: torch's ``nn.Dropout`` in place of dropout.py's (``--previous-dropout``).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from transformer_nmt.model.decoding import forbid_special, length_penalty, max_output_lengths
+from transformer_nmt.model.dropout import Dropout
+from transformer_nmt.model.transformer import Transformer
+from transformer_nmt.training.module import LOSS_CHUNK_ELEMENTS, label_smoothed_cross_entropy
+
+
+# --- decoding: the search as it was (commit b8dae0a), one Python loop over sentences per step ----------------
+@torch.no_grad()
+def before_greedy(model: Transformer, src: Tensor, bos_id: int, eos_id: int, max_len_offset: int = 50):
+    limits = max_output_lengths(model, src, max_len_offset)
+    memory, cache = model.encode(src), model.new_cache()
+    rows = torch.arange(src.shape[0])
+    last = torch.full((src.shape[0], 1), bos_id, dtype=torch.long)
+    outputs = [[] for _ in range(src.shape[0])]
+    for step in range(int(limits.max())):
+        next_tokens = forbid_special(model.decode(last, memory, src, cache=cache)[:, -1], bos_id, model).argmax(-1)
+        done = (next_tokens == eos_id) | (step + 1 >= limits[rows])
+        for row, token in zip(rows.tolist(), next_tokens.tolist()):
+            if token != eos_id:
+                outputs[row].append(token)
+        if done.all():
+            break
+        if done.any():
+            keep = (~done).nonzero().squeeze(1)
+            rows, memory, src, next_tokens = rows[keep], memory[keep], src[keep], next_tokens[keep]
+            cache.reorder(keep)
+        last = next_tokens.unsqueeze(1)
+    return outputs
+
+
+@torch.no_grad()
+def before_beam(model: Transformer, src: Tensor, k: int, bos_id: int, eos_id: int, alpha: float = 0.6,
+                max_len_offset: int = 50):
+    B = src.shape[0]
+    limits = max_output_lengths(model, src, max_len_offset)
+    src = src.repeat_interleave(k, dim=0)
+    memory, cache = model.encode(src), model.new_cache()
+    sentences = torch.arange(B)
+    beam_scores = torch.full((B, k), float("-inf"))
+    beam_scores[:, 0] = 0.0
+    prefixes = torch.empty(B * k, 0, dtype=torch.long)
+    last = torch.full((B * k, 1), bos_id, dtype=torch.long)
+    finished = [[] for _ in range(B)]
+    for step in range(int(limits.max())):
+        b = sentences.numel()
+        logits = forbid_special(model.decode(last, memory, src, cache=cache)[:, -1], bos_id, model)
+        log_probs = torch.log_softmax(logits.float(), dim=-1)
+        vocab = log_probs.shape[-1]
+        top_scores, top_ids = (beam_scores.view(b * k, 1) + log_probs).view(b, k * vocab).topk(2 * k, dim=1)
+        origins, tokens = top_ids // vocab, top_ids % vocab
+        new_beams = (torch.arange(b) * k).unsqueeze(1).repeat(1, k)
+        new_tokens = torch.full((b, k), eos_id, dtype=torch.long)
+        new_scores = torch.full((b, k), float("-inf"))
+        still_searching = []
+        for i, sentence in enumerate(sentences.tolist()):
+            at_limit = step + 1 >= int(limits[sentence])
+            kept = 0
+            for rank, (s, origin, token) in enumerate(
+                    zip(top_scores[i].tolist(), origins[i].tolist(), tokens[i].tolist())):
+                if s == float("-inf"):
+                    break
+                if token == eos_id and rank >= k:
+                    continue
+                if token == eos_id or at_limit:
+                    generated = prefixes[i * k + origin].tolist() + ([] if token == eos_id else [token])
+                    if len(finished[sentence]) < k:
+                        finished[sentence].append((generated, s / length_penalty(step + 1, alpha)))
+                elif kept < k:
+                    new_beams[i, kept], new_tokens[i, kept], new_scores[i, kept] = i * k + origin, token, s
+                    kept += 1
+            if len(finished[sentence]) < k and not at_limit:
+                still_searching.append(i)
+        if not still_searching:
+            break
+        live = torch.tensor(still_searching)
+        origin_rows = new_beams[live].view(-1)
+        cache.reorder(origin_rows)
+        memory, src = memory[origin_rows], src[origin_rows]
+        prefixes = torch.cat([prefixes[origin_rows], new_tokens[live].view(-1, 1)], dim=1)
+        last = new_tokens[live].view(-1, 1)
+        beam_scores = new_scores[live]
+        sentences = sentences[live]
+    return [max(hyps, key=lambda h: h[1])[0] for hyps in finished]
+
+
+# --- the loss before its fused kernels ------------------------------------------------------------------------
+class LogSumExpLoss(torch.autograd.Function):
+    """The loss's previous implementation (training._SmoothedCrossEntropy before the fused log_softmax/softmax
+    kernels), for ``--previous-loss``: log-sum-exp written out, exp(x - lse) recomputed in the backward pass."""
+
+    @staticmethod
+    def forward(ctx, logits, labels, epsilon, pad_id, overwrite):
+        n, vocab = logits.shape
+        keep = (labels != pad_id).float()
+        lse = torch.empty(n, dtype=torch.float32)
+        sums = torch.zeros(2, dtype=torch.float32)
+        rows = max(1, LOSS_CHUNK_ELEMENTS // vocab)
+        with torch.autocast("cpu", enabled=False):
+            for start in range(0, n, rows):
+                chunk = slice(start, start + rows)
+                x = logits[chunk].float()
+                z = torch.logsumexp(x, dim=-1)
+                nll = z - x.gather(-1, labels[chunk, None]).squeeze(-1)
+                smoothed = (1.0 - epsilon) * nll + epsilon * (z - x.mean(dim=-1))
+                sums += torch.stack([smoothed, nll]) @ keep[chunk]
+                lse[chunk] = z
+        ctx.save_for_backward(logits, labels, lse, keep)
+        ctx.epsilon, ctx.overwrite = epsilon, overwrite
+        loss, nll = sums.unbind()
+        ctx.mark_non_differentiable(nll)
+        return loss, nll
+
+    @staticmethod
+    def backward(ctx, grad_loss, grad_nll):
+        logits, labels, lse, keep = ctx.saved_tensors
+        n, vocab = logits.shape
+        eps = ctx.epsilon
+        grad = logits if ctx.overwrite else torch.empty_like(logits)
+        rows = max(1, LOSS_CHUNK_ELEMENTS // vocab)
+        with torch.autocast("cpu", enabled=False):
+            for start in range(0, n, rows):
+                chunk = slice(start, start + rows)
+                g = torch.exp(logits[chunk].float() - lse[chunk, None]) - eps / vocab
+                g.scatter_add_(-1, labels[chunk, None], g.new_full((g.shape[0], 1), eps - 1.0))
+                g *= (keep[chunk] * grad_loss)[:, None]
+                grad[chunk] = g
+        return grad, None, None, None, None
+
+
+def unchunked_loss(logits, labels, epsilon, pad_id):
+    """The label-smoothed loss before the chunked one (fp32 log-softmax kept for backward, boolean indexing):
+    scripts/benchmark_loss.py's "before"."""
+    log_probs = F.log_softmax(logits.float(), dim=-1)  # (B, T, V)
+    nll = -log_probs.gather(-1, labels.unsqueeze(-1)).squeeze(-1)  # (B, T)
+    uniform = -log_probs.mean(dim=-1)  # (B, T)
+    keep = labels != pad_id  # (B, T)
+    smoothed = (1.0 - epsilon) * nll + epsilon * uniform
+    return smoothed[keep].sum(), nll[keep].sum(), keep.sum()
+
+
+def previous_loss(logits, labels, epsilon, pad_id, overwrite_logits=False):
+    vocab = logits.shape[-1]
+    loss, nll = LogSumExpLoss.apply(logits.reshape(-1, vocab), labels.reshape(-1), epsilon, pad_id, overwrite_logits)
+    return loss, nll, (labels != pad_id).sum()
+
+
+def unchunked_loss(logits, labels, epsilon, pad_id):
+    """The label-smoothed loss before the chunked one (fp32 log-softmax kept for backward, boolean indexing):
+    scripts/benchmark_loss.py's "before"."""
+    log_probs = F.log_softmax(logits.float(), dim=-1)  # (B, T, V)
+    nll = -log_probs.gather(-1, labels.unsqueeze(-1)).squeeze(-1)  # (B, T)
+    uniform = -log_probs.mean(dim=-1)  # (B, T)
+    keep = labels != pad_id  # (B, T)
+    smoothed = (1.0 - epsilon) * nll + epsilon * uniform
+    return smoothed[keep].sum(), nll[keep].sum(), keep.sum()
+
+
+def previous_loss(logits, labels, epsilon, pad_id, overwrite_logits=False):
+    """label_smoothed_cross_entropy's signature and results (loss sum, nll sum, tokens), the previous way."""
+    vocab = logits.shape[-1]
+    loss, nll = LogSumExpLoss.apply(logits.reshape(-1, vocab), labels.reshape(-1), epsilon, pad_id, overwrite_logits)
+    return loss, nll, (labels != pad_id).sum()
+
+
+def check_loss(loss_fn) -> None:
+    """Stop unless ``loss_fn`` (a loss of label_smoothed_cross_entropy's signature) gives the current loss's values
+    and gradient, padding included."""
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(2, 7, 50, generator=g)
+    labels = torch.randint(1, 50, (2, 7), generator=g)
+    labels[1, 4:] = 0
+    results = []
+    for fn in (label_smoothed_cross_entropy, loss_fn):
+        x = logits.clone().requires_grad_()
+        loss, nll, n = fn(x, labels, 0.1, 0)
+        loss.backward()
+        results.append((loss, nll, n, x.grad))
+    for new, old in zip(*results):
+        if not torch.allclose(new.double(), old.double(), rtol=1e-6, atol=1e-7):
+            raise SystemExit(f"baselines.{loss_fn.__name__} no longer computes the current loss: a benchmark against "
+                             f"it would compare different computations")
+
+
+# --- dropout: torch's, before dropout.py ------------------------------------------------------------------------
+def with_torch_dropout(model: torch.nn.Module) -> int:
+    """Replace every dropout.py ``Dropout`` of ``model`` by torch's ``nn.Dropout`` (a bernoulli_ mask) of the same
+    p, in place; returns how many. Stops if one is left (a new kind of module holding it elsewhere)."""
+    swapped = 0
+    for module in list(model.modules()):
+        for name, child in module.named_children():
+            if isinstance(child, Dropout):
+                setattr(module, name, torch.nn.Dropout(child.p))
+                swapped += 1
+    if swapped == 0 or any(isinstance(m, Dropout) for m in model.modules()):
+        raise SystemExit(f"with_torch_dropout: swapped {swapped} dropouts, some of dropout.py's left or none found")
+    return swapped

@@ -1,0 +1,33 @@
+"""The recipe's small model and its training settings, for the benchmarks (run as ``python scripts/X.py``, which
+puts scripts/ on sys.path): conf/train.yaml with model=small, composed from the package's configs as the app
+composes them, so that a benchmark measures the model and optimizer a run trains, not a copy of their numbers."""
+
+from __future__ import annotations
+
+from functools import cache
+
+import torch
+from omegaconf import OmegaConf
+
+from transformer_nmt.conf import CONF_DIR
+
+
+@cache
+def small_recipe() -> tuple[dict, dict]:
+    """(model config with vocab_size: TransformerConfig's fields; train config: the ``train:`` node)."""
+    from hydra import compose, initialize_config_dir
+
+    import transformer_nmt.training.app  # noqa: F401  (registers train_defaults, which conf/train.yaml composes)
+
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        cfg = compose("train", overrides=["model=small"])
+    model = OmegaConf.to_container(cfg.model, resolve=True)
+    model.pop("_target_", None)
+    return {**model, "vocab_size": cfg.data.vocab_size}, OmegaConf.to_container(cfg.train, resolve=True)
+
+
+def recipe_adam(parameters, lr: float = 1e-4) -> torch.optim.Adam:
+    """Adam with the recipe's betas and eps (paper 5.3) at a fixed ``lr`` (the schedule does not change a step's
+    cost)."""
+    train = small_recipe()[1]
+    return torch.optim.Adam(parameters, lr=lr, betas=tuple(train["betas"]), eps=train["eps"])

@@ -1,0 +1,403 @@
+"""Summarize ablation runs in the layout of the paper's Table 3: one row per configuration, over seeds.
+
+    python scripts/summarize_ablation.py SWEEP_DIR [SWEEP_DIR ...] [--out DIR] [--resamples N]
+    python scripts/summarize_ablation.py multirun/ablation_heads/RUN multirun/ablation_base/RUN
+
+Reads every ``results.json`` under the given directories, at any depth (a Hydra sweep's numbered run
+directories, or docs/table3/CELL/seedK), groups the runs by configuration (N, d_model, d_ff, h, d_k, d_v,
+P_drop, eps_ls, positions), across seeds and across directories, and writes into ``--out`` (default: the first
+directory):
+
+- ``ablation.md`` (also printed) and ``ablation.csv``: per configuration its Table 3 row (A-E, by which settings
+  differ from the base), dev BLEU (greedy, whole validation set) and perplexity as mean ± sample std over seeds,
+  the number of seeds n, the BLEU difference to the base, and p: the paired bootstrap test of sacreBLEU
+  (``sacrebleu.significance.PairedTest``, test_type "bs", ``--resamples`` resamples, seed SACREBLEU_SEED, default
+  12345) of the run against the base run *of the same seed*, on the same validation sentences; the largest p over
+  the seeds both have (identical outputs: p = 1). ✓ marks p < 0.05 (significant under every paired seed).
+  The base is the configuration of ``conf/experiment/ablation_base.yaml`` (``--base-experiment``).
+- ``bleu_vs_heads.png`` (row A and the base: BLEU against h, error bars ± std), ``bleu_vs_params.png`` (every
+  configuration, error bars ± std) and ``ablation_rows.png`` (BLEU difference to the base per configuration,
+  the base's ± std as a band).
+
+Each run's hypotheses are its ``val_hypotheses.txt``; the references, ``val_references.txt`` beside it or in
+a directory above it (docs/table3 keeps one copy). Runs without hypotheses get no p-value.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import statistics
+import warnings
+from collections import defaultdict
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from transformer_nmt import run_files  # noqa: E402
+
+RESULTS, HYPOTHESES, REFERENCES = run_files.RESULTS, run_files.HYPOTHESES, run_files.REFERENCES
+SEED_ENV, DEFAULT_SEED, DEFAULT_RESAMPLES = "SACREBLEU_SEED", "12345", 1000
+ALPHA = 0.05
+# A configuration: (results.json key, column), in the paper's column order.
+CONFIG = [("n_layers", "N"), ("d_model", "d_model"), ("d_ff", "d_ff"), ("n_heads", "h"), ("d_k", "d_k"),
+          ("d_v", "d_v"), ("dropout", "P_drop"), ("label_smoothing", "eps_ls"), ("positions", "positions")]
+ROWS = {  # Table 3's rows: the settings each one changes, alone or together, against the base
+    "A": {"n_heads"}, "B": {"d_k", "d_v"}, "C": {"n_layers", "d_model", "d_ff"},
+    "D": {"dropout", "label_smoothing"}, "E": {"positions"},
+}
+ROW_ORDER = ["base", *ROWS, "other"]
+
+
+# --- runs and configurations -------------------------------------------------------------------
+
+def load_runs(directories: list[Path]) -> list[dict]:
+    """Every results.json under ``directories`` (any depth) with ``path`` (its directory) added; the seed
+    from results.json (older files: null). A (configuration, seed) met twice keeps the first, with a warning."""
+    runs, seen = [], {}
+    for directory in directories:
+        for path in sorted(directory.rglob(RESULTS)):
+            run = {**json.loads(path.read_text()), "path": path.parent}
+            run["config"] = config_key(run)
+            key = (run["config"], run.get("seed"))
+            if run.get("seed") is not None and key in seen:
+                warnings.warn(f"{path.parent}: same configuration and seed as {seen[key]}; kept that one")
+                continue
+            seen[key] = path.parent
+            runs.append(run)
+    if not runs:
+        raise SystemExit(f"no {RESULTS} under {', '.join(map(str, directories))}: pass sweep directories "
+                         f"(multirun/NAME/RUN) or docs/table3, whose subdirectories hold the runs")
+    check_one_precision(runs)
+    return runs
+
+
+def check_one_precision(runs: list[dict]) -> None:
+    """Runs trained in different precisions (precision=auto answers per machine) are not one experiment: a
+    paired test of a bf16 run against an fp32 one measures the precision too. Older files without it pass."""
+    by_precision = {}
+    for run in runs:
+        if run.get("precision") is not None:
+            by_precision.setdefault(run["precision"], []).append(str(run["path"]))
+    if len(by_precision) > 1:
+        found = "; ".join(f"{precision}: {len(paths)} runs, e.g. {paths[0]}"
+                          for precision, paths in by_precision.items())
+        raise SystemExit(f"the runs were trained in different precisions ({found}): summarize the runs of one "
+                         f"precision at a time, or rerun with trainer.precision set explicitly")
+
+
+def config_key(run: dict) -> tuple:
+    """The configuration of a run, in CONFIG's order; defaults for fields older results.json lack."""
+    per_head = run["d_model"] // run["n_heads"]
+    defaults = {"d_v": per_head, "label_smoothing": None, "positions": "sinusoidal"}
+    return tuple(run.get(key, defaults.get(key)) for key, _ in CONFIG)
+
+
+def composed_config(*overrides: str) -> tuple:
+    """The configuration key of conf/train.yaml with ``overrides``, composed as the app composes it."""
+    from hydra import compose, initialize_config_dir
+
+    from transformer_nmt.model.attention import head_dims
+    import transformer_nmt.training.app  # noqa: F401  (registers train_defaults, which conf/train.yaml composes)
+    from transformer_nmt.conf import CONF_DIR
+    from transformer_nmt.training.resolvers import register_resolvers
+
+    register_resolvers()  # experiment recipes use ${by_precision:}
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        cfg = compose("train", overrides=list(overrides))
+    model = cfg.model
+    d_k, d_v = head_dims(model.d_model, model.n_heads, model.d_k, model.d_v)
+    return config_key({"n_layers": model.n_encoder_layers, "d_model": model.d_model, "d_ff": model.d_ff,
+                       "n_heads": model.n_heads, "d_k": d_k, "d_v": d_v, "dropout": model.dropout,
+                       "label_smoothing": cfg.train.label_smoothing, "positions": model.positions})
+
+
+def base_config(experiment: str) -> tuple:
+    """The configuration key of conf/experiment/EXPERIMENT.yaml."""
+    return composed_config(f"experiment={experiment}")
+
+
+def table_row(config: tuple, base: tuple | None) -> str:
+    """Which row of Table 3 a configuration belongs to: the settings that differ from the base (d_k, d_v
+    count only where they are not d_model / h) fall inside one row's set."""
+    if base is None:
+        return "other"
+
+    def settings(key: tuple) -> dict:
+        values = dict(zip((k for k, _ in CONFIG), key))
+        per_head = values["d_model"] // values["n_heads"]
+        for name in ("d_k", "d_v"):
+            values[name] = "d_model/h" if values[name] == per_head else values[name]
+        return values
+
+    ours, theirs = settings(config), settings(base)
+    changed = {name for name in ours if ours[name] != theirs[name]}
+    if not changed:
+        return "base"
+    return next((row for row, names in ROWS.items() if changed <= names), "other")
+
+
+def mean_std(values: list[float]) -> tuple[float | None, float | None]:
+    """(mean, sample standard deviation); std None for fewer than 2 values, both None for none."""
+    if not values:
+        return None, None
+    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else None
+
+
+def summarize_groups(runs: list[dict], base: tuple | None) -> list[dict]:
+    """One record per configuration: settings, row, n, BLEU and PPL mean/std, parameters, minutes, seeds;
+    ordered base first, then rows A-E, each by its settings."""
+    groups = defaultdict(list)
+    for run in runs:
+        groups[run["config"]].append(run)
+    records = []
+    for config, members in groups.items():
+        members.sort(key=lambda r: (r.get("seed") is None, r.get("seed") or 0))
+        bleu = [r["val_bleu"] for r in members if r.get("val_bleu") is not None]
+        ppl = [r["val_ppl"] for r in members if r.get("val_ppl") is not None]
+        minutes = [r["wall_seconds"] / 60 for r in members if r.get("wall_seconds") is not None]
+        record = dict(zip((k for k, _ in CONFIG), config))
+        record.update(config=config, row=table_row(config, base), runs=members, n=len(bleu),
+                      seeds=[r.get("seed") for r in members], parameters=members[0]["parameters"],
+                      minutes=statistics.fmean(minutes) if minutes else None)
+        record["bleu_mean"], record["bleu_std"] = mean_std(bleu)
+        record["ppl_mean"], record["ppl_std"] = mean_std(ppl)
+        records.append(record)
+    def order(record: dict) -> tuple:  # by row, then by which settings differ from the base, then their values
+        config = record["config"]
+        changed = tuple(i for i, (v, b) in enumerate(zip(config, base or config)) if v != b)
+        return (ROW_ORDER.index(record["row"]), changed,
+                [(0, v, "") if isinstance(v, (int, float)) else (1, 0, str(v)) for v in config])
+    return sorted(records, key=order)
+
+
+# --- significance ------------------------------------------------------------------------------
+
+def read_lines(path: Path) -> list[str]:
+    return path.read_text(encoding="utf-8").splitlines()
+
+
+def references_for(run_dir: Path) -> Path | None:
+    """val_references.txt beside the run or in the nearest directory above it."""
+    for directory in (run_dir, *run_dir.parents):
+        if (directory / REFERENCES).is_file():
+            return directory / REFERENCES
+    return None
+
+
+def paired_p_values(records: list[dict], resamples: int) -> dict:
+    """{configuration: (largest p over paired seeds, paired seeds)} against the base, seed by seed: for every
+    seed the base has, one PairedTest of the base run (baseline) against every other configuration's run of
+    that seed, on the validation sentences both translated (same references, checked)."""
+    base = next((r for r in records if r["row"] == "base"), None)
+    if base is None:
+        return {}
+    from sacrebleu.metrics import BLEU
+    from sacrebleu.significance import PairedTest
+
+    os.environ.setdefault(SEED_ENV, DEFAULT_SEED)
+    p_values = defaultdict(list)
+    for base_run in base["runs"]:
+        seed, base_hyps = base_run.get("seed"), base_run["path"] / HYPOTHESES
+        references = references_for(base_run["path"])
+        if seed is None or not base_hyps.is_file() or references is None:
+            continue
+        refs = read_lines(references)
+        systems = [("base", read_lines(base_hyps))]
+        for record in records:
+            run = next((r for r in record["runs"] if r.get("seed") == seed), None)
+            if record is base or run is None or not (run["path"] / HYPOTHESES).is_file():
+                continue
+            theirs = references_for(run["path"])
+            if theirs is None or read_lines(theirs) != refs:
+                raise SystemExit(f"{run['path']}: its validation references differ from the base's "
+                                 f"({references}): a paired test needs the same sentences")
+            systems.append((record["config"], read_lines(run["path"] / HYPOTHESES)))
+        if len(systems) < 2:
+            continue
+        _, scores = PairedTest(systems, {"BLEU": BLEU()}, [refs], test_type="bs", n_samples=resamples)()
+        for (config, hyps), result in zip(systems[1:], scores["BLEU"][1:]):
+            # sacreBLEU (after MultEval) counts only resampled differences > the observed one, so identical
+            # outputs get p = 1 / (resamples + 1); with nothing different there is nothing to test: p = 1.
+            p_values[config].append((1.0 if hyps == systems[0][1] else result.p_value, seed))
+    return {config: (max(p for p, _ in pairs), [s for _, s in pairs]) for config, pairs in p_values.items()}
+
+
+# --- output ------------------------------------------------------------------------------------
+
+def fmt(value, spec: str = "{}") -> str:
+    return "-" if value is None else spec.format(value)
+
+
+def cell(mean, std, digits: int = 2) -> str:
+    if mean is None:
+        return "-"
+    return f"{mean:.{digits}f} ± {std:.{digits}f}" if std is not None else f"{mean:.{digits}f}"
+
+
+def markdown_table(records: list[dict], p_values: dict) -> str:
+    """The paper's layout: settings equal to the base's are left blank (all shown in the base row)."""
+    base = next((r for r in records if r["row"] == "base"), None)
+    header = ["", *(name for _, name in CONFIG), "params", "PPL (dev)", "BLEU (dev)", "n", "ΔBLEU", "p", "p<0.05"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for record in records:
+        settings = [("" if base is not None and record is not base and record[key] == base[key] else str(record[key]))
+                    for key, _ in CONFIG]
+        delta = (record["bleu_mean"] - base["bleu_mean"]) if base is not None and record is not base and \
+            record["bleu_mean"] is not None and base["bleu_mean"] is not None else None
+        p = p_values.get(record["config"])
+        lines.append("| " + " | ".join([
+            record["row"], *settings, f"{record['parameters']:,}", cell(record["ppl_mean"], record["ppl_std"]),
+            cell(record["bleu_mean"], record["bleu_std"]), str(record["n"]), fmt(delta, "{:+.2f}"),
+            fmt(p and p[0], "{:.3f}"), ("✓" if p[0] < ALPHA else "") if p else ""]) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def notes(records: list[dict], resamples: int) -> str:
+    """What the table's columns mean, and the base's noise."""
+    base = next((r for r in records if r["row"] == "base"), None)
+    hypotheses = [r["path"] / HYPOTHESES for r in (base or records[0])["runs"] if (r["path"] / HYPOTHESES).is_file()]
+    sentences = f"{len(read_lines(hypotheses[0])):,} validation sentences" if hypotheses else "the validation set"
+    text = [f"\nBLEU and PPL: mean ± sample std over n seeds (dev: greedy BLEU on {sentences}). p: paired "
+            f"bootstrap (sacrebleu.significance.PairedTest, {resamples} resamples, seed {SEED_ENV}="
+            f"{os.environ.get(SEED_ENV, DEFAULT_SEED)}) of each configuration's run against the base run of the same "
+            f"seed; the largest p over the seeds both have. ✓: p < {ALPHA} under every paired seed."]
+    if base is not None and base["n"]:
+        bleus = [r["val_bleu"] for r in base["runs"] if r.get("val_bleu") is not None]
+        text.append(f"Base noise: n={base['n']} seeds, BLEU {cell(base['bleu_mean'], base['bleu_std'])}, range "
+                    f"{min(bleus):.2f}-{max(bleus):.2f}.")
+    else:
+        text.append("No run of the base configuration: no ΔBLEU and no p-values.")
+    return "\n".join(text) + "\n"
+
+
+def write_csv(records: list[dict], p_values: dict, path: Path) -> None:
+    with open(path, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["row", *(name for _, name in CONFIG), "params", "ppl_mean", "ppl_std", "bleu_mean",
+                         "bleu_std", "n", "seeds", "p_max", "p_seeds", "minutes_mean"])
+        for r in records:
+            p = p_values.get(r["config"])
+            writer.writerow([r["row"], *(r[key] for key, _ in CONFIG), r["parameters"],
+                             *(_raw(r[k]) for k in ("ppl_mean", "ppl_std", "bleu_mean", "bleu_std")), r["n"],
+                             " ".join(map(str, r["seeds"])), _raw(p[0]) if p else "",
+                             " ".join(map(str, p[1])) if p else "", _raw(r["minutes"])])
+
+
+def _raw(value):
+    return "" if value is None else round(value, 4) if isinstance(value, float) else value
+
+
+def _errorbar(ax, points, **kwargs):
+    xs, ys, errs = zip(*points)
+    ax.errorbar(xs, ys, yerr=[e or 0.0 for e in errs], marker="o", capsize=3, **kwargs)
+
+
+def plot_bleu_vs_heads(records: list[dict], path: Path) -> None:
+    """Dev BLEU ± std against h, one line per model shape (N, d_model, d_ff) among the runs with d_k = d_model / h."""
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    shapes = defaultdict(list)
+    for r in records:
+        per_head = r["d_model"] // r["n_heads"]
+        if r["bleu_mean"] is not None and r["d_k"] == per_head and r["row"] in ("base", "A", "other"):
+            shapes[(r["n_layers"], r["d_model"], r["d_ff"], r["dropout"], r["label_smoothing"], r["positions"])].append(
+                (r["n_heads"], r["bleu_mean"], r["bleu_std"]))
+    for (n_layers, d_model, d_ff, *_), points in sorted(shapes.items(), key=lambda kv: str(kv[0])):
+        _errorbar(ax, sorted(points), label=f"N {n_layers}, d_model {d_model}, d_ff {d_ff}")
+    heads = sorted({r["n_heads"] for r in records})
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(heads, [str(h) for h in heads])
+    ax.minorticks_off()
+    ax.set_xlabel("attention heads h (d_k = d_v = d_model / h)")
+    ax.set_ylabel("BLEU (dev, greedy), mean ± std")
+    ax.grid(alpha=0.3)
+    if shapes:
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def label(record: dict, base: dict | None) -> str:
+    if base is None or record is base:
+        return "base" if record is base else "h{n_heads} d{d_model} N{n_layers} ff{d_ff}".format(**record)
+    names = dict(CONFIG)
+    return " ".join(f"{names[k]}={record[k]}" for k, _ in CONFIG if record[k] != base[k])
+
+
+def plot_bleu_vs_params(records: list[dict], path: Path) -> None:
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    base = next((r for r in records if r["row"] == "base"), None)
+    points = [r for r in records if r["bleu_mean"] is not None]
+    for r in points:
+        ax.errorbar(r["parameters"], r["bleu_mean"], yerr=r["bleu_std"] or 0.0, marker="o", capsize=3, color="C0")
+        ax.annotate(label(r, base), (r["parameters"], r["bleu_mean"]), fontsize=6, xytext=(3, 3),
+                    textcoords="offset points")
+    ax.set_xscale("log")
+    ax.set_xlabel("parameters")
+    ax.set_ylabel("BLEU (dev, greedy), mean ± std")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_rows(records: list[dict], p_values: dict, path: Path) -> None:
+    """ΔBLEU to the base per configuration (± its std), grouped by row; the base's ± std as a grey band."""
+    base = next((r for r in records if r["row"] == "base"), None)
+    others = [r for r in records if r is not base and r["bleu_mean"] is not None]
+    fig, ax = plt.subplots(figsize=(6, 1.6 + 0.3 * max(len(others), 1)))
+    if base is not None and base["bleu_mean"] is not None:
+        ax.axvspan(-(base["bleu_std"] or 0.0), base["bleu_std"] or 0.0, color="grey", alpha=0.25,
+                   label=f"base ± std (n={base['n']})")
+        ax.axvline(0.0, color="grey", lw=1)
+        for y, r in enumerate(others):
+            p = p_values.get(r["config"])
+            ax.errorbar(r["bleu_mean"] - base["bleu_mean"], y, xerr=r["bleu_std"] or 0.0, marker="o", capsize=3,
+                        color="C3" if p and p[0] < ALPHA else "C0")
+        ax.legend(fontsize=7, loc="lower right")
+    ax.set_yticks(range(len(others)), [f"({r['row']}) {label(r, base)}" for r in others], fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("ΔBLEU (dev) to the base; red: p < 0.05 under every paired seed", fontsize=8)
+    ax.grid(alpha=0.3, axis="x")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def summarize(directories: list[Path], out: Path, resamples: int = DEFAULT_RESAMPLES,
+              base_experiment: str = "ablation_base") -> str:
+    """Write ablation.md, ablation.csv and the plots into ``out``; returns the markdown."""
+    runs = load_runs(directories)
+    records = summarize_groups(runs, base_config(base_experiment))
+    p_values = paired_p_values(records, resamples)
+    text = markdown_table(records, p_values) + notes(records, resamples)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "ablation.md").write_text(text, encoding="utf-8")
+    write_csv(records, p_values, out / "ablation.csv")
+    plot_bleu_vs_heads(records, out / "bleu_vs_heads.png")
+    plot_bleu_vs_params(records, out / "bleu_vs_params.png")
+    plot_rows(records, p_values, out / "ablation_rows.png")
+    return text
+
+
+def main(argv: list[str] | None = None) -> None:
+    """The command line of scripts/summarize_ablation.py."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("directories", nargs="+", type=Path, metavar="SWEEP_DIR")
+    parser.add_argument("--out", type=Path, help="where the table and plots go (default: the first SWEEP_DIR)")
+    parser.add_argument("--resamples", type=int, default=DEFAULT_RESAMPLES, help="paired bootstrap resamples")
+    parser.add_argument("--base-experiment", default="ablation_base",
+                        help="the experiment whose configuration is the base (conf/experiment/NAME.yaml)")
+    args = parser.parse_args(argv)
+    missing = [str(d) for d in args.directories if not d.is_dir()]
+    if missing:
+        parser.error(f"not a directory: {', '.join(missing)}")
+    text = summarize(args.directories, args.out or args.directories[0], args.resamples, args.base_experiment)
+    print(text, end="")
+

@@ -1,0 +1,217 @@
+"""The Multi30k headline in one command: train the CPU recipe, average, choose on val, score on test.
+
+    python scripts/reproduce_multi30k.py [run_id=NAME] [KEY=VALUE ...]
+    python scripts/reproduce_multi30k.py train=false run_id=NAME [KEY=VALUE ...]   # steps 2-4 of a trained run
+    python scripts/reproduce_multi30k.py train=false run_dir=RUN                   # the same, by its directory
+
+KEY=VALUE pairs other than ``train`` and ``run_dir`` go to training, after ``experiment=multi30k_cpu``
+(e.g. ``data.src_lang=de data.tgt_lang=en``). The run directory is the one ``transformer_nmt.train`` picks,
+``outputs/multi30k_cpu_SRC_TGT/NAME`` (NAME: ``run_id``, default the launch time); running again with the
+same NAME resumes its training (``ckpt_path=auto``). Each step is a separate process, timed:
+
+1. train (data preparation, fit, and the recipe's own greedy test of its best checkpoint);
+2. average the checkpoints ``checkpoints/recent`` keeps (the run's ``checkpoint.recent.keep``) into
+   ``averaged.ckpt``;
+3. the averaged and the last checkpoint on val with ``evaluate``'s beam (4): the higher val BLEU is the
+   chosen checkpoint (the test set is never used for a choice);
+4. the chosen checkpoint on test with that beam, and greedy (beam 1) on val and on test.
+
+Prints the CPU flags, the time of each step, greedy validation BLEU against minutes since the run's first
+TensorBoard event file (written as training starts, after data preparation; a resumed run's minutes include
+the time between its launches), where the train step's wall time went (training steps, validation,
+checkpointing, attention maps, the rest; from the run's results.json, written by time_budget.TimeBudget: a
+resumed run's counts only its last launch) with the training steps' model FLOPs utilisation against a matmul
+ceiling measured in the training process, and the scores with length ratio and brevity penalty; writes them
+all to ``RUN/reproduce.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from transformer_nmt import run_files
+from transformer_nmt.hardware import reported_cpu_flags
+
+
+
+def run_step(name: str, args: list[str], timings: dict, root: Path) -> float:
+    """Run ``python -m ARGS`` in ``root`` (the launch directory, whose data/ the recipe reads), fail loudly,
+    record its wall time in minutes; returns it in seconds."""
+    print(f"\n=== {name}: {' '.join(args)}", flush=True)
+    started = time.perf_counter()
+    subprocess.run([sys.executable, "-m", *args], cwd=root, check=True)
+    seconds = time.perf_counter() - started
+    timings[name] = round(seconds / 60, 2)
+    return seconds
+
+
+PHASE_LABELS = {  # results.json's time_budget phases (transformer_nmt/time_budget.py), in the order shown
+    "training_steps": "training steps (forward, loss, backward, optimizer)",
+    "validation": "validation (greedy decoding for val BLEU, loss)",
+    "checkpointing": "checkpointing (writing files)",
+    "attention_maps": "attention maps (probe forward passes, waits for renders)",
+    "mfu_probe": "matmul ceiling probe (MFU)",
+    "fit_other": "rest of fit (fetching batches, logging, callbacks)",
+    "test": "test (the recipe's greedy test of its best checkpoint)",
+    "outside_phases": "rest outside fit (start-up, imports, data preparation, loading for test)",
+}
+
+
+def where_the_time_went(results: dict, train_seconds: float | None) -> dict | None:
+    """The training step's wall time by phase, from the run's results.json (its ``time_budget``): seconds and
+    share of ``train_seconds`` (the train step's wall time, as this script timed it; None: the run's own
+    ``wall_seconds``, which leaves out interpreter start-up), with whatever no phase holds as
+    ``outside_phases``; and the training step's model FLOPs utilisation. None where results.json has no
+    time budget (a run older than it)."""
+    budget = results.get("time_budget")
+    if not budget:
+        return None
+    wall = train_seconds or budget.get("wall_seconds") or results["wall_seconds"]
+    seconds = dict(budget["seconds"])
+    seconds["outside_phases"] = max(wall - sum(seconds.values()), 0.0)
+    return {"wall_seconds": round(wall, 1), "of": "train step" if train_seconds else "train() call",
+            "phases": {phase: {"seconds": round(seconds[phase], 1), "share": round(seconds[phase] / wall, 4)}
+                       for phase in PHASE_LABELS if phase in seconds},
+            "mfu": budget.get("mfu"), "view": budget.get("rank")}
+
+
+def print_time_budget(budget: dict, precision: str | None) -> None:
+    print(f"\n| where the train step's {budget['wall_seconds'] / 60:.1f} minutes went | seconds | share |")
+    print("| --- | --- | --- |")
+    for phase, entry in budget["phases"].items():
+        print(f"| {PHASE_LABELS[phase]} | {entry['seconds']:,.1f} | {100 * entry['share']:.1f}% |")
+    mfu = budget["mfu"]
+    if mfu and mfu.get("ceiling"):
+        ceiling = mfu["ceiling"]
+        shapes = ", ".join(f"{name} {rate:,.0f}" for name, rate in ceiling["gflops"].items())
+        over_fit = "-" if mfu.get("achieved_gflops_over_fit") is None else f"{mfu['achieved_gflops_over_fit']:,.1f}"
+        print(f"\nMFU of the training steps ({precision}, {ceiling['threads']} thread(s)): "
+              f"{mfu['achieved_gflops']:,.1f} model GFLOP/s against a {ceiling['dtype']} matmul ceiling of "
+              f"{ceiling['ceiling_gflops']:,.0f} GFLOP/s ({shapes} at {ceiling['tokens']} rows) = "
+              f"{100 * mfu['share_of_ceiling']:.1f}%; over the whole fit {over_fit} GFLOP/s")
+
+
+def run_directory(train_overrides: list[str], root: Path) -> Path:
+    """The directory ``python -m transformer_nmt.train *train_overrides`` launched in ``root`` runs in (its
+    ``hydra.run.dir``)."""
+    from hydra import compose, initialize_config_dir
+
+    import transformer_nmt.training.app  # noqa: F401  (registers train_defaults)
+    from transformer_nmt.conf import CONF_DIR
+    from transformer_nmt.training.resolvers import register_resolvers
+
+    register_resolvers()  # hydra.run.dir: ${run_name:}
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        cfg = compose("train", overrides=train_overrides, return_hydra_config=True)
+    return root / cfg.hydra.run.dir
+
+
+def evaluate(ckpt: Path, split: str, beam: int, out: Path, timings: dict, root: Path) -> dict:
+    name = f"{split}_{ckpt.stem}_beam{beam}"
+    run_step(f"evaluate {name}", ["transformer_nmt.evaluate", f"ckpt={ckpt}", f"split={split}", f"beam={beam}",
+                                  f"out={out}", f"name={name}"], timings, root)
+    return json.loads((out / f"{name}.json").read_text())
+
+
+def validation_curve(run_dir: Path) -> list[tuple[float, int, float]]:
+    """(minutes since the first event file's creation, optimizer step, greedy val BLEU) of every validation,
+    from the run's TensorBoard events (files named events.out.tfevents.SECONDS.HOST...)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    files = sorted((run_dir / run_files.TENSORBOARD).rglob("events.out.tfevents.*"))
+    if not files:
+        return []
+    launched = min(int(f.name.split(".")[3]) for f in files)
+    curve = []
+    for events in files:
+        accumulator = EventAccumulator(str(events), size_guidance={"scalars": 0})
+        accumulator.Reload()
+        if "val/bleu" in accumulator.Tags()["scalars"]:
+            curve += [(round((e.wall_time - launched) / 60, 1), e.step, round(e.value, 2))
+                      for e in accumulator.Scalars("val/bleu")]
+    return sorted(curve)
+
+
+def main(argv: list[str], root: Path | None = None) -> dict:
+    """The command line of scripts/reproduce_multi30k.py, launched in ``root`` (default: the current directory;
+    the script passes its checkout)."""
+    root = Path.cwd() if root is None else root
+    own = {"run_dir": None, "train": "true"}
+    for arg in argv:
+        key, _, value = arg.partition("=")
+        if key in own:
+            own[key] = value
+    if own["train"] not in ("true", "false"):
+        sys.exit(f"train={own['train']!r}: use true or false")
+    from transformer_nmt.training.launch import run_name
+    from transformer_nmt.inference.translate import OPTIONS
+
+    overrides = [a for a in argv if a.partition("=")[0] not in own]
+    if not any(a.startswith("run_id=") for a in overrides):
+        overrides.append(f"run_id={run_name(None)}")  # fixed here, so that this script knows the run dir
+    train_overrides = ["experiment=multi30k_cpu", *overrides]
+    run_dir = Path(own["run_dir"]).resolve() if own["run_dir"] else run_directory(train_overrides, root)
+    eval_dir = run_dir / run_files.EVAL
+    timings: dict[str, float] = {}
+
+    train_seconds = None
+    if own["train"] == "true":
+        train_seconds = run_step("train", ["transformer_nmt.train", *train_overrides, f"hydra.run.dir={run_dir}"],
+                                 timings, root)
+    elif not run_files.last_checkpoint(run_dir).is_file():
+        sys.exit(f"train=false: {run_files.last_checkpoint(run_dir)} does not exist; give the run_id "
+                 f"(and overrides) or run_dir of a trained run")
+    keep = OmegaConf.load(run_dir / run_files.CONFIG).checkpoint.recent.keep
+    beam = OPTIONS["beam"]
+    averaged, last = run_dir / run_files.AVERAGED, run_files.last_checkpoint(run_dir)
+    recent = run_dir / run_files.CHECKPOINTS / run_files.RECENT
+    run_step("average", ["transformer_nmt.average", f"dir={recent}", f"last={keep}", f"output={averaged}"], timings,
+             root)
+    val = {ckpt.stem: evaluate(ckpt, "val", beam, eval_dir, timings, root) for ckpt in (averaged, last)}
+    chosen = max((averaged, last), key=lambda c: val[c.stem]["bleu"])  # ties: the averaged one (first)
+    scores = {
+        ("val", beam): val[chosen.stem],
+        ("test", beam): evaluate(chosen, "test", beam, eval_dir, timings, root),
+        ("val", 1): evaluate(chosen, "val", 1, eval_dir, timings, root),
+        ("test", 1): evaluate(chosen, "test", 1, eval_dir, timings, root),
+    }
+    curve = validation_curve(run_dir)
+    results_file = run_dir / run_files.RESULTS
+    results = json.loads(results_file.read_text()) if results_file.is_file() else {}
+    budget = where_the_time_went(results, train_seconds) if results else None
+    report = {
+        "run_dir": str(run_dir), "overrides": overrides, "cpu_flags": reported_cpu_flags(),
+        "train_minutes": timings.get("train"), "total_minutes": round(sum(timings.values()), 2), "timings": timings,
+        "val_bleu_chosen_on": {stem: s["bleu"] for stem, s in val.items()}, "chosen": chosen.name,
+        "scores": {f"{split}_beam{width}": {k: s[k] for k in ("bleu", "bleu_lowercase", "chrf", "length_ratio", "bp")}
+                   for (split, width), s in scores.items()},
+        "val_curve": [{"minutes": m, "step": step, "greedy_val_bleu": b} for m, step, b in curve],
+        "precision": results.get("precision"), "torch_threads": results.get("torch_threads"),
+        "time_budget": budget,
+    }
+    (run_dir / "reproduce.json").write_text(json.dumps(report, indent=2) + "\n")
+
+    print(f"\nCPU flags: {' '.join(report['cpu_flags'])}; run dir {run_dir}")
+    print("\n| step | minutes |\n| --- | --- |")
+    for name, minutes in timings.items():
+        print(f"| {name} | {minutes} |")
+    if budget:
+        print_time_budget(budget, results.get("precision"))
+    print("\n| minutes | step | greedy val BLEU |\n| --- | --- | --- |")
+    for minutes, step, bleu in curve:
+        print(f"| {minutes} | {step} | {bleu} |")
+    print(f"\nval BLEU, beam {beam}: averaged {val['averaged']['bleu']}, last {val['last']['bleu']} "
+          f"-> chosen {chosen.name}")
+    print("\n| split | decoder | BLEU | BLEU lowercased | chrF | length ratio | BP |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for (split, width), s in scores.items():
+        decoder = "greedy" if width == 1 else f"beam {width}"
+        print(f"| {split} | {decoder} | {s['bleu']:.2f} | {s['bleu_lowercase']:.2f} | {s['chrf']:.2f} | "
+              f"{s['length_ratio']:.3f} | {s['bp']:.3f} |")
+    return report

@@ -1,0 +1,179 @@
+"""The Table 3 study on Multi30k: run what is missing, keep each run's small files, build the table.
+
+    python scripts/table3.py status              # every (cell, seed) of the plan: done or missing, time left
+    python scripts/table3.py run [--max-runs N] [--cells base heads1 ...]   # the missing runs, one at a time
+    python scripts/table3.py table               # docs/table3/ablation.md, ablation.csv, plots
+
+The plan (PLAN) is Table 3 scaled down: the base (conf/experiment/ablation_base.yaml) under BASE_SEEDS seeds,
+so that its run-to-run noise is measured, and every other cell, one setting changed (rows A-E), under SEEDS.
+A run is ``python -m transformer_nmt.train experiment=ablation_base OVERRIDES seed=K`` in
+outputs/table3/CELL/seedK (a killed run resumes from its last checkpoint there, and its wall_seconds then count
+the resumed part only); when it ends, its results.json (with the machine added: CPU model, cores, load average
+at the start) and val_hypotheses.txt are copied to docs/table3/CELL/seedK/, and the validation references once
+to docs/table3/val_references.txt.
+Commit docs/table3/ after a session: runs may be spread over days and machines; ``run`` does only those whose
+docs/table3 files are missing (finished runs still under outputs/table3 are collected without rerunning).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from transformer_nmt import run_files
+from transformer_nmt.hardware import reported_cpu_flags  # the flags every report names
+
+RESULTS, HYPOTHESES, REFERENCES = run_files.RESULTS, run_files.HYPOTHESES, run_files.REFERENCES
+BASE_SEEDS, SEEDS = (1, 2, 3, 4, 5), (1, 2)
+CHECKPOINT_EVERY = 250  # optimizer steps: a killed run resumes from here (results do not change)
+
+# (cell, Table 3 row, overrides of ablation_base): one setting changed per cell, as in the paper's rows.
+PLAN = [
+    ("base", "base", []),
+    *((f"heads{h}", "A", [f"model.n_heads={h}"]) for h in (1, 2, 8, 16)),
+    *((f"dk{d}", "B", [f"model.d_k={d}"]) for d in (8, 16)),
+    *((f"layers{n}", "C", [f"ablation.n_layers={n}"]) for n in (1, 3)),
+    *((f"width{d}", "C", [f"model.d_model={d}"]) for d in (64, 256)),
+    *((f"ff{d}", "C", [f"model.d_ff={d}"]) for d in (256, 1024)),
+    *((f"dropout{p}", "D", [f"model.dropout={p}"]) for p in ("0.0", "0.2")),
+    *((f"smoothing{e}", "D", [f"train.label_smoothing={e}"]) for e in ("0.0", "0.2")),
+    ("learned_positions", "E", ["model.positions=learned"]),
+]
+
+
+@dataclass(frozen=True)
+class Study:
+    """Where the study lives: the runs in ``outputs``, the kept small files in ``docs``; runs launch in ``root``
+    (the checkout, whose data/ the recipe reads)."""
+
+    root: Path
+    docs: Path
+    outputs: Path
+
+    @classmethod
+    def of(cls, root: Path) -> "Study":
+        return cls(root, root / "docs" / "table3", root / "outputs" / "table3")
+
+
+def runs(cells: list[str] | None = None) -> list[tuple[str, list[str], int]]:
+    """(cell, overrides, seed) of every run of the plan, base seeds first so its noise is measured early."""
+    return [(cell, overrides, seed) for cell, _, overrides in PLAN if not cells or cell in cells
+            for seed in (BASE_SEEDS if cell == "base" else SEEDS)]
+
+
+def machine() -> dict:
+    """Where a run ran: CPU model, cores, and the load average as it started (a loaded machine runs slower)."""
+    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                  if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else ""
+    return {"cpu_model": model, "cpus": os.cpu_count(), "load_average_1min": round(os.getloadavg()[0], 2)}
+
+
+def collect(study: Study, cell: str, seed: int, started_on: dict | None = None) -> bool:
+    """Copy a finished run's small files from outputs/ to docs/table3; True if the run is (now) in docs."""
+    docs = study.docs
+    run_dir, kept = study.outputs / cell / f"seed{seed}", docs / cell / f"seed{seed}"
+    if (kept / RESULTS).is_file():
+        return True
+    if not (run_dir / RESULTS).is_file():
+        return False
+    kept.mkdir(parents=True, exist_ok=True)
+    results = json.loads((run_dir / RESULTS).read_text())
+    results["machine"] = started_on or {**machine(), "load_average_1min": None}  # collected later: load unknown
+    if (run_dir / HYPOTHESES).is_file():
+        shutil.copyfile(run_dir / HYPOTHESES, kept / HYPOTHESES)
+    references = run_dir / REFERENCES
+    if references.is_file():
+        if not (docs / REFERENCES).is_file():
+            shutil.copyfile(references, docs / REFERENCES)
+        elif (docs / REFERENCES).read_bytes() != references.read_bytes():
+            raise SystemExit(f"{references} differs from {docs / REFERENCES}: the study needs one validation set")
+    (kept / RESULTS).write_text(json.dumps(results, indent=2) + "\n")  # last: its presence means "done"
+    return True
+
+
+def done_minutes(study: Study) -> list[float]:
+    return [json.loads(p.read_text())["wall_seconds"] / 60 for p in study.docs.glob(f"*/seed*/{RESULTS}")]
+
+
+def status(study: Study, cells: list[str] | None = None) -> list[tuple[str, list[str], int]]:
+    """Print the plan, done and missing; returns the missing runs."""
+    missing = [(cell, overrides, seed) for cell, overrides, seed in runs(cells) if not collect(study, cell, seed)]
+    minutes = done_minutes(study)
+    per_run = statistics.median(minutes) if minutes else None  # the median: runs on a loaded machine are outliers
+    for cell, row, overrides in PLAN:
+        if cells and cell not in cells:
+            continue
+        seeds = BASE_SEEDS if cell == "base" else SEEDS
+        todo = [seed for c, _, seed in missing if c == cell]
+        print(f"({row:>4}) {cell:<18} {' '.join(overrides) or '(ablation_base)':<32} seeds "
+              f"{' '.join(map(str, seeds))}: " + (f"missing {' '.join(map(str, todo))}" if todo else "done"))
+    total = len(runs(cells))
+    left = f", about {len(missing) * per_run / 60:.1f} h left at {per_run:.1f} min a run (median)" if per_run else ""
+    print(f"{total - len(missing)} of {total} runs done ({sum(minutes) / 60:.1f} h of wall time so far){left}")
+    return missing
+
+
+def run(study: Study, cells: list[str] | None, max_runs: int | None) -> None:
+    for number, (cell, overrides, seed) in enumerate(status(study, cells)):
+        if max_runs is not None and number >= max_runs:
+            break
+        run_dir = study.outputs / cell / f"seed{seed}"
+        started_on = machine()
+        command = [sys.executable, "-m", "transformer_nmt.train", "experiment=ablation_base", *overrides,
+                   f"seed={seed}", f"hydra.run.dir={run_dir}", f"checkpoint.every_n_train_steps={CHECKPOINT_EVERY}"]
+        print(f"\n[{time.strftime('%H:%M:%S')}] {cell} seed {seed}: {' '.join(command[1:])}", flush=True)
+        start = time.perf_counter()
+        subprocess.run(command, cwd=study.root, check=True)
+        collect(study, cell, seed, started_on)
+        print(f"[{time.strftime('%H:%M:%S')}] {cell} seed {seed} done in {(time.perf_counter() - start) / 60:.1f} "
+              f"min (load average at start {started_on['load_average_1min']})", flush=True)
+
+
+def table(study: Study) -> None:
+    """Build docs/table3/ablation.md (+ csv, plots) from the kept runs; add how, where and how long they ran."""
+    from transformer_nmt.analysis.ablation import summarize
+
+    docs = study.docs
+    text = summarize([docs], docs)
+    results = [json.loads(p.read_text()) for p in sorted(docs.glob(f"*/seed*/{RESULTS}"))]
+    setups = sorted({(r.get("precision"), " ".join(reported_cpu_flags(r.get("cpu_flags", []))),
+                      r.get("machine", {}).get("cpu_model"), r.get("torch_threads")) for r in results}, key=str)
+    loads = [r["machine"]["load_average_1min"] for r in results
+             if r.get("machine", {}).get("load_average_1min") is not None]
+    lines = [f"\n{len(results)} runs of {len(runs())} planned, {sum(r['wall_seconds'] for r in results) / 3600:.2f} h "
+             f"of wall time in all (each run: data, training, validation)."]
+    lines += [f"Ran in precision {p}, on {cpu} (flags {flags}), {threads} torch threads." for p, flags, cpu, threads
+              in setups]
+    if loads:
+        cpus = results[0]["machine"]["cpus"]
+        lines.append(f"Load average (1 min) as runs started: {min(loads)}-{max(loads)} on {cpus} cores: runs that "
+                     f"started on a loaded machine took longer than on quiet cores.")
+    text += "\n".join(lines) + "\n"
+    (docs / "ablation.md").write_text(text, encoding="utf-8")
+    print(text, end="")
+
+
+def main(argv: list[str], root: Path) -> None:
+    """The command line of scripts/table3.py, the study kept under ``root`` (the checkout)."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("command", choices=("status", "run", "table"))
+    parser.add_argument("--cells", nargs="+", choices=[cell for cell, _, _ in PLAN], help="only these cells")
+    parser.add_argument("--max-runs", type=int, help="run: stop after this many runs")
+    args = parser.parse_args(argv)
+    study = Study.of(root)
+    study.docs.mkdir(parents=True, exist_ok=True)
+    if args.command == "status":
+        status(study, args.cells)
+    elif args.command == "run":
+        run(study, args.cells, args.max_runs)
+    else:
+        table(study)
