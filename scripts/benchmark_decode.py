@@ -43,6 +43,7 @@ from torch import Tensor
 
 from transformer_nmt.checkpoint import load_checkpoint
 from transformer_nmt.inference.ctranslate2_engine import CTranslate2Model
+from transformer_nmt.inference.decode_config import DecodeConfig
 from transformer_nmt.model.decoding import beam_search, forbid_special, greedy_decode, length_penalty, max_output_lengths
 from transformer_nmt.inference.evaluate import score
 from transformer_nmt.inference.export import export_model, import_ctranslate2
@@ -52,7 +53,9 @@ from transformer_nmt.options import parse_options
 from transformer_nmt.inference.translate import encode_sources, read_lines, token_batches, translate_lines
 
 ROOT = Path(__file__).resolve().parent.parent
-OPTIONS = {"ckpt": "random", "src": None, "ref": None, "max_tokens": 4096, "limit": 1000, "beam": 4, "rounds": 1,
+DECODE = DecodeConfig()  # the defaults of translate's search
+OPTIONS = {"ckpt": "random", "src": None, "ref": None, "max_tokens": DECODE.max_tokens, "limit": 1000,
+           "beam": DECODE.beam, "rounds": 1,
            "threads": [2, 1], "ctranslate2": True, "tables": ["serving", "search"]}
 TABLES = ("serving", "search")
 PAUSE_SECONDS = 0.2
@@ -60,7 +63,8 @@ PAUSE_SECONDS = 0.2
 
 # --- before: the search as it was (commit b8dae0a), one Python loop over sentences per step ------------------
 @torch.no_grad()
-def before_greedy(model: Transformer, src: Tensor, bos_id: int, eos_id: int, max_len_offset: int = 50):
+def before_greedy(model: Transformer, src: Tensor, bos_id: int, eos_id: int,
+                  max_len_offset: int = DECODE.max_len_offset):
     limits = max_output_lengths(model, src, max_len_offset)
     memory, cache = model.encode(src), model.new_cache()
     rows = torch.arange(src.shape[0])
@@ -83,8 +87,8 @@ def before_greedy(model: Transformer, src: Tensor, bos_id: int, eos_id: int, max
 
 
 @torch.no_grad()
-def before_beam(model: Transformer, src: Tensor, k: int, bos_id: int, eos_id: int, alpha: float = 0.6,
-                max_len_offset: int = 50):
+def before_beam(model: Transformer, src: Tensor, k: int, bos_id: int, eos_id: int, alpha: float = DECODE.alpha,
+                max_len_offset: int = DECODE.max_len_offset):
     B = src.shape[0]
     limits = max_output_lengths(model, src, max_len_offset)
     src = src.repeat_interleave(k, dim=0)
@@ -186,12 +190,14 @@ def engines(model: Transformer, tokenizer: Tokenizer, k: int, threads: list[int]
     bos, eos = tokenizer.bos_id, tokenizer.eos_id
 
     def beam(stop):
-        return ours(model, tokenizer, lambda src: [hyps[0].tokens for hyps in beam_search(model, src, k, stop=stop)])
+        return ours(model, tokenizer, lambda src: [hyps[0].tokens for hyps in beam_search(
+            model, src, k, DECODE.alpha, DECODE.max_len_offset, stop=stop)])
     before, same_rule = f"beam {k}, before", f"beam {k}, after, stop=k_finished"
     default = f"beam {k}, after, stop=bound (default)"
     rows = {
         "greedy, before": (None, ours(model, tokenizer, lambda src: before_greedy(model, src, bos, eos))),
-        "greedy, after": ("greedy, before", ours(model, tokenizer, lambda src: greedy_decode(model, src))),
+        "greedy, after": ("greedy, before", ours(model, tokenizer, lambda src: greedy_decode(
+            model, src, max_len_offset=DECODE.max_len_offset))),
         before: (None, ours(model, tokenizer, lambda src: before_beam(model, src, k, bos, eos))),
         same_rule: (before, beam("k_finished")),
         default: (before, beam("bound")),
