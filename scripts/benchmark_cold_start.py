@@ -55,10 +55,11 @@ def tiny_checkpoint(path: Path) -> Path:
     return path
 
 
-def timed(command: list[str], src: Path, stdin: str | None = None) -> tuple[float, str]:
-    """(wall seconds, stdout) of ``command`` with PYTHONPATH at ``src``, run in a fresh empty directory."""
+def timed(command: list[str], src: Path, stdin: str | None = None, threads: int | None = None) -> tuple[float, str]:
+    """(wall seconds, stdout) of ``command`` with PYTHONPATH at ``src`` (and OMP_NUM_THREADS at ``threads``, if
+    given), run in a fresh empty directory."""
     with tempfile.TemporaryDirectory(prefix="cold_start_cwd_") as cwd:
-        env = {**os.environ, "PYTHONPATH": str(src)}
+        env = {**os.environ, "PYTHONPATH": str(src), **({"OMP_NUM_THREADS": str(threads)} if threads else {})}
         started = time.perf_counter()
         done = subprocess.run(command, input=stdin, capture_output=True, text=True, cwd=cwd, env=env)
         seconds = time.perf_counter() - started
@@ -69,15 +70,16 @@ def timed(command: list[str], src: Path, stdin: str | None = None) -> tuple[floa
     return seconds, done.stdout
 
 
-def measure(ckpt: Path, variants: dict[str, Path], runs: int) -> dict[str, dict[str, list[float]]]:
+def measure(ckpt: Path, variants: dict[str, Path], runs: int, threads: int | None = None
+            ) -> dict[str, dict[str, list[float]]]:
     """{variant: {"torch": [s, ...], "translate": [s, ...]}}, the runs interleaved: torch, translate of the first
     variant, torch, translate of the next, ..., ``runs`` rounds."""
     timings = {name: {"torch": [], "translate": []} for name in variants}
     translate = [sys.executable, "-m", "transformer_nmt.translate", f"ckpt={ckpt}"]
     for round_ in range(runs):
         for name, src in variants.items():
-            torch_seconds, _ = timed([sys.executable, "-c", "import torch"], src)
-            seconds, out = timed(translate, src, SENTENCE + "\n")
+            torch_seconds, _ = timed([sys.executable, "-c", "import torch"], src, threads=threads)
+            seconds, out = timed(translate, src, SENTENCE + "\n", threads)
             if len(out.splitlines()) != 1:
                 raise SystemExit(f"translate ({name}) printed {out!r}: stdout must hold the one translation only")
             timings[name]["torch"].append(round(torch_seconds, 4))
@@ -109,6 +111,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--json", type=Path, help="write the raw timings here")
     parser.add_argument("--before", type=Path, help="also time a src/ directory of another checkout")
     parser.add_argument("--before-label", default="before", help="its name in the table")
+    parser.add_argument("--threads", type=int, help="OMP_NUM_THREADS for every run (default: torch's own choice)")
     args = parser.parse_args(argv)
     variants = {"after": ROOT / "src"}
     labels = {"after": "this checkout"}
@@ -118,12 +121,13 @@ def main(argv: list[str] | None = None) -> dict:
         variants["before"], labels["before"] = args.before.resolve(), args.before_label
     with tempfile.TemporaryDirectory(prefix="cold_start_") as tmp:
         ckpt = tiny_checkpoint(Path(tmp) / "tiny.ckpt")
-        timings = measure(ckpt, variants, args.runs)
+        timings = measure(ckpt, variants, args.runs, args.threads)
     flags = reported_cpu_flags()
     print(table(timings, labels))
     print(f"\nCPU flags: {' '.join(flags) or 'none of those reported'}; {os.cpu_count()} CPUs; "
           f"torch {torch.__version__}")
     result = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "runs": args.runs, "sentence": SENTENCE,
+              "omp_num_threads": args.threads, "load_average": os.getloadavg(),
               "cpu_flags": flags, "cpus": os.cpu_count(), "torch": torch.__version__,
               "codes": {name: {"label": labels[name], "src": str(src)} for name, src in variants.items()},
               "timings": timings, "medians": {name: summary(runs) for name, runs in timings.items()},
