@@ -10,6 +10,7 @@ a sweep (``a=1,2``) or a ``+``/``~`` override is an error naming the option; ``-
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import sys
 import textwrap
@@ -51,7 +52,7 @@ def spec_from_dict(defaults: dict) -> type:
     type, Any where the default is None or a list."""
     def typed(value):
         return Any if value is None or isinstance(value, (list, dict)) else type(value)
-    return dataclasses.make_dataclass("Options", [(k, typed(v), dataclasses.field(default_factory=lambda v=v: v))
+    return dataclasses.make_dataclass("Options", [(k, typed(v), dataclasses.field(default_factory=lambda v=v: copy.deepcopy(v)))
                                                   for k, v in defaults.items()])
 
 
