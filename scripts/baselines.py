@@ -26,7 +26,7 @@ from transformer_nmt.training.module import LOSS_CHUNK_ELEMENTS, label_smoothed_
 
 # --- decoding: the search as it was (commit b8dae0a), one Python loop over sentences per step ----------------
 @torch.no_grad()
-def before_greedy(model: Transformer, src: Tensor, bos_id: int, eos_id: int, max_len_offset: int = 50):
+def before_greedy(model: Transformer, src: Tensor, bos_id: int, eos_id: int, max_len_offset: int):
     limits = max_output_lengths(model, src, max_len_offset)
     memory, cache = model.encode(src), model.new_cache()
     rows = torch.arange(src.shape[0])
@@ -49,8 +49,8 @@ def before_greedy(model: Transformer, src: Tensor, bos_id: int, eos_id: int, max
 
 
 @torch.no_grad()
-def before_beam(model: Transformer, src: Tensor, k: int, bos_id: int, eos_id: int, alpha: float = 0.6,
-                max_len_offset: int = 50):
+def before_beam(model: Transformer, src: Tensor, k: int, bos_id: int, eos_id: int, alpha: float,
+                max_len_offset: int):
     B = src.shape[0]
     limits = max_output_lengths(model, src, max_len_offset)
     src = src.repeat_interleave(k, dim=0)

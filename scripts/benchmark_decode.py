@@ -43,6 +43,7 @@ from torch import Tensor
 
 from transformer_nmt.checkpoint import load_checkpoint
 from transformer_nmt.inference.ctranslate2_engine import CTranslate2Model
+from transformer_nmt.inference.decode_config import DecodeConfig
 from transformer_nmt.model.decoding import beam_search, greedy_decode
 from transformer_nmt.inference.evaluate import score
 from transformer_nmt.inference.export import export_model, import_ctranslate2
@@ -54,7 +55,9 @@ from transformer_nmt.inference.translate import encode_sources, read_lines, toke
 from baselines import before_beam, before_greedy  # scripts/: the search as it was
 
 ROOT = Path(__file__).resolve().parent.parent
-OPTIONS = {"ckpt": "random", "src": None, "ref": None, "max_tokens": 4096, "limit": 1000, "beam": 4, "rounds": 1,
+DECODE = DecodeConfig()  # the defaults of translate's search
+OPTIONS = {"ckpt": "random", "src": None, "ref": None, "max_tokens": DECODE.max_tokens, "limit": 1000,
+           "beam": DECODE.beam, "rounds": 1,
            "threads": [2, 1], "ctranslate2": True, "tables": ["serving", "search"]}
 TABLES = ("serving", "search")
 PAUSE_SECONDS = 0.2
@@ -109,13 +112,17 @@ def engines(model: Transformer, tokenizer: Tokenizer, k: int, threads: list[int]
     bos, eos = tokenizer.bos_id, tokenizer.eos_id
 
     def beam(stop):
-        return ours(model, tokenizer, lambda src: [hyps[0].tokens for hyps in beam_search(model, src, k, stop=stop)])
+        return ours(model, tokenizer, lambda src: [hyps[0].tokens for hyps in beam_search(
+            model, src, k, DECODE.alpha, DECODE.max_len_offset, stop=stop)])
     before, same_rule = f"beam {k}, before", f"beam {k}, after, stop=k_finished"
     default = f"beam {k}, after, stop=bound (default)"
     rows = {
-        "greedy, before": (None, ours(model, tokenizer, lambda src: before_greedy(model, src, bos, eos))),
-        "greedy, after": ("greedy, before", ours(model, tokenizer, lambda src: greedy_decode(model, src))),
-        before: (None, ours(model, tokenizer, lambda src: before_beam(model, src, k, bos, eos))),
+        "greedy, before": (None, ours(model, tokenizer, lambda src: before_greedy(
+            model, src, bos, eos, DECODE.max_len_offset))),
+        "greedy, after": ("greedy, before", ours(model, tokenizer, lambda src: greedy_decode(
+            model, src, max_len_offset=DECODE.max_len_offset))),
+        before: (None, ours(model, tokenizer, lambda src: before_beam(
+            model, src, k, bos, eos, DECODE.alpha, DECODE.max_len_offset))),
         same_rule: (before, beam("k_finished")),
         default: (before, beam("bound")),
     }

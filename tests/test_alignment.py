@@ -133,13 +133,17 @@ def test_alignment_options_are_checked_by_name(checkpoint):
         with pytest.raises(ValueError, match=name):
             check_alignment_options(model, layer, heads, position)
     check_alignment_options(model, -2, [0, 1], "input")  # in range: no error
-    # From the command line, as the option parser types the values: an error naming the option and what to write.
+    # From the command line: the option parser refuses a value of the wrong type (as Hydra's grammar reads it),
+    # naming the option and its type; a value out of the model's range is refused naming what to write.
     common = [f"ckpt={checkpoint}", "print_alignment=hard"]
-    for given, expected in [("alignment_heads=0,3", r"alignment_heads='0,3': give a list of head numbers in 0..1, "
-                                                    r"such as alignment_heads=\[0,1\]"),
-                            ("alignment_heads=true", "alignment_heads=True: give a list"),
-                            ("alignment_heads=1", "alignment_heads=1: give a list"),
-                            ("alignment_layer=x", "alignment_layer='x': give a decoder layer number, 0..1"),
+    for given, expected in [("alignment_heads=0,3", r"alignment_heads=0,3: a sweep .* a list is written "
+                                                    r"alignment_heads=\[a,b\]"),
+                            ("alignment_heads=true", r"alignment_heads=true: .*alignment_heads is Optional\[List\[int"),
+                            ("alignment_heads=1", r"alignment_heads=1: .*alignment_heads is Optional\[List\[int"),
+                            ("alignment_heads=[0,x]", r"alignment_heads=\[0,x\]: .*alignment_heads is"),
+                            ("alignment_heads=[0,3]", r"alignment_heads=\[0, 3\]: give a list of head numbers in "
+                                                      r"0..1, such as alignment_heads=\[0,1\]"),
+                            ("alignment_layer=x", "alignment_layer=x: .*alignment_layer is int"),
                             ("alignment_layer=99", "alignment_layer=99: give a decoder layer number")]:
         with pytest.raises(SystemExit, match=expected):
             translate_main(common + [given])

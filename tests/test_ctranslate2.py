@@ -10,6 +10,7 @@ import torch
 from sacrebleu.metrics import BLEU
 
 from transformer_nmt.checkpoint import load_checkpoint
+from transformer_nmt.inference.decode_config import DecodeConfig
 from transformer_nmt.model.decoding import beam_search, greedy_decode, max_output_lengths
 from transformer_nmt.inference.evaluate import main as evaluate_main
 from transformer_nmt.inference.export import EXPORT_INFO, cached_export, export_model
@@ -50,16 +51,16 @@ def native_greedy_ids(model, tokenizer, lines, max_tokens=2048):
     outputs = [None] * len(lines)
     for batch in token_batches([len(s) for s in sources], max_tokens):
         src = torch.nn.utils.rnn.pad_sequence([torch.tensor(sources[i]) for i in batch], batch_first=True)
-        for i, ids in zip(batch, greedy_decode(model, src)):
+        for i, ids in zip(batch, greedy_decode(model, src, max_len_offset=DecodeConfig().max_len_offset)):
             outputs[i] = ids
     return sources, outputs
 
 
-def native_beam(model, tokenizer, lines, n_best=1, max_len_offset=50):
+def native_beam(model, tokenizer, lines, n_best=1, max_len_offset=DecodeConfig().max_len_offset):
     """Our beam-4 search with CTranslate2's stopping rule (stop="k_finished"): n-best (text, score) per line."""
     sources = encode_sources(tokenizer, lines, model.config.max_positions)
     src = torch.nn.utils.rnn.pad_sequence([torch.tensor(ids) for ids in sources], batch_first=True)
-    hypotheses = beam_search(model, src, 4, n_best=n_best, max_len_offset=max_len_offset, stop="k_finished")
+    hypotheses = beam_search(model, src, 4, DecodeConfig().alpha, max_len_offset, n_best=n_best, stop="k_finished")
     return [[(tokenizer.decode(h.tokens), h.score) for h in hyps] for hyps in hypotheses]
 
 

@@ -113,7 +113,7 @@ def test_cached_batched_beam_search_equals_slow_reference(seed, k, alpha, stop):
 def test_n_best_equal_slow_reference():
     model, src = random_model(5), random_sources(5)
     lengths = (src != PAD).sum(1)
-    results = beam_search(model, src, beam_size=4, n_best=3, max_len_offset=4)
+    results = beam_search(model, src, beam_size=4, alpha=0.6, n_best=3, max_len_offset=4)
     for i, hyps in enumerate(results):
         reference = reference_beam(model, src[i], 4, 0.6, int(lengths[i]) + 4, n_best=3)
         assert [h.tokens for h in hyps] == [tokens for tokens, _ in reference]
@@ -122,7 +122,7 @@ def test_n_best_equal_slow_reference():
 
 def test_n_best_are_sorted_and_distinct():
     model, src = random_model(7), random_sources(7)
-    results = beam_search(model, src, beam_size=4, n_best=3, max_len_offset=5)
+    results = beam_search(model, src, beam_size=4, alpha=0.6, n_best=3, max_len_offset=5)
     for hyps in results:
         assert len(hyps) == 3
         assert [h.score for h in hyps] == sorted((h.score for h in hyps), reverse=True)
@@ -136,7 +136,7 @@ def test_output_length_is_bounded_by_source_length_plus_offset():
     unreachable_eos = model.config.vocab_size  # no token id can equal it: every sentence runs to its limit
     lengths = (src != PAD).sum(1).tolist()
     greedy = greedy_decode(model, src, eos_id=unreachable_eos, max_len_offset=3)
-    beam = beam_search(model, src, beam_size=3, max_len_offset=3, eos_id=unreachable_eos)
+    beam = beam_search(model, src, beam_size=3, alpha=0.6, max_len_offset=3, eos_id=unreachable_eos)
     assert [len(h) for h in greedy] == [n + 3 for n in lengths]
     assert [len(h[0].tokens) for h in beam] == [n + 3 for n in lengths]
 
@@ -200,7 +200,7 @@ def test_bound_rule_never_scores_below_k_finished_rule(seed):
     """The bound rule stops only when no live beam can beat its best, and keeps the k best finished:
     its best hypothesis scores at least as well as that of the k-finished rule, for every sentence."""
     model, src = random_model(seed, vocab=16), random_sources(seed, vocab=16, B=8)
-    old = beam_search(model, src, beam_size=3, max_len_offset=6, stop="k_finished")
-    new = beam_search(model, src, beam_size=3, max_len_offset=6, stop="bound")
+    old = beam_search(model, src, beam_size=3, alpha=0.6, max_len_offset=6, stop="k_finished")
+    new = beam_search(model, src, beam_size=3, alpha=0.6, max_len_offset=6, stop="bound")
     for o, n in zip(old, new):
         assert n[0].score >= o[0].score - 1e-6

@@ -5,8 +5,8 @@
   `scripts/`, `tests/` or `notebooks/` file a command or code span names exists.
 - Every key=value in those commands is an option of that command: for the Hydra apps (train, prepare) the
   overrides compose, in-process, as `--cfg job` would compose them; the checkpoint tools and scripts parse it
-  with their own option parser (transformer_nmt.options), and a script's `--flag` is one its argparse defines.
-  A module without an OPTIONS table takes no key=value, and a module's other words are errors, but for the
+  with their option parser (transformer_nmt.options, over the command's OPTIONS dataclass), and a script's
+  `--flag` is one its argparse defines. A module without an OPTIONS table takes no key=value, and a module's other words are errors, but for the
   sentences explore takes.
 - A code span that holds only key=value overrides composes with train or prepare, or is an option of one of
   the tools; one whose value is a Python literal (`is_causal=True`, `stop="bound"`) is a Python argument, and an
@@ -21,6 +21,7 @@ import importlib
 import pkgutil
 import re
 import shlex
+import sys
 from functools import cache
 from pathlib import Path
 
@@ -116,17 +117,15 @@ def commands(code: str) -> list[tuple[str, list[str], str]]:
 # --- what the tools accept -----------------------------------------------------------------------------------
 @cache
 def tool_options() -> dict[str, object]:
-    """key=value options of every tool that is not a Hydra app (each module of the package with an OPTIONS
-    table of defaults or names), and of the scripts that take key=value options."""
+    """key=value options of every tool that is not a Hydra app (each command of the package whose module, or the
+    module of its ``main``, has an OPTIONS dataclass), and of the scripts that take key=value options."""
     import transformer_nmt
 
     tools = {}
     for module in pkgutil.iter_modules(transformer_nmt.__path__):
-        if module.ispkg:
-            continue
         command = importlib.import_module(f"transformer_nmt.{module.name}")
-        main = getattr(command, "main", None)  # a command module is thin: its options sit where main is
-        options = getattr(importlib.import_module(main.__module__) if main else command, "OPTIONS", None)
+        home = sys.modules[command.main.__module__] if hasattr(command, "main") else command  # a thin entry's
+        options = getattr(home, "OPTIONS", None)  # a command's options dataclass
         if options is not None:
             tools[module.name] = options
     tools["scripts/benchmark_decode.py"] = script_options(ROOT / "scripts" / "benchmark_decode.py")
@@ -188,8 +187,8 @@ def option_problem(tool: str, pairs: list[str]) -> str | None:
 
     options = tool_options()[tool]
     try:
-        if isinstance(options, dict):
-            parse_options(pairs + (["ckpt=x"] if "ckpt" in options else []), options)
+        if isinstance(options, (dict, type)):  # a dataclass of options, or a script's table of defaults
+            parse_options(pairs, options)
         else:
             unknown = sorted(set(OmegaConf.from_cli(pairs)) - set(options))
             if unknown:

@@ -25,9 +25,9 @@ import base64
 import html
 import json
 import re
-import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 import torch
 from torch import Tensor
@@ -35,14 +35,30 @@ from torch import Tensor
 from transformer_nmt.analysis.attention_maps import ATTENTION_KINDS, attention_entropy
 from transformer_nmt.checkpoint import load_checkpoint
 from transformer_nmt.model.transformer import Transformer
-from transformer_nmt.options import parse_options
 from transformer_nmt.data.tokenizer import Tokenizer
-from transformer_nmt.inference.translate import OPTIONS as TRANSLATE_OPTIONS
+from transformer_nmt.inference.decode_config import DecodeConfig, decode_settings
 from transformer_nmt.inference.translate import encode_sources, read_lines, translate_ids
+from transformer_nmt.options import (HELP_FLAGS, command_argv, option, option_of, parse_options, require_checkpoint,
+                                     values_of)
 
-OPTIONS = {"ckpt": None, "input": None, "output": "attention.html",
-           **{name: TRANSLATE_OPTIONS[name] for name in ("beam", "alpha", "max_len_offset", "device")},
-           "prune": 0.0, "importance": None}
+USAGE = 'python -m transformer_nmt.explore ckpt=PATH [key=value ...] ["A sentence." ...]'
+
+
+@dataclass
+class ExploreOptions:
+    ckpt: Optional[str] = option(None, "a checkpoint written by python -m transformer_nmt.train")
+    input: Optional[str] = option(None, "a file of sentences, one a line, explored after those given as arguments")
+    output: str = option("attention.html", "the page to write")
+    beam: int = option_of(DecodeConfig, "beam")
+    alpha: float = option_of(DecodeConfig, "alpha")
+    max_len_offset: int = option_of(DecodeConfig, "max_len_offset")
+    device: str = option_of(DecodeConfig, "device")
+    prune: float = option(0.0, "the fraction of heads to gate off, least important first (0 to 1)")
+    importance: Optional[str] = option(None, "with prune=: the head_importance.csv of analyze_heads; null: "
+                                             "heads/head_importance.csv beside the checkpoint")
+
+
+OPTIONS = ExploreOptions
 KIND_NAMES = {"encoder": "encoder self-attention", "decoder": "decoder self-attention", "cross": "cross-attention"}
 AXIS_NAMES = {"encoder": ("source (queries)", "source (keys)"),
               "decoder": ("decoder input (queries)", "decoder input (keys)"),
@@ -82,12 +98,13 @@ def head_gates(model: Transformer) -> dict[str, Tensor]:
 
 
 @torch.no_grad()
-def attention(model: Transformer, tokenizer: Tokenizer, sentences: list[str], beam: int = OPTIONS["beam"],
-              alpha: float = OPTIONS["alpha"], max_len_offset: int = OPTIONS["max_len_offset"],
-              translations: list[str] | None = None) -> Attention:
-    """Translate ``sentences`` (blank ones are skipped) and return every head's attention on each, the decoder
-    teacher-forced with the translation, or with ``translations`` when given (one per sentence, e.g. the
-    references). The model's head gates (``analyze_heads.set_gates``) apply."""
+def attention(model: Transformer, tokenizer: Tokenizer, sentences: list[str], decode: DecodeConfig | None = None,
+              translations: list[str] | None = None, **changes) -> Attention:
+    """Translate ``sentences`` (blank ones are skipped; the search: ``decode`` with ``changes``, as
+    ``translate_ids``) and return every head's attention on each, the decoder teacher-forced with the
+    translation, or with ``translations`` when given (one per sentence, e.g. the references). The model's
+    head gates (``analyze_heads.set_gates``) apply."""
+    decode = decode_settings(decode, **changes)
     if translations is not None and len(translations) != len(sentences):
         raise ValueError(f"{len(translations)} translations for {len(sentences)} sentences")
     keep = [i for i, s in enumerate(sentences) if s.strip()]
@@ -95,8 +112,7 @@ def attention(model: Transformer, tokenizer: Tokenizer, sentences: list[str], be
         raise ValueError("no sentence to explore: give sentences as arguments or input=FILE")
     sentences = [sentences[i] for i in keep]
     if translations is None:
-        sources, results = translate_ids(model, tokenizer, sentences, beam=beam, alpha=alpha,
-                                         max_len_offset=max_len_offset)
+        sources, results = translate_ids(model, tokenizer, sentences, decode)
     else:
         sources = encode_sources(tokenizer, sentences, model.config.max_positions)
         results = [[(ids, 0.0)] for ids in tokenizer.encode_batch([translations[i] for i in keep])]
@@ -182,38 +198,41 @@ def write_page(result: Attention, path: str | Path, title: str = "Attention expl
 
 
 def split_arguments(argv: list[str]) -> tuple[list[str], list[str]]:
-    """(options, sentences): an argument ``key=value`` without spaces is an option (an unknown key is then an
-    error naming it, not a sentence); every other argument is a sentence."""
+    """(options, sentences): an argument ``key=value`` with a value without spaces (or quoted, as Hydra quotes:
+    ``key='a b'``) is an option (an unknown key is then an error naming it, not a sentence), and so are ``-h`` and
+    ``--help``; every other argument is a sentence."""
     options, sentences = [], []
     for arg in argv:
-        (options if re.fullmatch(r"[A-Za-z_]\w*=\S*", arg) else sentences).append(arg)
+        is_option = arg in HELP_FLAGS or re.fullmatch(r"""[A-Za-z_][\w.]*=(\S*|'[^']*'|"[^"]*")""", arg)
+        (options if is_option else sentences).append(arg)
     return options, sentences
 
 
 def main(argv: list[str] | None = None) -> Path:
-    option_args, sentences = split_arguments(sys.argv[1:] if argv is None else argv)
-    options = parse_options(option_args, OPTIONS)
-    if options["input"]:
-        sentences += read_lines(options["input"])
-    if options["importance"] and not options["prune"]:
+    option_args, sentences = split_arguments(command_argv(argv))
+    options = parse_options(option_args, ExploreOptions, __doc__, USAGE)
+    require_checkpoint(options)
+    if options.input:
+        sentences += read_lines(options.input)
+    if options.importance and not options.prune:
         raise SystemExit("importance= is the table that prune= reads: give prune=FRACTION too (0 to 1)")
-    model, tokenizer, _ = load_checkpoint(options["ckpt"], map_location=options["device"])
-    if options["prune"]:
+    model, tokenizer, _ = load_checkpoint(options.ckpt, map_location=options.device)
+    if options.prune:
         # Imported here: analyze_heads switches matplotlib to Agg, which a notebook importing explore must not get.
         from transformer_nmt.analysis.heads import pruned_heads, read_importance, set_gates
 
-        importance = options["importance"] or Path(options["ckpt"]).parent / "heads" / "head_importance.csv"
+        importance = options.importance or Path(options.ckpt).parent / "heads" / "head_importance.csv"
         try:
-            removed = pruned_heads(read_importance(importance, model), options["prune"])
+            removed = pruned_heads(read_importance(importance, model), options.prune)
         except ValueError as error:
             raise SystemExit(str(error)) from None
         set_gates(model, removed)
-        print(f"gated off {len(removed)} heads (prune={options['prune']}, from {importance})")
+        print(f"gated off {len(removed)} heads (prune={options.prune}, from {importance})")
     try:
-        result = attention(model, tokenizer, sentences, options["beam"], options["alpha"], options["max_len_offset"])
+        result = attention(model, tokenizer, sentences, values_of(DecodeConfig, options))
     except ValueError as error:  # no sentence
         raise SystemExit(str(error)) from None
-    path = write_page(result, options["output"], f"Attention explorer: {Path(options['ckpt']).name}")
+    path = write_page(result, options.output, f"Attention explorer: {Path(options.ckpt).name}")
     for s in result.sentences:
         print(f"{s.source}\t{s.translation}")
     print(f"wrote {path} ({path.stat().st_size / 1e6:.2f} MB, {len(result.sentences)} sentences)")

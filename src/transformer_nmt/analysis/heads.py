@@ -19,8 +19,9 @@ cross-entropy of the references under teacher forcing.
 from __future__ import annotations
 
 import csv
-import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 import matplotlib
 
@@ -31,20 +32,38 @@ import torch.nn.functional as F  # noqa: E402
 from sacrebleu.metrics import BLEU  # noqa: E402
 
 from transformer_nmt.checkpoint import load_checkpoint  # noqa: E402
-from transformer_nmt.inference.evaluate import evaluation_pairs  # noqa: E402
-from transformer_nmt.model.transformer import Transformer  # noqa: E402
-from transformer_nmt.options import parse_options  # noqa: E402
 from transformer_nmt.data.tokenizer import Tokenizer  # noqa: E402
+from transformer_nmt.inference.decode_config import DecodeConfig  # noqa: E402
+from transformer_nmt.inference.evaluate import EvaluateOptions, evaluation_pairs  # noqa: E402
 from transformer_nmt.inference.translate import encode_sources, token_batches, translate_lines  # noqa: E402
+from transformer_nmt.model.transformer import Transformer  # noqa: E402
+from transformer_nmt.options import (command_argv, option, option_of, parse_options, require_checkpoint,  # noqa: E402
+                                     values_of)
 
 KINDS = ("encoder", "decoder", "cross")
-OPTIONS = {"ckpt": None, "split": None, "src": None, "ref": None, "out": None, "max_sentences": 300, "beam": 1,
-           "max_tokens": 4096, "steps": 10, "device": "cpu"}
+USAGE = "python -m transformer_nmt.analyze_heads ckpt=PATH (split=val|test | src=FILE ref=FILE) [key=value ...]"
+
+
+@dataclass
+class HeadsOptions:
+    ckpt: Optional[str] = option(None, "a checkpoint written by python -m transformer_nmt.train")
+    split: Optional[str] = option_of(EvaluateOptions, "split")
+    src: Optional[str] = option_of(EvaluateOptions, "src")
+    ref: Optional[str] = option_of(EvaluateOptions, "ref")
+    out: Optional[str] = option(None, "output directory; null: heads/ beside the checkpoint")
+    max_sentences: int = option(300, "the first this many sentences; 0: all")
+    beam: int = option_of(DecodeConfig, "beam", default=1, help="beam size of the BLEU decoding; 1: greedy (fast)")
+    max_tokens: int = option_of(DecodeConfig, "max_tokens")
+    steps: int = option(10, "the pruning curve's points: heads removed in this many equal fractions")
+    device: str = option_of(DecodeConfig, "device")
+
+
+OPTIONS = HeadsOptions
 
 
 @torch.no_grad()
 def reference_loss(model: Transformer, tokenizer: Tokenizer, sources: list[str], references: list[str],
-                   max_tokens: int = 4096) -> float:
+                   max_tokens: int) -> float:
     """Mean cross-entropy per reference token (teacher forcing, no label smoothing)."""
     max_positions = model.config.max_positions
     src_ids = encode_sources(tokenizer, sources, max_positions)
@@ -71,11 +90,11 @@ def _pad(rows: list[list[int]], pad_id: int) -> torch.Tensor:
     return out
 
 
-def measure(model, tokenizer, sources, references, beam, max_tokens) -> tuple[float, float]:
-    """(BLEU, loss) of the model as currently gated."""
-    hypotheses = [h[0][0] for h in translate_lines(model, tokenizer, sources, beam=beam, max_tokens=max_tokens)]
+def measure(model, tokenizer, sources, references, decode: DecodeConfig) -> tuple[float, float]:
+    """(BLEU, loss) of the model as currently gated; BLEU of a ``decode`` search."""
+    hypotheses = [h[0][0] for h in translate_lines(model, tokenizer, sources, decode)]
     return (BLEU().corpus_score(hypotheses, [references]).score,
-            reference_loss(model, tokenizer, sources, references, max_tokens))
+            reference_loss(model, tokenizer, sources, references, decode.max_tokens))
 
 
 def all_heads(model: Transformer) -> list[tuple[str, int, int]]:
@@ -91,15 +110,15 @@ def set_gates(model: Transformer, removed: set[tuple[str, int, int]]) -> None:
             model.set_head_gates(kind, layer, None if bool(gates.all()) else gates)
 
 
-def head_ablation(model, tokenizer, sources, references, beam=1, max_tokens=4096, log=print) -> tuple[dict, list]:
-    """BLEU and loss of the full model, then with each head masked alone."""
+def head_ablation(model, tokenizer, sources, references, decode: DecodeConfig, log=print) -> tuple[dict, list]:
+    """BLEU (of a ``decode`` search) and loss of the full model, then with each head masked alone."""
     set_gates(model, set())
-    base_bleu, base_loss = measure(model, tokenizer, sources, references, beam, max_tokens)
+    base_bleu, base_loss = measure(model, tokenizer, sources, references, decode)
     log(f"full model: BLEU {base_bleu:.2f}, loss {base_loss:.4f} on {len(sources)} sentences")
     rows = []
     for kind, layer, head in all_heads(model):
         set_gates(model, {(kind, layer, head)})
-        bleu, loss = measure(model, tokenizer, sources, references, beam, max_tokens)
+        bleu, loss = measure(model, tokenizer, sources, references, decode)
         rows.append({"kind": kind, "layer": layer, "head": head, "bleu": bleu, "loss": loss,
                      "delta_bleu": bleu - base_bleu, "delta_loss": loss - base_loss})
         log(f"  {kind:7s} layer {layer} head {head}: BLEU {bleu:6.2f} ({bleu - base_bleu:+.2f}), "
@@ -142,13 +161,14 @@ def pruned_heads(rows: list[dict], fraction: float) -> set[tuple[str, int, int]]
     return set(order[: round(fraction * len(order))])
 
 
-def pruning_curve(model, tokenizer, sources, references, rows, steps=10, beam=1, max_tokens=4096, log=print):
-    """Remove heads least important first (smallest loss increase alone); BLEU at ``steps`` fractions."""
+def pruning_curve(model, tokenizer, sources, references, rows, steps: int, decode: DecodeConfig, log=print):
+    """Remove heads least important first (smallest loss increase alone); BLEU (of a ``decode`` search) at
+    ``steps`` fractions."""
     curve = []
     for step in range(steps + 1):
         removed = pruned_heads(rows, step / steps)
         set_gates(model, removed)
-        bleu, loss = measure(model, tokenizer, sources, references, beam, max_tokens)
+        bleu, loss = measure(model, tokenizer, sources, references, decode)
         curve.append({"fraction_removed": len(removed) / len(rows), "heads_removed": len(removed), "bleu": bleu,
                       "loss": loss})
         log(f"  pruned {len(removed):3d}/{len(rows)} heads: BLEU {bleu:.2f}, loss {loss:.4f}")
@@ -202,19 +222,20 @@ def plot_pruning(curve: list[dict], out_path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    options = parse_options(sys.argv[1:] if argv is None else argv, OPTIONS)
-    ckpt = options["ckpt"]
-    model, tokenizer, meta = load_checkpoint(ckpt, map_location=options["device"])
+    options = parse_options(command_argv(argv), HeadsOptions, __doc__, USAGE)
+    require_checkpoint(options)
+    ckpt = options.ckpt
+    model, tokenizer, meta = load_checkpoint(ckpt, map_location=options.device)
     sources, references, _ = evaluation_pairs(options, meta)
-    n = options["max_sentences"]
+    n = options.max_sentences
     sources, references = (sources[:n], references[:n]) if n else (sources, references)
-    out_dir = Path(options["out"] or Path(ckpt).parent / "heads")
+    out_dir = Path(options.out or Path(ckpt).parent / "heads")
     out_dir.mkdir(parents=True, exist_ok=True)
-    base, rows = head_ablation(model, tokenizer, sources, references, options["beam"], options["max_tokens"])
+    decode = values_of(DecodeConfig, options)  # beam and max_tokens from the options, the rest DecodeConfig's
+    base, rows = head_ablation(model, tokenizer, sources, references, decode)
     write_table(rows, base, out_dir)
     plot_heatmaps(rows, out_dir / "head_importance.png")
-    curve = pruning_curve(model, tokenizer, sources, references, rows, options["steps"], options["beam"],
-                          options["max_tokens"])
+    curve = pruning_curve(model, tokenizer, sources, references, rows, options.steps, decode)
     with open(out_dir / "pruning.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(curve[0]))
         writer.writeheader()

@@ -150,7 +150,7 @@ def main(argv: list[str], root: Path | None = None) -> dict:
     if own["train"] not in ("true", "false"):
         sys.exit(f"train={own['train']!r}: use true or false")
     from transformer_nmt.training.launch import run_name
-    from transformer_nmt.inference.translate import OPTIONS
+    from transformer_nmt.inference.decode_config import DecodeConfig
 
     overrides = [a for a in argv if a.partition("=")[0] not in own]
     if not any(a.startswith("run_id=") for a in overrides):
@@ -168,7 +168,7 @@ def main(argv: list[str], root: Path | None = None) -> dict:
         sys.exit(f"train=false: {run_files.last_checkpoint(run_dir)} does not exist; give the run_id "
                  f"(and overrides) or run_dir of a trained run")
     keep = OmegaConf.load(run_dir / run_files.CONFIG).checkpoint.recent.keep
-    beam = OPTIONS["beam"]
+    beam = DecodeConfig().beam
     averaged, last = run_dir / run_files.AVERAGED, run_files.last_checkpoint(run_dir)
     recent = run_dir / run_files.CHECKPOINTS / run_files.RECENT
     run_step("average", ["transformer_nmt.average", f"dir={recent}", f"last={keep}", f"output={averaged}"], timings,

@@ -17,9 +17,13 @@ from collections.abc import Iterable, Iterator
 from itertools import chain
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import pyarrow as pa
 import sentencepiece as spm
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 
@@ -130,6 +134,8 @@ class _EncodeColumns:
         self.tokenizer, self.langs, self.num_threads = tokenizer, langs, num_threads
 
     def __call__(self, batch: pa.Table) -> pa.Table:
+        import pyarrow as pa  # here: translate loads a Tokenizer, and pyarrow would cost its cold start 70 ms
+
         columns = {}
         for lang in self.langs:
             ids = self.tokenizer.encode_batch(batch.column(lang).to_pylist(), self.num_threads)

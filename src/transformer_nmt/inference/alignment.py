@@ -24,14 +24,29 @@ target word, separated by spaces. Quality is measured with AER (``alignment_erro
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import List, Optional
+
 import torch
 from torch import Tensor
 
 from transformer_nmt.model.transformer import Transformer
+from transformer_nmt.options import option
 
 ALIGNMENT_MODES = ("hard", "soft")
 ALIGNMENT_POSITIONS = ("output", "input")
-ALIGNMENT_DEFAULTS = {"alignment_layer": -1, "alignment_heads": None, "alignment_position": "output"}
+
+
+@dataclass
+class AlignmentOptions:
+    """The cross-attention that ``print_alignment`` reads: the one home of these options' defaults."""
+
+    alignment_layer: int = option(-1, "decoder layer whose cross-attention aligns; -1: the last")
+    alignment_heads: Optional[List[int]] = option(None, "heads to average, e.g. [0,3]; null: all")
+    alignment_position: str = option("output", "output: the query that predicts the target piece | input: the query "
+                                               "whose input it is")
+
+
 WORD_START = "\u2581"  # SentencePiece's "▁": a space in the text
 
 
@@ -78,8 +93,8 @@ def word_ids(texts: list[str]) -> list[int]:
 
 
 def piece_alignment(model: Transformer, src: list[int], hyp: list[int], bos_id: int,
-                    layer: int = ALIGNMENT_DEFAULTS["alignment_layer"], heads: list[int] | None = None,
-                    position: str = ALIGNMENT_DEFAULTS["alignment_position"]) -> Tensor:
+                    layer: int = AlignmentOptions.alignment_layer, heads: list[int] | None = None,
+                    position: str = AlignmentOptions.alignment_position) -> Tensor:
     """Cross-attention of each target piece of ``hyp`` (ids without bos/eos) over the source pieces of
     ``src`` (ids ending in eos), averaged over ``heads`` of decoder ``layer``. -> (len(hyp), len(src))"""
     check_alignment_options(model, layer, heads, position)
@@ -135,8 +150,8 @@ def piece_words(tokenizer, src: list[int], hyp: list[int]) -> tuple[list[int], l
 
 
 def align(model: Transformer, tokenizer, src: list[int], hyp: list[int],
-          layer: int = ALIGNMENT_DEFAULTS["alignment_layer"], heads: list[int] | None = None,
-          position: str = ALIGNMENT_DEFAULTS["alignment_position"]) -> Tensor:
+          layer: int = AlignmentOptions.alignment_layer, heads: list[int] | None = None,
+          position: str = AlignmentOptions.alignment_position) -> Tensor:
     """Soft word alignment (target words, source words) of one translation: pieces as ``tokenizer`` splits them
     (the source's final eos belongs to no word)."""
     pieces = piece_alignment(model, src, hyp, tokenizer.bos_id, layer, heads, position)  # (T, S)

@@ -12,12 +12,14 @@ so training does not resume from it.
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import List, Optional
 
 import torch
-from omegaconf import OmegaConf
 
 from transformer_nmt.checkpoint import CheckpointError, atomic_torch_save, checkpoint_step, read_checkpoint
+from transformer_nmt.options import command_argv, option, parse_options
 
 AVERAGED_FROM = "averaged_from"
 
@@ -67,26 +69,34 @@ def last_checkpoints(directory: str | Path, n: int) -> list[Path]:
     return chosen
 
 
-OPTIONS = ("dir", "last", "inputs", "output")  # key=value options; dir with last, or inputs
+USAGE = "python -m transformer_nmt.average (dir=DIR [last=N] | inputs=[a.ckpt,b.ckpt,...]) output=PATH"
+
+
+@dataclass
+class AverageOptions:
+    dir: Optional[str] = option(None, "a directory of checkpoints: average its last= (highest steps)")
+    last: int = option(5, "with dir=: how many checkpoints, those of the highest training steps")
+    inputs: Optional[List[str]] = option(None, "the checkpoints to average, a list (instead of dir=)")
+    output: Optional[str] = option(None, "the averaged checkpoint to write")
+
+
+OPTIONS = AverageOptions
 
 
 def main(argv: list[str] | None = None) -> Path:
-    args = OmegaConf.from_cli(sys.argv[1:] if argv is None else argv)
-    unknown = set(args) - set(OPTIONS)
-    if unknown:
-        raise SystemExit(f"unknown option(s) {sorted(unknown)}; use dir=DIR last=N or inputs=[...], and output=PATH")
-    if "output" not in args:
+    options = parse_options(command_argv(argv), AverageOptions, __doc__, USAGE)
+    if not options.output:
         raise SystemExit("missing output=PATH")
-    if "inputs" in args:
-        paths = [Path(p) for p in args.inputs]
-    elif "dir" in args:
-        paths = last_checkpoints(args.dir, int(args.get("last", 5)))
+    if options.inputs is not None:
+        paths = [Path(p) for p in options.inputs]
+    elif options.dir:
+        paths = last_checkpoints(options.dir, options.last)
     else:
         raise SystemExit("give dir=CHECKPOINT_DIR (with last=N, default 5) or inputs=[a.ckpt,b.ckpt,...]")
     averaged = average_checkpoints(paths)
-    atomic_torch_save(averaged, args.output)
-    print(f"averaged {len(paths)} checkpoints ({', '.join(p.name for p in paths)}) -> {args.output}")
-    return Path(args.output)
+    atomic_torch_save(averaged, options.output)
+    print(f"averaged {len(paths)} checkpoints ({', '.join(p.name for p in paths)}) -> {options.output}")
+    return Path(options.output)
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
+from transformer_nmt.inference.decode_config import DecodeConfig, decode_settings
 from transformer_nmt.model.decoding import length_penalty, max_output_lengths
 from transformer_nmt.inference.export import EXPORT_INFO, SENTENCEPIECE_MODEL, import_ctranslate2
 from transformer_nmt.model.transformer import TransformerConfig
@@ -49,8 +50,9 @@ class CTranslate2Model:
     beam 4 1.5x, greedy 1.3x; ``scripts/benchmark_decode.py``; measured on 2 cores only). ``threads`` N alone: N
     threads, 1 batch; ``inter_threads`` M alone: M batches sharing the cores (cores // M threads each)."""
 
-    def __init__(self, model_dir: str | os.PathLike, device: str = "cpu", compute_type: str = "default",
-                 threads: int = 0, inter_threads: int = 0):
+    def __init__(self, model_dir: str | os.PathLike, device: str = DecodeConfig.device,
+                 compute_type: str = DecodeConfig.compute_type, threads: int = DecodeConfig.threads,
+                 inter_threads: int = DecodeConfig.inter_threads):
         ctranslate2 = import_ctranslate2()
         model_dir = Path(model_dir)
         if not (model_dir / EXPORT_INFO).is_file() or not ctranslate2.contains_model(str(model_dir)):
@@ -74,10 +76,14 @@ class CTranslate2Model:
         except ValueError as error:  # e.g. a compute type this CPU does not support
             raise SystemExit(f"compute_type={compute_type!r} on {device}: {error}") from None
 
-    def translate_ids(self, sources: list[list[int]], beam: int = 4, alpha: float = 0.6, max_len_offset: int = 50,
-                      max_tokens: int = 4096, n_best: int = 1) -> list[list[tuple[list[int], float]]]:
+    def translate_ids(self, sources: list[list[int]], decode: DecodeConfig | None = None, **changes
+                      ) -> list[list[tuple[list[int], float]]]:
         """Source ids (each ending in eos) -> per source its ``n_best`` (token ids, score), best first;
-        as ``greedy_decode`` (score 0.0) when ``beam`` is 1, else as ``beam_search``."""
+        as ``greedy_decode`` (score 0.0) when ``beam`` is 1, else as ``beam_search``. The search: ``decode``
+        with ``changes`` (``decode_settings``)."""
+        decode = decode_settings(decode, **changes)
+        beam, alpha, max_len_offset, max_tokens, n_best = (decode.beam, decode.alpha, decode.max_len_offset,
+                                                           decode.max_tokens, decode.n_best)
         if not sources:
             return []
         padded = pad_sequence([torch.tensor(ids) for ids in sources], batch_first=True,

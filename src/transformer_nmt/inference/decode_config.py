@@ -4,7 +4,7 @@ validation BLEU of training, the CTranslate2 engine and the benchmarks all read 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 
 @dataclass
@@ -22,3 +22,9 @@ class DecodeConfig:
         "help": "threads within each operation; 0: native: torch's default, ctranslate2: 1 per batch"})
     inter_threads: int = field(default=0, metadata={
         "help": "ctranslate2: batches decoded at once; 0: one per core"})
+
+
+def decode_settings(decode: DecodeConfig | None = None, **changes) -> DecodeConfig:
+    """``decode`` (by default ``DecodeConfig()``) with ``changes`` (``beam=1``, ...): what the translate functions
+    run with, so that their callers name only what they change. An unknown name is a TypeError naming it."""
+    return replace(decode or DecodeConfig(), **changes)

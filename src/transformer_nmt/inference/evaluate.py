@@ -5,7 +5,7 @@
 
 ``split=val|test`` reads that split of the data the checkpoint was trained on (its data config travels
 in the checkpoint), every pair, unfiltered; ``src=FILE ref=FILE`` scores any pair of plain-text files
-(``.gz`` too). Beam and engine options as in ``translate`` (beam 4, alpha 0.6, max_len_offset 50;
+(``.gz`` too). Beam and engine options as in ``translate`` (``--help`` lists them with their defaults;
 ``engine=ctranslate2`` with ``ckpt`` or ``model_dir``). Writes to
 ``out=DIR`` (default: ``eval/`` beside the checkpoint) ``NAME.hyp`` (one line per source line),
 ``NAME.ref`` and ``NAME.json`` with sacreBLEU's BLEU (cased and lowercased, with the length ratio and
@@ -15,24 +15,45 @@ brevity penalty) and chrF and their signatures, so ``sacrebleu NAME.ref -i NAME.
 from __future__ import annotations
 
 import json
-import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 import hydra
 import torch
 from sacrebleu.metrics import BLEU, CHRF
 
 from transformer_nmt import run_files
-from transformer_nmt.inference.alignment import ALIGNMENT_DEFAULTS
 from transformer_nmt.data.corpus import ReadStats, read_pairs
-from transformer_nmt.options import parse_options
-from transformer_nmt.inference.translate import OPTIONS as TRANSLATE_OPTIONS
-from transformer_nmt.inference.translate import load_model, read_lines, translate_lines
+from transformer_nmt.inference.decode_config import DecodeConfig
+from transformer_nmt.inference.translate import CKPT_HELP, TranslateOptions, load_model, read_lines, translate_lines
+from transformer_nmt.options import command_argv, option, option_of, parse_options, require_checkpoint, values_of
 
-OPTIONS = {**{k: v for k, v in TRANSLATE_OPTIONS.items()  # translate's, less those of its output lines
-              if k not in ("input", "output", "n_best", "print_alignment", *ALIGNMENT_DEFAULTS)},
-           "split": None, "src": None, "ref": None, "out": None, "name": None}
+USAGE = "python -m transformer_nmt.evaluate ckpt=PATH (split=val|test | src=FILE ref=FILE) [key=value ...]"
+
+
+@dataclass
+class EvaluateOptions:
+    ckpt: Optional[str] = option(None, CKPT_HELP + " (or model_dir=, with engine=ctranslate2)")
+    split: Optional[str] = option(None, "val | test: that split of the checkpoint's own data (or src= and ref=)")
+    src: Optional[str] = option(None, "source file, one sentence a line (.gz too), with ref=")
+    ref: Optional[str] = option(None, "reference file, one translation a line, with src=")
+    out: Optional[str] = option(None, "output directory; null: eval/ beside the checkpoint")
+    name: Optional[str] = option(None, "output file names NAME.hyp, .ref, .json; null: the split or the src file")
+    beam: int = option_of(DecodeConfig, "beam")
+    alpha: float = option_of(DecodeConfig, "alpha")
+    max_len_offset: int = option_of(DecodeConfig, "max_len_offset")
+    max_tokens: int = option_of(DecodeConfig, "max_tokens")
+    device: str = option_of(DecodeConfig, "device")
+    engine: str = option_of(DecodeConfig, "engine")
+    model_dir: Optional[str] = option_of(TranslateOptions, "model_dir")
+    compute_type: str = option_of(DecodeConfig, "compute_type")
+    threads: int = option_of(DecodeConfig, "threads")
+    inter_threads: int = option_of(DecodeConfig, "inter_threads")
+
+
+OPTIONS = EvaluateOptions
 
 
 def split_pairs(meta: dict, split: str) -> tuple[list[str], list[str]]:
@@ -48,17 +69,18 @@ def split_pairs(meta: dict, split: str) -> tuple[list[str], list[str]]:
     return sources, references
 
 
-def evaluation_pairs(options: dict, meta: dict) -> tuple[list[str], list[str], str]:
+def evaluation_pairs(options, meta: dict) -> tuple[list[str], list[str], str]:
     """(sources, references, default output name) from ``split=val|test`` (the checkpoint's own data,
-    ``meta`` from ``load_checkpoint``) or from ``src=FILE ref=FILE``; errors say which options to give."""
-    if options["split"]:
-        if options["split"] not in ("val", "test"):
-            raise SystemExit(f"split={options['split']!r}: use val or test (or src=FILE ref=FILE)")
-        sources, references = split_pairs(meta, options["split"])
-        name = options["split"]
-    elif options["src"] and options["ref"]:
-        sources, references = read_lines(options["src"]), read_lines(options["ref"])
-        name = Path(options["src"]).name.removesuffix(".gz")
+    ``meta`` from ``load_checkpoint``) or from ``src=FILE ref=FILE`` (``options``: evaluate's or analyze_heads');
+    errors say which options to give."""
+    if options.split:
+        if options.split not in ("val", "test"):
+            raise SystemExit(f"split={options.split!r}: use val or test (or src=FILE ref=FILE)")
+        sources, references = split_pairs(meta, options.split)
+        name = options.split
+    elif options.src and options.ref:
+        sources, references = read_lines(options.src), read_lines(options.ref)
+        name = Path(options.src).name.removesuffix(".gz")
     else:
         raise SystemExit("give split=val|test, or src=FILE ref=FILE")
     if len(sources) != len(references):
@@ -80,27 +102,27 @@ def score(hypotheses: list[str], references: list[str]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    options = parse_options(sys.argv[1:] if argv is None else argv, OPTIONS)
-    ckpt = options["ckpt"] or options["model_dir"]
+    options = parse_options(command_argv(argv), EvaluateOptions, __doc__, USAGE)
+    require_checkpoint(options)
+    ckpt = options.ckpt or options.model_dir
     model, tokenizer, meta = load_model(options)
     sources, references, default_name = evaluation_pairs(options, meta)
-    name = options["name"] or default_name
+    name = options.name or default_name
 
+    decode = values_of(DecodeConfig, options)
     started = time.perf_counter()
-    hypotheses = [hyps[0][0] for hyps in translate_lines(
-        model, tokenizer, sources, options["beam"], options["alpha"], options["max_len_offset"],
-        options["max_tokens"])]
+    hypotheses = [hyps[0][0] for hyps in translate_lines(model, tokenizer, sources, decode)]
     seconds = time.perf_counter() - started
 
-    out_dir = Path(options["out"] or Path(ckpt).parent / run_files.EVAL)
+    out_dir = Path(options.out or Path(ckpt).parent / run_files.EVAL)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / f"{name}.hyp").write_text("".join(h + "\n" for h in hypotheses), encoding="utf-8")
     (out_dir / f"{name}.ref").write_text("".join(r + "\n" for r in references), encoding="utf-8")
     result = {"checkpoint": str(ckpt), "sentences": len(sources), **score(hypotheses, references),
-              "engine": options["engine"], "compute_type": options["compute_type"],
+              "engine": options.engine, "compute_type": options.compute_type,
               "threads": getattr(model, "threads", torch.get_num_threads()),
               "inter_threads": getattr(model, "inter_threads", None),
-              "beam": options["beam"], "alpha": options["alpha"], "max_len_offset": options["max_len_offset"],
+              "beam": decode.beam, "alpha": decode.alpha, "max_len_offset": decode.max_len_offset,
               "decode_seconds": round(seconds, 1), "global_step": meta.get("global_step")}
     (out_dir / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     print(json.dumps(result, indent=2))

@@ -28,8 +28,9 @@ import hashlib
 import json
 import os
 import shutil
-import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 import torch
@@ -37,7 +38,7 @@ from filelock import FileLock
 
 from transformer_nmt.checkpoint import load_checkpoint
 from transformer_nmt.model.transformer import Transformer
-from transformer_nmt.options import parse_options
+from transformer_nmt.options import command_argv, option, parse_options, require_checkpoint
 from transformer_nmt.data.tokenizer import Tokenizer
 
 EXPORT_INFO = "transformer_nmt.json"  # our configs, beside CTranslate2's files
@@ -45,7 +46,19 @@ EXPORT_FORMAT = 1  # part of the cache key: bump when the export of a given chec
 SENTENCEPIECE_MODEL = "sentencepiece.model"
 FORBIDDEN_LOGIT_BIAS = -1e4  # on pad and bos; finite so float16 and int8 exports keep it
 LAYER_NORM_EPS = 1e-5  # torch.nn.LayerNorm's default, which the model uses
-OPTIONS = {"ckpt": None, "output": None, "quantization": "none", "force": False}
+USAGE = "python -m transformer_nmt.export ckpt=PATH output=DIR [quantization=int8] [force=true]"
+
+
+@dataclass
+class ExportOptions:
+    ckpt: Optional[str] = option(None, "a checkpoint written by python -m transformer_nmt.train")
+    output: Optional[str] = option(None, "the CTranslate2 model directory to write")
+    quantization: str = option("none", "none (float32 weights) | int8 | int8_float32 | float16 | ... "
+                                       "(CTranslate2's weight types)")
+    force: bool = option(False, "replace output if it exists")
+
+
+OPTIONS = ExportOptions
 
 
 def import_ctranslate2():
@@ -235,13 +248,14 @@ def cached_export(ckpt: str | os.PathLike) -> Path:
 
 
 def main(argv: list[str] | None = None) -> Path:
-    options = parse_options(sys.argv[1:] if argv is None else argv, OPTIONS)
-    if not options["output"]:
+    options = parse_options(command_argv(argv), ExportOptions, __doc__, USAGE)
+    require_checkpoint(options)
+    if not options.output:
         raise SystemExit("missing output=DIR (the CTranslate2 model directory to write)")
-    check_quantization(options["quantization"])  # before the (slow) checkpoint load
-    model, tokenizer, meta = load_checkpoint(options["ckpt"])
-    output = export_model(model, tokenizer, options["output"], options["quantization"], meta, options["force"])
-    print(f"exported {options['ckpt']} -> {output} (quantization {options['quantization']})")
+    check_quantization(options.quantization)  # before the (slow) checkpoint load
+    model, tokenizer, meta = load_checkpoint(options.ckpt)
+    output = export_model(model, tokenizer, options.output, options.quantization, meta, options.force)
+    print(f"exported {options.ckpt} -> {output} (quantization {options.quantization})")
     return output
 
 

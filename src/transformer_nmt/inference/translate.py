@@ -1,12 +1,10 @@
 """Translate text with a checkpoint: one output line per input line, always.
 
     echo "A man is riding a bike." | python -m transformer_nmt.translate ckpt=RUN/checkpoints/last.ckpt
-    python -m transformer_nmt.translate ckpt=model.ckpt input=in.en output=out.de beam=4 alpha=0.6
+    python -m transformer_nmt.translate ckpt=model.ckpt input=in.en output=out.de beam=1
 
-Options: ``beam`` (4; 1 = greedy), ``alpha`` (0.6, GNMT length penalty), ``max_len_offset`` (50: at most
-source length + 50 tokens out), ``max_tokens`` (4096 source tokens per batch, padding counted),
-``n_best`` (1; with n > 1 each input line gives n lines ``LINE_NUMBER<TAB>SCORE<TAB>TRANSLATION``),
-``device`` (cpu, cuda, ...).
+``--help`` lists every option with its default (the search's defaults live in ``DecodeConfig``); with
+``n_best`` n > 1 each input line gives n lines ``LINE_NUMBER<TAB>SCORE<TAB>TRANSLATION``.
 
 ``engine=ctranslate2`` translates with CTranslate2 (``pip install -e ".[serve]"``), from ``model_dir=DIR``
 (written by ``python -m transformer_nmt.export``) or from ``ckpt``, exported once to a cache
@@ -35,23 +33,54 @@ import gzip
 import sys
 import warnings
 from contextlib import nullcontext
+from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import List, Optional
 
 import torch
 
-from transformer_nmt.inference.alignment import (ALIGNMENT_DEFAULTS, ALIGNMENT_MODES, align, alignment_line,
-                                       check_alignment_options)
 from transformer_nmt.checkpoint import load_checkpoint
-from transformer_nmt.inference.ctranslate2_engine import CTranslate2Model
-from transformer_nmt.model.decoding import beam_search, greedy_decode
-from transformer_nmt.inference.export import cached_export
-from transformer_nmt.model.transformer import Transformer
-from transformer_nmt.options import parse_options
 from transformer_nmt.data.tokenizer import Tokenizer
+from transformer_nmt.inference.alignment import (ALIGNMENT_MODES, AlignmentOptions, align, alignment_line,
+                                                 check_alignment_options)
+from transformer_nmt.inference.ctranslate2_engine import CTranslate2Model
+from transformer_nmt.inference.decode_config import DecodeConfig, decode_settings
+from transformer_nmt.inference.export import cached_export
+from transformer_nmt.model.decoding import beam_search, greedy_decode
+from transformer_nmt.model.transformer import Transformer
+from transformer_nmt.options import (command_argv, option, option_of, parse_options, require_checkpoint, show,
+                                     values_of)
 
-OPTIONS = {"ckpt": None, "input": None, "output": None, "beam": 4, "alpha": 0.6, "max_len_offset": 50,
-           "max_tokens": 4096, "n_best": 1, "device": "cpu", "engine": "native", "model_dir": None,
-           "compute_type": "default", "threads": 0, "inter_threads": 0, "print_alignment": None, **ALIGNMENT_DEFAULTS}
+USAGE = "python -m transformer_nmt.translate ckpt=PATH [key=value ...] < input > output"
+CKPT_HELP = "a checkpoint written by python -m transformer_nmt.train"
+
+
+@dataclass
+class TranslateOptions:
+    ckpt: Optional[str] = option(None, CKPT_HELP + " (or model_dir=, with engine=ctranslate2)")
+    input: Optional[str] = option(None, "the text to translate, one sentence a line (.gz too); null: stdin")
+    output: Optional[str] = option(None, "where the translations go, one line per input line; null: stdout")
+    beam: int = option_of(DecodeConfig, "beam")
+    alpha: float = option_of(DecodeConfig, "alpha")
+    max_len_offset: int = option_of(DecodeConfig, "max_len_offset")
+    max_tokens: int = option_of(DecodeConfig, "max_tokens")
+    n_best: int = option_of(DecodeConfig, "n_best", help="hypotheses per input, best first (<= beam); n > 1: "
+                                                           "n lines LINE_NUMBER<TAB>SCORE<TAB>TRANSLATION each")
+    device: str = option_of(DecodeConfig, "device")
+    engine: str = option_of(DecodeConfig, "engine")
+    model_dir: Optional[str] = option(None, "engine=ctranslate2: a directory written by python -m "
+                                            "transformer_nmt.export (instead of ckpt, which is exported to a cache)")
+    compute_type: str = option_of(DecodeConfig, "compute_type")
+    threads: int = option_of(DecodeConfig, "threads")
+    inter_threads: int = option_of(DecodeConfig, "inter_threads")
+    print_alignment: Optional[str] = option(None, "hard | soft: each translation's word alignment after a tab "
+                                                  "(engine=native); null: none")
+    alignment_layer: int = option_of(AlignmentOptions, "alignment_layer")
+    alignment_heads: Optional[List[int]] = option_of(AlignmentOptions, "alignment_heads")
+    alignment_position: str = option_of(AlignmentOptions, "alignment_position")
+
+
+OPTIONS = TranslateOptions  # what test_docs checks the docs' commands against
 
 
 def encode_sources(tokenizer: Tokenizer, lines: list[str], max_positions: int) -> list[list[int] | None]:
@@ -82,24 +111,27 @@ def token_batches(lengths: list[int], max_tokens: int) -> list[list[int]]:
 
 
 @torch.no_grad()
-def translate_ids(model: Transformer | CTranslate2Model, tokenizer: Tokenizer, lines: list[str], beam: int = 4,
-                  alpha: float = 0.6, max_len_offset: int = 50, max_tokens: int = 4096, n_best: int = 1
+def translate_ids(model: Transformer | CTranslate2Model, tokenizer: Tokenizer, lines: list[str],
+                  decode: DecodeConfig | None = None, **changes
                   ) -> tuple[list[list[int] | None], list[list[tuple[list[int], float]]]]:
     """Translate ``lines``: (source ids as ``encode_sources`` gives them, and for each line its ``n_best``
-    (target ids without bos/eos, score) pairs, best first, in input order). Greedy decoding (``beam`` 1)
-    scores 0.0; a blank line gives empty hypotheses."""
+    (target ids without bos/eos, score) pairs, best first, in input order). The search: ``decode`` with
+    ``changes`` (``beam=1``, ...; ``decode_settings``). Greedy decoding (``beam`` 1) scores 0.0; a blank line
+    gives empty hypotheses."""
+    decode = decode_settings(decode, **changes)
+    beam, n_best, max_len_offset = decode.beam, decode.n_best, decode.max_len_offset
     if beam < 1 or not 1 <= n_best <= beam:
         raise ValueError(f"need beam >= 1 and 1 <= n_best <= beam, got beam={beam}, n_best={n_best}")
     sources = encode_sources(tokenizer, lines, model.config.max_positions)
     results: list[list[tuple[list[int], float]]] = [[([], 0.0)] * n_best for _ in lines]
     todo = [i for i, ids in enumerate(sources) if ids is not None]
     if isinstance(model, CTranslate2Model):  # batches and searches on its own
-        outputs = model.translate_ids([sources[i] for i in todo], beam, alpha, max_len_offset, max_tokens, n_best)
+        outputs = model.translate_ids([sources[i] for i in todo], decode)
         for i, hyps in zip(todo, outputs):
             results[i] = hyps
         return sources, results
     device = model.positions.device
-    for batch in token_batches([len(sources[i]) for i in todo], max_tokens):
+    for batch in token_batches([len(sources[i]) for i in todo], decode.max_tokens):
         rows = [todo[j] for j in batch]
         longest = max(len(sources[i]) for i in rows)
         src = torch.full((len(rows), longest), model.config.pad_id, dtype=torch.long)
@@ -111,18 +143,17 @@ def translate_ids(model: Transformer | CTranslate2Model, tokenizer: Tokenizer, l
                                                               bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id)]
         else:
             outputs = [[(h.tokens, h.score) for h in hyps] for hyps in beam_search(
-                model, src, beam, alpha, max_len_offset, n_best, tokenizer.bos_id, tokenizer.eos_id)]
+                model, src, beam, decode.alpha, max_len_offset, n_best, tokenizer.bos_id, tokenizer.eos_id)]
         for i, hyps in zip(rows, outputs):
             results[i] = hyps
     return sources, results
 
 
-def translate_lines(model: Transformer | CTranslate2Model, tokenizer: Tokenizer, lines: list[str], beam: int = 4,
-                    alpha: float = 0.6, max_len_offset: int = 50, max_tokens: int = 4096, n_best: int = 1
-                    ) -> list[list[tuple[str, float]]]:
+def translate_lines(model: Transformer | CTranslate2Model, tokenizer: Tokenizer, lines: list[str],
+                    decode: DecodeConfig | None = None, **changes) -> list[list[tuple[str, float]]]:
     """Translate ``lines``; for each, its ``n_best`` (translation, score) pairs, best first, in input order.
-    Greedy decoding (``beam`` 1) scores 0.0."""
-    _, results = translate_ids(model, tokenizer, lines, beam, alpha, max_len_offset, max_tokens, n_best)
+    The search as ``translate_ids``'s; greedy decoding (``beam`` 1) scores 0.0."""
+    _, results = translate_ids(model, tokenizer, lines, decode, **changes)
     return [[(tokenizer.decode(ids), score) for ids, score in hyps] for hyps in results]
 
 
@@ -149,41 +180,45 @@ def read_lines(path: str | Path | None) -> list[str]:
     return decoded
 
 
-def load_model(options: dict) -> tuple[Transformer | CTranslate2Model, Tokenizer, dict]:
-    """(model, tokenizer, meta) for ``options["engine"]``: the checkpoint's Transformer (native), or its
-    CTranslate2 export (``model_dir``, else ``ckpt`` exported to the cache). ``meta`` as ``load_checkpoint``'s."""
-    if options["engine"] == "native":
+def load_model(options) -> tuple[Transformer | CTranslate2Model, Tokenizer, dict]:
+    """(model, tokenizer, meta) for ``options.engine`` (options as translate's or evaluate's): the checkpoint's
+    Transformer (native), or its CTranslate2 export (``model_dir``, else ``ckpt`` exported to the cache).
+    ``meta`` as ``load_checkpoint``'s."""
+    if options.engine == "native":
         for name in ("model_dir", "compute_type"):
-            if options[name] not in (None, "default"):
+            if getattr(options, name) not in (None, DecodeConfig.compute_type):
                 raise SystemExit(f"{name}= is an option of engine=ctranslate2 (the native engine reads ckpt=PATH)")
-        if options["inter_threads"]:
+        if options.inter_threads:
             raise SystemExit("inter_threads= is an option of engine=ctranslate2 (the native engine: threads=N)")
-        if options["threads"]:
-            torch.set_num_threads(options["threads"])
-        return load_checkpoint(options["ckpt"], map_location=options["device"])
-    if options["engine"] == "ctranslate2":
-        if options["ckpt"] and options["model_dir"]:
+        if options.threads:
+            torch.set_num_threads(options.threads)
+        return load_checkpoint(options.ckpt, map_location=options.device)
+    if options.engine == "ctranslate2":
+        if options.ckpt and options.model_dir:
             raise SystemExit("give ckpt=PATH (exported to a cache) or model_dir=DIR (an export), not both")
-        model_dir = options["model_dir"] or cached_export(options["ckpt"])
-        model = CTranslate2Model(model_dir, options["device"], options["compute_type"], options["threads"],
-                                 options["inter_threads"])
-        meta = {**model.info, "path": options["ckpt"] or str(model_dir)}
+        model_dir = options.model_dir or cached_export(options.ckpt)
+        model = CTranslate2Model(model_dir, options.device, options.compute_type, options.threads,
+                                 options.inter_threads)
+        meta = {**model.info, "path": options.ckpt or str(model_dir)}
         return model, model.tokenizer, meta
-    raise SystemExit(f"engine={options['engine']!r}: use native or ctranslate2")
+    raise SystemExit(f"engine={options.engine!r}: use native or ctranslate2")
 
 
 def main(argv: list[str] | None = None) -> None:
-    options = parse_options(sys.argv[1:] if argv is None else argv, OPTIONS)
-    mode = options["print_alignment"]
-    alignment = tuple(options[name] for name in ALIGNMENT_DEFAULTS)  # layer, heads, position
+    options = parse_options(command_argv(argv), TranslateOptions, __doc__, USAGE)
+    require_checkpoint(options)
+    mode = options.print_alignment
+    chosen = values_of(AlignmentOptions, options)
+    alignment = (chosen.alignment_layer, chosen.alignment_heads, chosen.alignment_position)
     if mode is None:
-        given = [f"{name}={options[name]}" for name, default in ALIGNMENT_DEFAULTS.items() if options[name] != default]
+        given = [f"{f.name}={show(getattr(chosen, f.name))}" for f in fields(AlignmentOptions)
+                 if getattr(chosen, f.name) != getattr(AlignmentOptions(), f.name)]
         if given:
             raise SystemExit(f"{' '.join(given)} chooses the attention of print_alignment=hard|soft: add "
                              "print_alignment=hard or print_alignment=soft, or drop it")
     elif mode not in ALIGNMENT_MODES:
         raise SystemExit(f"print_alignment={mode!r}: use hard or soft")
-    elif options["engine"] != "native":
+    elif options.engine != "native":
         raise SystemExit("print_alignment= needs engine=native (it reads the model's cross-attention)")
     model, tokenizer, _ = load_model(options)
     if mode:
@@ -191,19 +226,17 @@ def main(argv: list[str] | None = None) -> None:
             check_alignment_options(model, *alignment)
         except ValueError as error:
             raise SystemExit(str(error)) from None
-    lines = read_lines(options["input"])
-    sources, results = translate_ids(model, tokenizer, lines, options["beam"], options["alpha"],
-                                     options["max_len_offset"], options["max_tokens"], options["n_best"])
-    out_path = options["output"]
-    with (open(out_path, "w", encoding="utf-8") if out_path else nullcontext(sys.stdout)) as out:
+    lines = read_lines(options.input)
+    sources, results = translate_ids(model, tokenizer, lines, values_of(DecodeConfig, options))
+    with (open(options.output, "w", encoding="utf-8") if options.output else nullcontext(sys.stdout)) as out:
         for number, (src, hyps) in enumerate(zip(sources, results), start=1):
             for ids, score in hyps:
-                fields = [tokenizer.decode(ids)] if options["n_best"] == 1 else [str(number), f"{score:.4f}",
-                                                                                  tokenizer.decode(ids)]
+                fields_ = [tokenizer.decode(ids)] if options.n_best == 1 else [str(number), f"{score:.4f}",
+                                                                               tokenizer.decode(ids)]
                 if mode:
-                    fields.append(alignment_line(align(model, tokenizer, src, ids, *alignment), mode)
-                                  if src is not None and ids else "")
-                out.write("\t".join(fields) + "\n")
+                    fields_.append(alignment_line(align(model, tokenizer, src, ids, *alignment), mode)
+                                   if src is not None and ids else "")
+                out.write("\t".join(fields_) + "\n")
 
 
 if __name__ == "__main__":

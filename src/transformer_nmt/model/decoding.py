@@ -1,10 +1,10 @@
 """Greedy and beam-search decoding with the incremental attention cache (paper section 6.1).
 
-The paper decodes with beam size 4, length penalty alpha = 0.6 (Wu et al. 2016:
-lp(Y) = ((5 + |Y|) / 6) ** alpha, where |Y| counts the generated tokens and the eos that ends
-them) and a maximum output length of source length + 50 tokens. Both searches are batched and
-keep their bookkeeping in tensors: per step one host read (how many sentences are done), and a
-sentence that is done leaves the batch, so it costs nothing while the others go on.
+The paper's beam size, length penalty alpha (Wu et al. 2016: lp(Y) = ((5 + |Y|) / 6) ** alpha, where |Y| counts
+the generated tokens and the eos that ends them) and maximum output length (source length + an offset) are the
+defaults of ``inference.decode_config.DecodeConfig``, their one home: the searches here take them as required
+arguments. Both searches are batched and keep their bookkeeping in tensors: per step one host read (how many
+sentences are done), and a sentence that is done leaves the batch, so it costs nothing while the others go on.
 """
 
 from __future__ import annotations
@@ -49,8 +49,8 @@ def first_done_last(done: Tensor, n_done: int) -> tuple[Tensor, Tensor]:
 
 
 @torch.no_grad()
-def greedy_decode(model: Transformer, src: Tensor, bos_id: int = BOS_ID, eos_id: int = EOS_ID,
-                  max_len_offset: int = 50) -> list[list[int]]:
+def greedy_decode(model: Transformer, src: Tensor, bos_id: int = BOS_ID, eos_id: int = EOS_ID, *,
+                  max_len_offset: int) -> list[list[int]]:
     """Pick the most likely token at each step. src (B, S) -> token ids per sentence (no bos/eos)."""
     B, device = src.shape[0], src.device
     limits = max_output_lengths(model, src, max_len_offset)  # (B,)
@@ -92,8 +92,8 @@ def reorder_beams(cache: DecoderCache, beam_rows: Tensor, sentence_rows: Tensor 
 
 
 @torch.no_grad()
-def beam_search(model: Transformer, src: Tensor, beam_size: int = 4, alpha: float = 0.6,
-                max_len_offset: int = 50, n_best: int = 1, bos_id: int = BOS_ID,
+def beam_search(model: Transformer, src: Tensor, beam_size: int, alpha: float,
+                max_len_offset: int, n_best: int = 1, bos_id: int = BOS_ID,
                 eos_id: int = EOS_ID, stop: str = "bound") -> list[list[Hypothesis]]:
     """Batched beam search. src (B, S) -> for each sentence its ``n_best`` hypotheses, best first.
 

@@ -148,6 +148,7 @@ class AttentionMaps(Callback):
     def attention_weights(self, model, tokenizer, probes: list) -> dict:
         """Run each probe through ``model``: {kind: [(weights (layers, h, Lq, Lk), key pieces, query pieces)
         for each probe]}, on the CPU."""
+        from transformer_nmt.inference.decode_config import DecodeConfig
         from transformer_nmt.model.decoding import greedy_decode
 
         device = next(model.parameters()).device
@@ -157,7 +158,8 @@ class AttentionMaps(Callback):
             src = tokenizer.encode(source)[: self.max_tokens - 1] + [tokenizer.eos_id]
             src_t = torch.tensor([src], device=device)  # (1, S)
             tgt_ids = tokenizer.encode(target) if target is not None else greedy_decode(
-                model, src_t, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id)[0]
+                model, src_t, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id,
+                max_len_offset=DecodeConfig().max_len_offset)[0]
             tgt_ids = tgt_ids[: self.max_tokens - 1]
             src_pieces = [tokenizer.id_to_piece(i) for i in src]
             tgt_pieces = [tokenizer.id_to_piece(i) for i in [tokenizer.bos_id] + tgt_ids]

@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from transformer_nmt.checkpoint import CKPT_DATA_CONFIG, CKPT_MODEL_CONFIG, CKPT_TOKENIZER
+from transformer_nmt.inference.decode_config import DecodeConfig
 from transformer_nmt.model.decoding import greedy_decode
 from transformer_nmt.model.transformer import Transformer, TransformerConfig
 from transformer_nmt.data.tokenizer import Tokenizer
@@ -313,7 +314,8 @@ class TranslationModule(pl.LightningModule):
             rows = (batch["index"] < limit).nonzero().squeeze(1)  # (b,)
         if len(rows):
             tok = self.tokenizer
-            hypotheses = greedy_decode(self.model, src[rows], bos_id=tok.bos_id, eos_id=tok.eos_id)
+            hypotheses = greedy_decode(self.model, src[rows], bos_id=tok.bos_id, eos_id=tok.eos_id,
+                                       max_len_offset=DecodeConfig().max_len_offset)
             for index, ids in zip(batch["index"][rows].tolist(), hypotheses):
                 self._eval["hypotheses"][index] = tok.decode(ids)
 

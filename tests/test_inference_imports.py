@@ -1,0 +1,49 @@
+"""Inference imports no training: translate, evaluate, average and export (and every module of inference/) load
+without Lightning or transformer_nmt.training, which would cost every translate call their import time."""
+
+from __future__ import annotations
+
+import json
+import pkgutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import transformer_nmt.inference
+
+ROOT = Path(__file__).resolve().parents[1]
+FORBIDDEN = ("lightning", "pytorch_lightning", "lightning_fabric", "transformer_nmt.training")
+INFERENCE_MODULES = [f"transformer_nmt.inference.{m.name}"
+                     for m in pkgutil.iter_modules(transformer_nmt.inference.__path__)]
+PROBE = """
+import importlib, json, sys
+for name in sys.argv[1:]:
+    importlib.import_module(name)
+forbidden = {forbidden!r}
+print(json.dumps(sorted(m for m in sys.modules if any(m == f or m.startswith(f + ".") for f in forbidden))))
+"""
+
+
+def loaded_forbidden(modules: list[str]) -> list[str]:
+    """The forbidden modules that importing ``modules`` in a fresh interpreter loads."""
+    done = subprocess.run([sys.executable, "-c", PROBE.format(forbidden=FORBIDDEN), *modules], capture_output=True,
+                          text=True, timeout=300, env={"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin"})
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+@pytest.mark.parametrize("command", ["translate", "evaluate", "average", "export"])
+def test_inference_commands_import_no_training(command):
+    assert loaded_forbidden([f"transformer_nmt.{command}"]) == []
+
+
+def test_inference_modules_import_no_training():
+    assert len(INFERENCE_MODULES) >= 7  # translate, evaluate, average, export, ctranslate2_engine, alignment, ...
+    assert loaded_forbidden(INFERENCE_MODULES) == []
+
+
+def test_the_probe_sees_training():
+    """The check can fail: importing the training module is seen."""
+    assert "transformer_nmt.training" in loaded_forbidden(["transformer_nmt.training.module"])
