@@ -137,8 +137,17 @@ def script_options(path: Path) -> dict:
     to import: their imports assume scripts/ on sys.path)."""
     for node in ast.parse(path.read_text(encoding="utf-8")).body:
         if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "OPTIONS" for t in node.targets):
-            return ast.literal_eval(node.value)
+            return {ast.literal_eval(key): literal_or_none(value) for key, value in zip(node.value.keys,
+                                                                                       node.value.values)}
     raise AssertionError(f"{path} has no OPTIONS table")
+
+
+def literal_or_none(node: ast.expr):
+    """A default written as a literal; None (any value) for one computed from elsewhere (e.g. DecodeConfig's)."""
+    try:
+        return ast.literal_eval(node)
+    except ValueError:
+        return None
 
 
 GROUPS = {d.name for d in CONF_DIR.iterdir() if d.is_dir()}  # data, experiment, model, trainer

@@ -109,14 +109,20 @@ def test_decoding_defaults_and_help_come_from_decode_config():
 
 
 def test_each_decoding_default_is_written_once():
-    """Beam 4, alpha 0.6 and the offset 50 appear, as numbers, only in DecodeConfig's module."""
-    pattern = re.compile(r"beam.{0,4}=.{0,3}4\b|0\.6\b|\b50\b")
+    """Beam 4, alpha 0.6 and the offset 50 appear, as numbers, only in DecodeConfig's module: anywhere in the
+    package, Python or YAML (a 50 that is no length offset, such as a percentile, is not a decoding default)."""
+    pattern = re.compile(r"beam.{0,4}[=:].{0,3}\b4\b|\b0\.6\b|(offset|max_len).{0,12}\b50\b|\b4, 0\.6|0\.6, 50\b")
     package = ROOT / "src" / "transformer_nmt"
-    found = [f"{path.relative_to(package)}:{number}" for folder in ("model", "inference", "analysis")
-             for path in sorted((package / folder).glob("*.py"))
+    found = [f"{path.relative_to(package)}:{number}" for path in sorted(package.rglob("*"))
+             if path.suffix in (".py", ".yaml") and path.name != "decode_config.py"
              for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1)
-             if pattern.search(line) and path.name != "decode_config.py"]
+             if pattern.search(line)]
     assert found == []
+    definition = re.compile(r"^    (beam: int = field\(default=4|alpha: float = field\(default=0\.6"
+                            r"|max_len_offset: int = field\(default=50)\b")
+    definitions = [line for line in (package / "inference" / "decode_config.py").read_text().splitlines()
+                   if definition.search(line)]
+    assert len(definitions) == 3, definitions  # beam, alpha, max_len_offset: one line each
 
 
 def test_explore_tells_options_from_sentences():
