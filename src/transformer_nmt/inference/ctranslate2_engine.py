@@ -1,4 +1,4 @@
-"""Run a CTranslate2 export (``transformer_nmt.export``) with the decoding rules of ``decoding.py``.
+"""Run a CTranslate2 export (``transformer_nmt.export``) with the decoding rules of ``model/decoding.py``.
 
 ``CTranslate2Model.translate_ids`` takes the source ids ``translate`` prepares and returns what the native
 searches return, so ``translate_lines`` keeps every guarantee (line accounting, empty and over-long lines,
@@ -10,7 +10,7 @@ other things differ, and are bridged here:
 - the length limit is per call, ours per sentence (source length + ``max_len_offset``). Greedy: one call with
   the largest limit translates every sentence, and each output is cut at its sentence's own limit: the first
   ``limit`` tokens are what a search stopped at ``limit`` gives (a token does not depend on the limit), so this
-  is exact, and 1.2x faster than a call per limit (many small batches). Beam: the limit changes the search
+  is exact, and faster than a call per limit (many small batches). Beam: the limit changes the search
   (every live candidate finishes on the last step), so sentences are translated in groups of equal limit, one
   call per group, all posted at once (``asynchronous``): with ``inter_threads`` > 1 the groups run in parallel.
 - CTranslate2 normalises by length ** alpha, ours by GNMT's ((5 + length) / 6) ** alpha. Both apply the
@@ -46,8 +46,8 @@ class CTranslate2Model:
     quantize at load time). ``threads``: intra-op threads; ``inter_threads``: batches translated at once, each
     on ``threads`` threads (a call is cut into batches of ``max_tokens`` source tokens; beam search posts a call
     per length limit). 0 for both (the default): one thread per batch and as many batches at once as this
-    process may use cores, which measured faster than ``threads`` = cores for both searches (at 2 threads:
-    beam 4 1.5x, greedy 1.3x; ``scripts/benchmark_decode.py``; measured on 2 cores only). ``threads`` N alone: N
+    process may use cores, which measured faster than ``threads`` = cores for both searches (docs/benchmarks.md,
+    "Decoding speed and CTranslate2"; measured on 2 cores only). ``threads`` N alone: N
     threads, 1 batch; ``inter_threads`` M alone: M batches sharing the cores (cores // M threads each)."""
 
     def __init__(self, model_dir: str | os.PathLike, device: str = DecodeConfig.device,

@@ -63,15 +63,12 @@ LOW_PRECISION = (torch.bfloat16, torch.float16)
 
 def auto_kernel(device_type: str, dtype: torch.dtype) -> tuple[str, str]:
     """(the kernel ``auto`` runs where no weights are asked for, why), by device and the dtype the
-    projections give (bf16 under bf16 autocast). scripts/benchmark_model.py measures each choice on CPU:
+    projections give (bf16 under bf16 autocast); each is the kernel scripts/benchmark_model.py measured faster
+    there (docs/benchmarks.md, "Attention kernels" and "The model against nn.Transformer"):
 
     - CUDA: ``fused``, the only kernel that can reach Flash.
-    - CPU, fp32: ``fused``, faster than ``plain`` in training steps at target lengths 32, 128 and 512
-      (1.10x, 1.11x, 1.35x on AVX2) and in cached decoding steps (docs/benchmarks.md, "Attention kernels").
-    - CPU, bf16 or fp16: ``plain``. Torch's CPU SDPA under bf16 autocast is the slowest kernel there: the
-      small model's training step ran at 0.92x nn.Transformer's speed with ``fused`` and 1.25x with
-      ``plain`` (avx512_bf16, one thread), and the Multi30k recipe at 2,088 target tokens/s against 3,024
-      (avx512_bf16 + amx_bf16, two threads).
+    - CPU, fp32: ``fused``, faster than ``plain`` in training steps and in cached decoding steps.
+    - CPU, bf16 or fp16: ``plain``: torch's CPU SDPA under bf16 autocast is the slowest kernel there.
     """
     if device_type == "cpu" and dtype in LOW_PRECISION:
         return "plain", f"auto: plain on CPU in {str(dtype).removeprefix('torch.')} (torch's SDPA is slower there)"

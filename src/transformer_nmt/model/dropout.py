@@ -1,16 +1,15 @@
 """Dropout (section 5.4), with a mask that is cheap to draw on CPU.
 
 Dropout zeroes each element with probability p and scales the rest by 1 / (1 - p). torch's CPU kernel draws
-its mask with ``bernoulli_``: one 64-bit draw (two Mersenne-Twister numbers) per element, one thread. In the
-CPU recipe's bf16 training step that was a fifth of the step (``aten::bernoulli_``, 17 dropouts of about a
-million elements, ~7.5 ms each; docs/benchmarks.md, "The training step against the matmul ceiling").
+its mask with ``bernoulli_``: one 64-bit draw (two Mersenne-Twister numbers) per element, one thread, which
+profiled as a fifth of the CPU recipe's bf16 step (docs/benchmarks.md, "Dropout masks and loss chunks").
 
 On CPU this module draws the same mask from integers instead: one 64-bit draw (``random_`` over the whole
 int64 range) gives two independent uniform 32-bit integers u, and an element is dropped when
 u < -2^31 + round(p * 2^32), a probability within 2^-33 of p: half the draws, and no float comparison. The
 kept elements are x * (1 / (1 - p)) rounded once to x's dtype, then multiplied by an exact 0/1 mask. (torch's
-CPU kernel rounds the scale to x's dtype first: in bf16 it keeps x * 1.4297 for p = 0.3, 0.08% high; here
-x * 1.4286 is rounded once, as torch's CUDA kernel does.) Other devices use ``F.dropout`` (on CUDA a fused
+CPU kernel rounds the scale to x's dtype first, which biases bf16 values up; here the scaled value is rounded
+once, as torch's CUDA kernel does.) Other devices use ``F.dropout`` (on CUDA a fused
 Philox kernel), and so does code being compiled (``torch.compile`` cannot trace ``random_``; inductor fuses
 its own dropout). Both are seeded by torch's generator of the input's device, so a seeded step draws the same
 mask every time (the training step seeds each one: training.dropout_seed).

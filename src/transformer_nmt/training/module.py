@@ -29,9 +29,8 @@ LOSS_SCALE_TOKENS = 1000.0  # backward runs on (summed token loss) / this; see t
 
 
 # Logits per chunk of the loss, so that its fp32 temporaries stay the same size whatever the batch. On a GPU, 128 MiB
-# (few kernel launches); on CPU 4 MiB, which stays in cache through the chunk's passes: the CPU recipe's bf16 loss
-# (3,840 x 8,000 logits, 2 threads) runs forward and backward 3.5x faster than in 128 MiB chunks (178 -> 50 ms,
-# docs/benchmarks.md, "The training step against the matmul ceiling").
+# (few kernel launches); on CPU 4 MiB, which stays in cache through the chunk's passes (measured: docs/benchmarks.md,
+# "Dropout masks and loss chunks").
 LOSS_CHUNK_ELEMENTS = 2 ** 25
 LOSS_CHUNK_ELEMENTS_CPU = 2 ** 20
 
@@ -52,8 +51,8 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
 
     Both passes use torch's fused (vectorized, one pass per row) log_softmax and softmax kernels, in fp32
     whatever the logits' dtype (``dtype=torch.float32``), rather than log-sum-exp written out (max, subtract,
-    exp, sum: a temporary per step): 1.75x faster on bf16 and 1.5x on fp32 logits of 1,500 x 8,000 (the CPU
-    recipe's batch), same values (tests/test_training.py; scripts/benchmark_step.py measures the whole step).
+    exp, sum: a temporary per step): faster, same values (tests/test_training.py; measured in docs/benchmarks.md,
+    "The training step against the matmul ceiling").
     """
 
     @staticmethod
