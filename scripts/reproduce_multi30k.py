@@ -102,9 +102,11 @@ def run_directory(train_overrides: list[str]) -> Path:
     """The directory ``python -m transformer_nmt.train *train_overrides`` runs in (its ``hydra.run.dir``)."""
     from hydra import compose, initialize_config_dir
 
-    import transformer_nmt.training.app  # noqa: F401  (registers train_defaults and the ${run_name:} resolver)
+    import transformer_nmt.training.app  # noqa: F401  (registers the ${run_name:} and ${by_precision:} resolvers)
+    from transformer_nmt.training.config import register_configs
     from transformer_nmt.conf import CONF_DIR
 
+    register_configs()
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
         cfg = compose("train", overrides=train_overrides, return_hydra_config=True)
     return ROOT / cfg.hydra.run.dir

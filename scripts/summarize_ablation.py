@@ -104,9 +104,11 @@ def composed_config(*overrides: str) -> tuple:
     from hydra import compose, initialize_config_dir
 
     from transformer_nmt.model.attention import head_dims
-    import transformer_nmt.training.app  # noqa: F401  (registers train_defaults, which conf/train.yaml composes)
+    import transformer_nmt.training.app  # noqa: F401  (registers the resolvers conf/train.yaml uses)
+    from transformer_nmt.training.config import register_configs
     from transformer_nmt.conf import CONF_DIR
 
+    register_configs()
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
         cfg = compose("train", overrides=list(overrides))
     model = cfg.model

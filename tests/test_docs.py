@@ -135,8 +135,9 @@ GROUPS = {d.name for d in CONF_DIR.iterdir() if d.is_dir()}  # data, experiment,
 @cache
 def composed(app: str, groups: tuple[str, ...]):
     """conf/APP.yaml composed with these config-group choices (hydra node included), as Hydra composes it."""
-    import transformer_nmt.train  # noqa: F401  (registers train_defaults, which conf/train.yaml uses)
+    from transformer_nmt.training.config import register_configs
 
+    register_configs()  # the schemas conf/train.yaml and conf/prepare.yaml compose over
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         return compose(app, overrides=list(groups), return_hydra_config=True)
 
