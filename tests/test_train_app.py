@@ -209,7 +209,7 @@ def test_auto_precision_trains_in_what_the_cpu_answers(tmp_path, cpu_bf16, caplo
     corpus = write_tiny_corpus(tmp_path / "corpus", n_train=24, n_eval=4)
     cfg = tiny_config(corpus, "trainer.precision=auto", "trainer.max_steps=1", "trainer.limit_val_batches=0")
     cfg.train.warmup_steps = "${by_precision:{32-true: 3, bf16-mixed: 5}}"  # as a recipe sizes it by precision
-    with caplog.at_level("INFO", logger="transformer_nmt.train"):
+    with caplog.at_level("INFO", logger="transformer_nmt.training.app"):
         trainer = train(cfg, tmp_path / "run")
     assert trainer.global_step == 1 and trainer.precision == expected
     warmup = {"bf16-mixed": 5, "32-true": 3}[expected]
