@@ -113,7 +113,7 @@ def test_the_logger_is_its_config(tmp_path):
     cfg, callbacks = built(tmp_path, "trainer.precision=32-true")
     trainer = build_trainer(cfg, tmp_path, callbacks)
     assert Path(trainer.logger.log_dir) == tmp_path / "tensorboard"
-    cfg, callbacks = built(tmp_path, "trainer.precision=32-true", "logger=null")
+    cfg, callbacks = built(tmp_path, "trainer.precision=32-true", "~logger")  # no logger
     assert build_trainer(cfg, tmp_path, callbacks).logger is None
 
 

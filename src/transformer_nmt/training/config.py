@@ -12,6 +12,7 @@ OmegaConf's error naming it, and ``--help`` lists each option with its default a
 from __future__ import annotations
 
 import dataclasses
+import textwrap
 import typing
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -20,6 +21,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from transformer_nmt.conf import CONF_DIR
 from transformer_nmt.data.config import DataConfig
 from transformer_nmt.model.transformer import TransformerConfig
 
@@ -181,22 +183,27 @@ def option_rows(schema: type, prefix: str = "") -> list[tuple[str, str]]:
     return rows
 
 
-def options_help(schema: type) -> str:
-    """The options table of ``--help``: one line per option, its default and help, from the schema."""
+def options_help(schema: type, width: int = 118) -> str:
+    """The options table of ``--help``: each option, its default and its help (wrapped), from the schema."""
     rows = [row for row in option_rows(schema) if not row[0].startswith("run_dir=")]
-    width = min(42, max(len(key) for key, _ in rows))
-    return "\n".join(f"  {key:<{width}}  {help}" if len(key) <= width else f"  {key}\n  {'':<{width}}  {help}"
-                     for key, help in rows)
+    column = min(40, max(len(key) for key, _ in rows)) + 4
+    lines = []
+    for key, help in rows:
+        wrapped = textwrap.wrap(help, width - column) or [""]
+        head = f"  {key:<{column - 2}}" if len(key) < column - 2 else f"  {key}\n{'':<{column}}"  # long keys: own line
+        lines.append(head + wrapped[0])
+        lines += [f"{'':<{column}}{line}" for line in wrapped[1:]]
+    return "\n".join(lines)
 
 
-def _help_node(app: str, schema: type) -> dict:
+def _help_node(app: str, schema: type, groups: str = "(schema: the defaults alone)\n$APP_CONFIG_GROUPS") -> dict:
     return {
         "app_name": f"transformer_nmt.{app}",
         "header": f"python -m transformer_nmt.{app} [GROUP=OPTION ...] [KEY=VALUE ...]\n{schema.__doc__}",
         "footer": "--cfg job prints the composed config (the groups' values); -m KEY=A,B sweeps. Powered by Hydra.",
-        "template": ("${hydra.help.header}\n\n== Config groups (GROUP=OPTION) ==\n$APP_CONFIG_GROUPS\n"
-                     "== Options (KEY=VALUE; the schema's defaults, which the groups and experiments change) ==\n"
-                     + options_help(schema) + "\n\n${hydra.help.footer}\n"),
+        "template": ("${hydra.help.header}\n\n== Config groups (GROUP=OPTION) ==\n"
+                     f"{groups}\n== Options (KEY=VALUE; the schema's defaults, which the groups and experiments "
+                     "change) ==\n" + options_help(schema) + "\n\n${hydra.help.footer}\n"),
     }
 
 
@@ -210,4 +217,6 @@ def register_configs() -> None:
     store.store(group="model", name="schema", node=ModelConfig)
     store.store(group="data", name="schema", node=DataConfig)
     store.store(group="hydra/help", name="train_app", node=_help_node("train", TrainAppConfig))
-    store.store(group="hydra/help", name="prepare_app", node=_help_node("prepare", PrepareAppConfig))
+    data_options = ", ".join(sorted(path.stem for path in (CONF_DIR / "data").glob("*.yaml")))
+    store.store(group="hydra/help", name="prepare_app",
+                node=_help_node("prepare", PrepareAppConfig, f"data: {data_options}\n"))
