@@ -124,12 +124,11 @@ def test_help_lists_every_option_with_its_default_and_help():
     train = subprocess.run([sys.executable, "-m", "transformer_nmt.train", "--help"], cwd=REPO, capture_output=True,
                            text=True, timeout=300)
     assert train.returncode == 0, train.stderr[-2000:]
-    lines = train.stdout.splitlines()
+    words = " ".join(train.stdout.split())  # the table wraps help texts
     for key, help in option_rows(TrainAppConfig):
         if not key.startswith("run_dir="):  # set by the app, not an option
-            assert any(line.split()[:1] == [key] and help.split()[0] in line for line in lines), key
-    assert any("model.d_model=512" in line and "model width" in line for line in lines)
-    assert any("checkpoint.recent.keep=0" in line for line in lines)
+            assert f" {key} {help[:40]}".rstrip() in words, key
+    assert "  model.d_model=512 " in train.stdout and " model width\n" in train.stdout
     assert "experiment: " in train.stdout and "smoke" in train.stdout  # the groups and their options
     prepare = subprocess.run([sys.executable, "-m", "transformer_nmt.prepare", "--help"], cwd=REPO,
                              capture_output=True, text=True, timeout=300)
