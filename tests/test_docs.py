@@ -45,7 +45,7 @@ PYTHON_VALUE = re.compile(r"=(True|False|None|\"[^\"]*\"|'[^']*')$")  # is_causa
 ENV_VAR = re.compile(r"^[A-Z][A-Z0-9_]*=")  # NMT_CKPT=..., an environment variable, not an option
 HYDRA_APPS = {"train", "prepare"}
 FREE_WORDS = {"explore"}  # modules whose other arguments are free text (explore's are sentences)
-HYDRA_FLAGS = {"-m", "--multirun"}
+HYDRA_FLAGS = {"-m", "--multirun", "--help"}
 HYDRA_FLAGS_WITH_VALUE = {"--cfg", "-c", "--package", "-p"}
 SHELL_STOP = {"<", ">", "|", "||", "&&", ";", "&", "2>&1"}
 

@@ -78,6 +78,9 @@ def validate_config(cfg: DictConfig) -> None:
         raise ConfigError(f"train.warmup_steps must be >= 1, got {cfg.train.warmup_steps}")
     if cfg.trainer.get("accumulate_grad_batches", 1) < 1:
         raise ConfigError("trainer.accumulate_grad_batches must be >= 1")
+    if "callbacks" in cfg.trainer:
+        raise ConfigError("trainer.callbacks: the run's callbacks are the callbacks group (conf/callbacks/default.yaml): "
+                          "add one with +callbacks.NAME._target_=CLASS and +callbacks.NAME.ARG=VALUE")
     if cfg.trainer.get("gradient_clip_val") is not None:
         raise ConfigError("trainer.gradient_clip_val: the module clips the gradients itself, after unscaling them "
                           "by the step's target tokens; set train.clip_grad_norm instead and drop "
@@ -121,7 +124,19 @@ def build_callbacks(cfg: DictConfig, overrides: Sequence[str] = ()) -> list[pl.C
     return callbacks
 
 
+def with_run_dir(cfg: DictConfig, run_dir: Path) -> DictConfig:
+    """A copy of ``cfg`` whose ``run_dir`` (what the callbacks' and the logger's ``${run_dir}`` mean) is ``run_dir``;
+    the option is the app's to set."""
+    if cfg.get("run_dir") not in (None, str(run_dir)):
+        raise ConfigError(f"run_dir={cfg.run_dir} is set by the app (to {run_dir}); choose the directory with "
+                          f"hydra.run.dir=DIR or run_id=NAME instead")
+    cfg = copy.deepcopy(cfg)  # the caller's config stays as it was
+    cfg.run_dir = str(run_dir)
+    return cfg
+
+
 def build_trainer(cfg: DictConfig, run_dir: Path, callbacks: list[pl.Callback]) -> pl.Trainer:
+    cfg = with_run_dir(cfg, run_dir)
     trainer_args = OmegaConf.to_container(cfg.trainer, resolve=True)
     trainer_args["precision"] = trainer_precision(cfg)[0]
     if trainer_args.get("strategy") == "ddp":  # the model's only buffer, the position table, is never trained
@@ -220,11 +235,7 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: Sequence[str] = (), s
     ``trainer.callback_metrics``)."""
     started = time.perf_counter()
     run_dir = Path(run_dir)
-    if cfg.get("run_dir") not in (None, str(run_dir)):
-        raise ConfigError(f"run_dir={cfg.run_dir} is set by the app (to {run_dir}); choose the directory with "
-                          f"hydra.run.dir=DIR or run_id=NAME instead")
-    cfg = copy.deepcopy(cfg)  # the caller's config stays as it was
-    cfg.run_dir = str(run_dir)  # what the callbacks' and the logger's ${run_dir} mean
+    cfg = with_run_dir(cfg, run_dir)
     validate_config(cfg)
     ckpt_path, resume = resume_checkpoint(cfg.ckpt_path, run_dir)
     check_resume(cfg, ckpt_path, list(overrides) if sweep else None)  # the run dir's checkpoint must be this run's
