@@ -19,6 +19,7 @@ import copy
 import importlib
 import pkgutil
 import re
+import sys
 import shlex
 from functools import cache
 from pathlib import Path
@@ -122,7 +123,9 @@ def tool_options() -> dict[str, object]:
 
     tools = {}
     for module in pkgutil.iter_modules(transformer_nmt.__path__):
-        options = getattr(importlib.import_module(f"transformer_nmt.{module.name}"), "OPTIONS", None)
+        command = importlib.import_module(f"transformer_nmt.{module.name}")
+        home = sys.modules[command.main.__module__] if hasattr(command, "main") else command  # a thin entry module
+        options = getattr(home, "OPTIONS", None)
         if options is not None:
             tools[module.name] = options
     tools["scripts/benchmark_decode.py"] = load_script("benchmark_decode").OPTIONS
@@ -300,7 +303,7 @@ python -m transformer_nmt.translate ckpt=RUN/a.ckpt beam=4 < in.en > out.de
 python -m transformer_nmt.translate ckpt=RUN/a.ckpt bream=4
 python -m transformer_nmt.translate ckpt=RUN/a.ckpt in.en
 python -m transformer_nmt.explore ckpt=RUN/a.ckpt "A dog runs." beam=1
-python -m transformer_nmt.model d_model=4
+python -m transformer_nmt.checkpoint d_model=4
 python scripts/summarize_ablation.py multirun/x
 python scripts/no_such_script.py
 python scripts/benchmark_model.py --tables kernels --no-such-flag
@@ -315,7 +318,7 @@ See `tests/no_such_test.py` and `scripts/gpu_check.sh`.
     assert len(links) == 3 and all(name in " ".join(links) for name in ("missing.md", "no-such-heading", "gone.png"))
     problems = command_problems(doc, text)
     expected = ["transformer_nmt.trian", "no_such_recipe", "n_haeds", "needs -m", "bream", "'in.en' is not",
-                "transformer_nmt.model takes no key=value options", "no_such_script.py",
+                "transformer_nmt.checkpoint takes no key=value options", "no_such_script.py",
                 "--no-such-flag", "tests/no_such_test.py", "data.no_such_key"]
     assert len(problems) == len(expected), problems
     for word, problem in zip(expected, problems):
