@@ -185,7 +185,8 @@ def test_the_run_seed_orders_the_batches_unless_data_seed_is_set():
     # +KEY=VALUE adds a key past the schema (Hydra lifts the struct flag for it): validate_config names it
     ("+model.heads=8", r"Key 'heads' not in 'ModelConfig' \(full key: model.heads\)"),
     ("+train.lr=0.1", r"Key 'lr' not in 'TrainConfig' \(full key: train.lr\)"),
-    ("+checkpoint.recent.every=3", r"Key 'every' not in 'RecentCheckpointConfig' \(full key: checkpoint.recent.every\)"),
+    ("+checkpoint.recent.every=3",
+     r"Key 'every' not in 'RecentCheckpointConfig' \(full key: checkpoint.recent.every\)"),
     ("+run_tests=false", r"Key 'run_tests' not in 'TrainAppConfig'"),
 ])
 def test_bad_configs_fail_with_the_key_named(override, message):

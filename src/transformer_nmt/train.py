@@ -1,7 +1,8 @@
 """``python -m transformer_nmt.train [experiment=...] [key=value ...]``: fit, then test, from a Hydra config.
 
 The configs are the package's own (``transformer_nmt/conf``, ``train.yaml`` first); ``--help`` lists the
-groups and every option with its default and help (training/config.py), ``--cfg job`` prints the composed config. The run itself: training/app.py.
+groups and every option with its default and help (training/config.py), ``--cfg job`` prints the composed
+config. The run itself: training/app.py.
 """
 
 from __future__ import annotations

@@ -79,8 +79,9 @@ def validate_config(cfg: DictConfig) -> None:
     if cfg.trainer.get("accumulate_grad_batches", 1) < 1:
         raise ConfigError("trainer.accumulate_grad_batches must be >= 1")
     if "callbacks" in cfg.trainer:
-        raise ConfigError("trainer.callbacks: the run's callbacks are the callbacks group (conf/callbacks/default.yaml): "
-                          "add one with +callbacks.NAME._target_=CLASS and +callbacks.NAME.ARG=VALUE")
+        raise ConfigError("trainer.callbacks: the run's callbacks are the callbacks group "
+                          "(conf/callbacks/default.yaml): add one with +callbacks.NAME._target_=CLASS and "
+                          "+callbacks.NAME.ARG=VALUE")
     if cfg.trainer.get("gradient_clip_val") is not None:
         raise ConfigError("trainer.gradient_clip_val: the module clips the gradients itself, after unscaling them "
                           "by the step's target tokens; set train.clip_grad_norm instead and drop "
