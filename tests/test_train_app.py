@@ -188,6 +188,7 @@ def test_the_run_seed_orders_the_batches_unless_data_seed_is_set():
     ("+checkpoint.recent.every=3",
      r"Key 'every' not in 'RecentCheckpointConfig' \(full key: checkpoint.recent.every\)"),
     ("+run_tests=false", r"Key 'run_tests' not in 'TrainAppConfig'"),
+    ("+trainer.callbacks=[]", r"trainer.callbacks: the run's callbacks are the callbacks group"),  # its old home
 ])
 def test_bad_configs_fail_with_the_key_named(override, message):
     cfg = compose_train("experiment=smoke", override)
