@@ -127,7 +127,7 @@ def test_one_image_per_probe_and_one_entropy_per_kind_layer_and_head(tmp_path, t
 def test_maps_are_logged_every_nth_validation_of_a_training_run(corpus, tmp_path, caplog):
     cfg = tiny_config(corpus, "trainer.max_steps=6", "trainer.val_check_interval=2",
                       "attention_maps.every_n_validations=2", "attention_maps.n_probes=1")
-    with caplog.at_level(logging.INFO, logger="transformer_nmt.callbacks"):
+    with caplog.at_level(logging.INFO, logger="transformer_nmt.training.callbacks"):
         train(cfg, tmp_path)  # validations at steps 2, 4, 6: maps at the 1st and 3rd
     events = read_events(tmp_path / "tensorboard")
     images = [t for t in events.Tags()["tensors"] if t.startswith("attention/")]
