@@ -26,7 +26,8 @@ JOB = "job"  # torchrun --rdzv_id: the run dir is outputs/mn/torchrun-job
 KILLER = textwrap.dedent("""
     import os, signal
     import lightning.pytorch as pl
-    from transformer_nmt.training import app as train as app
+    from transformer_nmt import train
+    from transformer_nmt.training import app
 
     class KillNode1(pl.Callback):
         def on_train_batch_end(self, trainer, *args):
@@ -38,7 +39,7 @@ KILLER = textwrap.dedent("""
 
     build = app.build_callbacks
     app.build_callbacks = lambda *args: build(*args) + [KillNode1()]
-    app.main()
+    train.main()
 """)
 
 
