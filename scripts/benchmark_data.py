@@ -117,13 +117,14 @@ def synthesize_wmt(n_pairs: int, folder: Path, seed: int = 0) -> str:
 
 
 def wmt_datamodule(args):
+    from transformer_nmt.data.config import DataConfig
     from transformer_nmt.data.datamodule import TranslationDataModule
 
     prefix = args.prefix
-    return TranslationDataModule(train=prefix, val=prefix + "-val", test=None, cache_dir=args.cache,
-                                 vocab_size=args.vocab_size, input_sentence_size=args.input_sentence_size,
-                                 character_coverage=0.9999, max_tokens=25000, max_positions=1024,
-                                 max_length_ratio=1.5, num_proc=args.num_proc)
+    return TranslationDataModule(DataConfig(train=prefix, val=prefix + "-val", test=None, cache_dir=args.cache,
+                                            vocab_size=args.vocab_size, input_sentence_size=args.input_sentence_size,
+                                            character_coverage=0.9999, max_tokens=25000, max_positions=1024,
+                                            max_length_ratio=1.5, num_proc=args.num_proc))
 
 
 def run_wmt_stage(args) -> dict:

@@ -50,8 +50,11 @@ def base_model() -> dict:
     """The paper's base model as conf/model/base.yaml sets it (the shape fields this check reports)."""
     from hydra import compose, initialize_config_dir
 
-    import transformer_nmt.training.app  # noqa: F401  (registers train_defaults, which conf/train.yaml composes)
+    from transformer_nmt.training.config import register_configs
+    from transformer_nmt.training.resolvers import register_resolvers
 
+    register_configs()  # conf/train.yaml composes over the schemas
+    register_resolvers()
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
         model = compose("train", overrides=["model=base"]).model
     return {key: model[key] for key in ("d_model", "n_heads", "n_encoder_layers", "n_decoder_layers", "d_ff",

@@ -17,8 +17,11 @@ def small_recipe() -> tuple[dict, dict]:
     """(model config with vocab_size: TransformerConfig's fields; train config: the ``train:`` node)."""
     from hydra import compose, initialize_config_dir
 
-    import transformer_nmt.training.app  # noqa: F401  (registers train_defaults, which conf/train.yaml composes)
+    from transformer_nmt.training.config import register_configs
+    from transformer_nmt.training.resolvers import register_resolvers
 
+    register_configs()  # conf/train.yaml composes over the schemas
+    register_resolvers()
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
         cfg = compose("train", overrides=["model=small"])
     model = OmegaConf.to_container(cfg.model, resolve=True)

@@ -22,6 +22,7 @@ from torch.utils.tensorboard import SummaryWriter
 from test_train_app import one_thread, tiny_config, write_tiny_corpus  # noqa: F401 (fixture)
 from transformer_nmt.analysis.attention_maps import attention_entropy, render_heatmaps
 from transformer_nmt.training.callbacks import AttentionMaps
+from transformer_nmt.data.config import DataConfig
 from transformer_nmt.data.datamodule import TranslationDataModule
 from transformer_nmt.model.transformer import Transformer, TransformerConfig
 from transformer_nmt.training.app import train
@@ -42,8 +43,8 @@ def corpus(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def tokenizer(corpus):
-    datamodule = TranslationDataModule(train=f"{corpus}/train", val=f"{corpus}/val", test=None,
-                                       cache_dir=f"{corpus}/cache", vocab_size=256, num_proc=1)
+    datamodule = TranslationDataModule(DataConfig(train=f"{corpus}/train", val=f"{corpus}/val", test=None,
+                                                  cache_dir=f"{corpus}/cache", vocab_size=256, num_proc=1))
     datamodule.setup("fit")
     return datamodule.tokenizer
 

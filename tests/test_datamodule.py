@@ -12,6 +12,7 @@ import torch
 
 import transformer_nmt.data.datamodule as datamodule_module
 from transformer_nmt.data.batching import pair_widths
+from transformer_nmt.data.config import DataConfig
 from transformer_nmt.data.datamodule import TranslationDataModule
 from transformer_nmt.data.tokenizer import Tokenizer
 
@@ -37,7 +38,7 @@ def make(data_slice, cache, **overrides):
                   test=str(data_slice / "test_2016_flickr"), cache_dir=str(cache), vocab_size=250,
                   max_tokens=600, num_proc=1)
     kwargs.update(overrides)
-    return TranslationDataModule(**kwargs)
+    return TranslationDataModule(DataConfig(**kwargs))
 
 
 @pytest.fixture(scope="module")
@@ -204,11 +205,19 @@ def test_bad_inputs_surface_from_setup(tmp_path, data_slice):
 
 def test_configs_compose(data_slice):
     from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
 
+    from transformer_nmt.training.config import register_configs
+
+    register_configs()
     with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "conf")):
         default = compose("prepare")
         assert default.data.format == "text" and default.data.train == "data/multi30k/train"
-        assert default.data._target_ == "transformer_nmt.data.datamodule.TranslationDataModule"
+        assert OmegaConf.get_type(default.data) is DataConfig and "_target_" not in default.data
+        with pytest.raises(Exception, match="Could not override 'data.vocab_sizes'"):  # a typo fails at compose
+            compose("prepare", overrides=["data.vocab_sizes=300"])
+        with pytest.raises(Exception, match="data.vocab_size"):  # and so does a value of the wrong type
+            compose("prepare", overrides=["data.vocab_size=many"])
         wmt = compose("prepare", overrides=["data=wmt14_en_de"])
         assert (wmt.data.format, wmt.data.hub_config, wmt.data.vocab_size) == ("hub", "de-en", 37000)
         local = compose("prepare", overrides=["data=local", f"data.train={data_slice}/train"])
@@ -267,27 +276,36 @@ def test_given_tokenizer_path_is_used_instead_of_training(data_ready, data_slice
     assert not any(s.tokenized_now for s in dm.splits.values())  # same model bytes: same token cache
 
 
-def test_every_data_option_has_one_default_in_local_yaml(data_slice):
-    """The signature reads conf/data/local.yaml; the other data configs are diffs over it."""
+def test_every_data_option_has_one_default_in_data_config(data_slice):
+    """DataConfig holds every option's default and help; conf/data/local.yaml extends it without repeating one,
+    the other data configs are diffs over local.yaml, and the datamodule takes a DataConfig."""
+    import dataclasses
     import inspect
 
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
+    from transformer_nmt.training.config import register_configs
+
+    options = {f.name: f for f in dataclasses.fields(DataConfig)}
+    assert all(f.metadata["help"] for f in options.values())
+    assert [name for name in options if OmegaConf.is_missing(OmegaConf.structured(DataConfig), name)] == [
+        "train", "val", "test"]
     local = OmegaConf.load(ROOT / "conf" / "data" / "local.yaml")
-    signature = inspect.signature(TranslationDataModule).parameters
-    assert set(signature) == set(local) - {"_target_"}
-    for name, parameter in signature.items():
-        if name in ("train", "val", "test"):
-            assert parameter.default is inspect.Parameter.empty and OmegaConf.is_missing(local, name)
-        else:
-            assert parameter.default == local[name], name
+    assert set(local) == {"defaults"} and list(local.defaults) == ["schema", "_self_"]
+    assert list(inspect.signature(TranslationDataModule).parameters) == ["config", "seed", "pad_to_multiple"]
     for data_config in ("multi30k", "wmt14_en_de"):
         text = (ROOT / "conf" / "data" / f"{data_config}.yaml").read_text()
         assert "defaults:\n  - local\n" in text and "_target_" not in text and "num_proc" not in text
+    register_configs()
     with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "conf")):
         multi30k = compose("prepare").data
-    assert set(multi30k) == set(local) and multi30k.num_proc == 2
+    assert set(multi30k) == set(options) and multi30k.num_proc == DataConfig.num_proc == 2
+    for name in set(options) - {"train", "val", "test"}:  # multi30k.yaml changes the locations only
+        assert multi30k[name] == getattr(DataConfig(train="t", val="v", test=None), name), name
+    dm = TranslationDataModule(multi30k, seed=5, pad_to_multiple=8)  # the app's node, and its run-time values
+    assert (dm.seed, dm.pad_to_multiple, dm.config.num_proc) == (5, 8, 2)
+    assert dm.spec == DataConfig(**OmegaConf.to_container(multi30k)).corpus_spec()
 
 
 def test_cleaned_lines_are_counted_in_the_report_and_filters_are_memory_mapped(data_slice, tmp_path):

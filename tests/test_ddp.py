@@ -9,6 +9,7 @@ import textwrap
 import torch
 
 from test_train_app import write_tiny_corpus
+from transformer_nmt.data.config import DataConfig
 from transformer_nmt.data.datamodule import TranslationDataModule
 
 STEPS = 4
@@ -20,13 +21,15 @@ SCRIPT = textwrap.dedent(f"""
     import lightning.pytorch as pl
     import torch
     from transformer_nmt.training.checkpoint_io import AtomicCheckpointIO
+    from transformer_nmt.data.config import DataConfig
     from transformer_nmt.data.datamodule import TranslationDataModule
     from transformer_nmt.training.module import TranslationModule
 
     corpus, out = Path(sys.argv[1]), Path(sys.argv[2])
     pl.seed_everything(0, workers=True)
-    datamodule = TranslationDataModule(train=f"{{corpus}}/train", val=f"{{corpus}}/val", test=None,
-                                       cache_dir=f"{{corpus}}/cache", vocab_size=256, max_tokens=512, num_proc=1)
+    datamodule = TranslationDataModule(DataConfig(train=f"{{corpus}}/train", val=f"{{corpus}}/val", test=None,
+                                                  cache_dir=f"{{corpus}}/cache", vocab_size=256, max_tokens=512,
+                                                  num_proc=1))
     datamodule.setup("fit")
     model_config = dict(vocab_size=datamodule.tokenizer.vocab_size, d_model=32, n_heads=2, n_encoder_layers=1,
                         n_decoder_layers=1, d_ff=64, dropout=0.1)
@@ -59,8 +62,9 @@ SCRIPT = textwrap.dedent(f"""
 
 def test_two_cpu_processes_in_bf16_see_different_batches_and_end_with_identical_weights(tmp_path):
     corpus = write_tiny_corpus(tmp_path / "corpus")
-    TranslationDataModule(train=f"{corpus}/train", val=f"{corpus}/val", test=None, cache_dir=f"{corpus}/cache",
-                          vocab_size=256, max_tokens=512, num_proc=1).setup("fit")  # build caches once, here
+    TranslationDataModule(DataConfig(train=f"{corpus}/train", val=f"{corpus}/val", test=None,
+                                     cache_dir=f"{corpus}/cache", vocab_size=256, max_tokens=512,
+                                     num_proc=1)).setup("fit")  # build caches once, here
     script = tmp_path / "ddp_train.py"
     script.write_text(SCRIPT)
     out = tmp_path / "out"

@@ -20,6 +20,7 @@ import copy
 import importlib
 import pkgutil
 import re
+import sys
 import shlex
 import sys
 from functools import cache
@@ -46,7 +47,7 @@ PYTHON_VALUE = re.compile(r"=(True|False|None|\"[^\"]*\"|'[^']*')$")  # is_causa
 ENV_VAR = re.compile(r"^[A-Z][A-Z0-9_]*=")  # NMT_CKPT=..., an environment variable, not an option
 HYDRA_APPS = {"train", "prepare"}
 FREE_WORDS = {"explore"}  # modules whose other arguments are free text (explore's are sentences)
-HYDRA_FLAGS = {"-m", "--multirun"}
+HYDRA_FLAGS = {"-m", "--multirun", "--help"}
 HYDRA_FLAGS_WITH_VALUE = {"--cfg", "-c", "--package", "-p"}
 SHELL_STOP = {"<", ">", "|", "||", "&&", ";", "&", "2>&1"}
 
@@ -156,8 +157,9 @@ GROUPS = {d.name for d in CONF_DIR.iterdir() if d.is_dir()}  # data, experiment,
 @cache
 def composed(app: str, groups: tuple[str, ...]):
     """conf/APP.yaml composed with these config-group choices (hydra node included), as Hydra composes it."""
-    import transformer_nmt.train  # noqa: F401  (registers train_defaults, which conf/train.yaml uses)
+    from transformer_nmt.training.config import register_configs
 
+    register_configs()  # the schemas conf/train.yaml and conf/prepare.yaml compose over
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         return compose(app, overrides=list(groups), return_hydra_config=True)
 

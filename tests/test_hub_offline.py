@@ -6,13 +6,14 @@ import gzip
 from pathlib import Path
 
 import datasets
-import hydra
 from hydra import compose, initialize_config_dir
 
 from test_train_app import one_thread  # noqa: F401 (fixture: one thread, restored afterwards)
 from transformer_nmt.prepare import format_statistics
 from transformer_nmt.conf import CONF_DIR
 from transformer_nmt.training.app import train
+from transformer_nmt.training.config import register_configs
+from transformer_nmt.data.datamodule import TranslationDataModule
 
 MULTI30K = Path(__file__).resolve().parents[1] / "data" / "multi30k"
 
@@ -36,6 +37,7 @@ def test_wmt14_config_on_a_saved_hub_directory_prepares_and_trains_a_step(tmp_pa
     hub_dir = save_hub_like(tmp_path / "wmt14")
     overrides = ["data=wmt14_en_de", f"data.hub_name={hub_dir}", f"data.cache_dir={tmp_path}/cache",
                  "data.vocab_size=300", "data.num_proc=1", "data.input_sentence_size=1000"]
+    register_configs()
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
         prepare_cfg = compose("prepare", overrides=overrides)
         train_cfg = compose("train", overrides=overrides + [
@@ -43,7 +45,7 @@ def test_wmt14_config_on_a_saved_hub_directory_prepares_and_trains_a_step(tmp_pa
             "train.val_bleu_max_sentences=0", "run_test=false", "attention_maps.every_n_validations=0"])
     assert (prepare_cfg.data.max_tokens, prepare_cfg.data.max_length_ratio) == (25000, 1.5)  # the paper's setting
 
-    dm = hydra.utils.instantiate(prepare_cfg.data)
+    dm = TranslationDataModule(prepare_cfg.data)
     dm.setup()
     out = format_statistics(dm, 0.0)
     assert "corpus: hub en->de" in out and "1 sentences with control characters replaced by spaces" in out

@@ -9,6 +9,7 @@ from hydra import compose, initialize_config_dir
 
 from transformer_nmt.training.launch import LaunchError, job_identity, resume_checkpoint
 from transformer_nmt.conf import CONF_DIR
+from transformer_nmt.training.config import register_configs
 from transformer_nmt.checkpoint import CKPT_MODEL_CONFIG, CKPT_TOKENIZER
 
 LAUNCHERS = ("SLURM_JOB_ID", "TORCHELASTIC_RUN_ID", "WORLD_SIZE")
@@ -21,6 +22,7 @@ def no_launcher(monkeypatch):
 
 
 def hydra_run_dir(*overrides: str) -> str:
+    register_configs()
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
         return compose("train", overrides=["name=x", *overrides], return_hydra_config=True).hydra.run.dir
 

@@ -16,6 +16,7 @@ import torch
 
 import transformer_nmt
 from test_train_app import tiny_overrides, write_tiny_corpus
+from transformer_nmt.data.config import DataConfig
 from transformer_nmt.data.datamodule import TranslationDataModule
 
 STEPS, KILL_STEP = 8, 5  # each rank gets 5 batches an epoch: the runs cross an epoch boundary
@@ -96,8 +97,9 @@ def runs(tmp_path_factory):
     """The 2-process single-node run and the 2-node run, launched side by side: their working directories."""
     tmp = tmp_path_factory.mktemp("multinode")
     corpus = write_tiny_corpus(tmp / "corpus")
-    TranslationDataModule(train=f"{corpus}/train", val=f"{corpus}/val", test=f"{corpus}/test",
-                          cache_dir=f"{corpus}/cache", vocab_size=256, max_tokens=512, num_proc=1).setup("fit")
+    TranslationDataModule(DataConfig(train=f"{corpus}/train", val=f"{corpus}/val", test=f"{corpus}/test",
+                                     cache_dir=f"{corpus}/cache", vocab_size=256, max_tokens=512,
+                                     num_proc=1)).setup("fit")
     single = launch(tmp / "single", corpus, nnodes=1, nproc=2, port=free_port())
     multi = launch(tmp / "multi", corpus, nnodes=2, nproc=1, port=free_port())
     for cwd, nodes in ((tmp / "single", single), (tmp / "multi", multi)):

@@ -21,7 +21,7 @@ from test_train_app import compose_train, one_thread, tiny_config, tiny_override
 from transformer_nmt.inference.average import last_checkpoints
 from transformer_nmt.checkpoint import checkpoint_step, read_checkpoint
 from transformer_nmt.training.checkpoint_io import AtomicCheckpointIO
-from transformer_nmt.training.app import build_callbacks, build_trainer, train
+from transformer_nmt.training.app import build_callbacks, build_trainer, train, with_run_dir
 
 TOTAL_STEPS = 14  # the tiny corpus makes 10 batches per epoch: the runs cross an epoch boundary
 
@@ -190,6 +190,7 @@ def test_the_recent_window_holds_exactly_the_last_k_checkpoints_written_atomical
 
 def test_the_papers_recipe_keeps_the_last_5_checkpoints_at_10_minute_intervals(tmp_path):
     cfg = compose_train("experiment=wmt14_base")
-    window = [c for c in build_callbacks(cfg, tmp_path) if getattr(c, "dirpath", None) == str(tmp_path / "recent")]
+    recent = str(tmp_path / "checkpoints" / "recent")
+    window = [c for c in build_callbacks(with_run_dir(cfg, tmp_path)) if getattr(c, "dirpath", None) == recent]
     assert len(window) == 1 and window[0].save_top_k == 5
     assert window[0]._train_time_interval == timedelta(minutes=10) and not window[0]._every_n_train_steps

@@ -76,6 +76,29 @@ def test_clipping_is_set_in_train_not_in_the_trainer(corpus, tmp_path):
         run(corpus, tmp_path, 1, "+trainer.gradient_clip_val=1.0")
 
 
+def test_a_run_dir_of_the_old_layout_resumes_and_a_finished_one_is_skipped(corpus, tmp_path):
+    """Until the structured configs, the data config held ``_target_`` (the datamodule's class; one path before the
+    package's layout, another after) and so did the fingerprint in every checkpoint and the run's config.yaml: a
+    key that defines nothing, so a resume or a rerun sweep of such a run is accepted as the same run."""
+    run(corpus, tmp_path, 2, "checkpoint.every_n_train_steps=2")
+    last = tmp_path / "checkpoints" / "last.ckpt"
+    checkpoint = torch.load(last, weights_only=True)
+    for target in ("transformer_nmt.datamodule.TranslationDataModule",
+                   "transformer_nmt.data.datamodule.TranslationDataModule"):
+        checkpoint[CKPT_FINGERPRINT]["data._target_"] = target  # as an older run wrote it
+        torch.save(checkpoint, last)
+        assert differences(checkpoint[CKPT_FINGERPRINT], run_fingerprint(tiny_config(corpus))) == {}
+    assert run(corpus, tmp_path, 3).global_step == 3  # resumed, not refused
+    cfg, job = tiny_config(corpus), ["seed=1234"]
+    old_config = OmegaConf.to_container(cfg, resolve=True)
+    old_config["data"]["_target_"] = "transformer_nmt.datamodule.TranslationDataModule"
+    (tmp_path / "config.yaml").write_text(OmegaConf.to_yaml(old_config))
+    (tmp_path / "results.json").write_text(json.dumps({"overrides": job}))
+    assert finished_already(cfg, tmp_path, job)
+    with pytest.raises(ResumeError, match="model.n_heads: 2 there, 4 now"):  # what does define the run still counts
+        finished_already(tiny_config(corpus, "model.n_heads=4"), tmp_path, job)
+
+
 def test_a_mid_epoch_resume_with_another_token_budget_is_refused_even_when_forced(corpus, tmp_path):
     run(corpus, tmp_path, 3, "checkpoint.every_n_train_steps=3")
     with pytest.raises(ValueError, match="stopped in epoch 0 after 3 batches, planned with data.seed=1234 "

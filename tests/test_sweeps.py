@@ -49,12 +49,13 @@ def sweep(tmp_path_factory):
            "PYTHONPATH": os.pathsep.join([str(src), str(tests), os.environ.get("PYTHONPATH", "")]),
            "PATH": f"{root / 'bin'}{os.pathsep}{os.environ['PATH']}", "SCONTROL_LOG": str(root / "scontrol.log"),
            "SLURM_JOB_ID": "5150"}  # the jobs believe they run under SLURM: SlurmRequeue is armed
-    callbacks = ("trainer.callbacks=[{_target_:transformer_nmt.training.launch.SlurmRequeue,requeue_signals:[SIGUSR2]},"
-                 f"{{_target_:sweep_gate.Gate,gate_dir:'{gate}',step:{GATE_STEP},jobs:[1,2]}}]")
+    callbacks = ("callbacks.slurm_requeue.requeue_signals=[SIGUSR2]", "+callbacks.gate._target_=sweep_gate.Gate",
+                 f"+callbacks.gate.gate_dir='{gate}'", f"+callbacks.gate.step={GATE_STEP}",
+                 "+callbacks.gate.jobs=[1,2]")
     command = [sys.executable, "-m", "transformer_nmt.train", "-m", "hydra/launcher=submitit_local",
                "hydra.launcher.timeout_min=10", *tiny_overrides(corpus), f"trainer.max_steps={TOTAL_STEPS}",
                "trainer.val_check_interval=5", "checkpoint.every_n_train_steps=2", "name=sweep", "sweep_id=s1",
-               callbacks, AXIS]
+               *callbacks, AXIS]
     sweep_dir = root / "multirun" / "sweep" / "s1"
 
     first = subprocess.Popen(command, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -14,6 +14,7 @@ from test_train_app import one_thread, tiny_config, write_tiny_corpus  # noqa: F
 from transformer_nmt.training.callbacks import TokenProgressBar
 from transformer_nmt.checkpoint import (CKPT_DATA_CONFIG, CKPT_MODEL_CONFIG, CKPT_TOKENIZER, load_checkpoint,
                                         read_checkpoint)
+from transformer_nmt.data.config import DataConfig
 from transformer_nmt.model.transformer import Transformer
 from transformer_nmt.training.app import train
 from transformer_nmt.training.module import (TranslationModule, dropout_seed, inverse_sqrt_lr,
@@ -225,7 +226,8 @@ def test_checkpoints_are_self_contained_and_load_with_weights_only(accumulated_r
     path = run_dir / "checkpoints" / "last.ckpt"
     raw = torch.load(path, weights_only=True)  # plain containers, tensors and bytes only
     assert isinstance(raw[CKPT_TOKENIZER], bytes) and isinstance(raw[CKPT_MODEL_CONFIG], dict)
-    assert raw[CKPT_DATA_CONFIG]["_target_"] == "transformer_nmt.data.datamodule.TranslationDataModule"
+    assert DataConfig.from_record(raw[CKPT_DATA_CONFIG], str(path)).corpus_spec().locations["train"].endswith("train")
+    assert "_target_" not in raw[CKPT_DATA_CONFIG]  # data options only: nothing a reader would instantiate
     assert type(raw["hyper_parameters"]["model_config"]) is dict
     assert read_checkpoint(path)["global_step"] == 3
 
@@ -243,7 +245,7 @@ def test_the_module_wraps_a_plain_transformer():
                                 "n_decoder_layers": 1, "d_ff": 32})
     assert type(module.model) is Transformer
     assert not any("lightning" in type(m).__module__ for m in module.model.modules())
-    with pytest.raises(ValueError, match=r"unknown train.\* settings \['lr'\]"):
+    with pytest.raises(TypeError, match="unexpected keyword argument 'lr'"):  # TrainConfig's fields only
         TranslationModule({"vocab_size": 20, "d_model": 16, "n_heads": 2}, {"lr": 1.0})
 
 
@@ -254,11 +256,13 @@ def test_accumulated_gradient_is_the_per_token_mean_over_the_whole_optimizer_ste
 
     import lightning.pytorch as pl
 
+    from transformer_nmt.data.config import DataConfig
     from transformer_nmt.data.datamodule import TranslationDataModule
     from transformer_nmt.training.module import TranslationModule, label_smoothed_cross_entropy
 
-    datamodule = TranslationDataModule(train=f"{corpus}/train", val=f"{corpus}/val", test=None,
-                                       cache_dir=str(tmp_path / "cache"), vocab_size=256, max_tokens=300, num_proc=1)
+    datamodule = TranslationDataModule(DataConfig(train=f"{corpus}/train", val=f"{corpus}/val", test=None,
+                                                  cache_dir=str(tmp_path / "cache"), vocab_size=256, max_tokens=300,
+                                                  num_proc=1))
     datamodule.setup("fit")
     config = dict(vocab_size=datamodule.tokenizer.vocab_size, d_model=16, n_heads=2, n_encoder_layers=1,
                   n_decoder_layers=1, d_ff=32, dropout=0.0)

@@ -16,8 +16,10 @@ import numpy as np
 from omegaconf import DictConfig
 
 from transformer_nmt.data.datamodule import TranslationDataModule
+from transformer_nmt.training.config import register_configs
 from transformer_nmt.training.resolvers import register_resolvers
 
+register_configs()  # conf/prepare.yaml composes over the schemas (DataConfig; --help lists its options)
 register_resolvers()  # before Hydra composes: the data group's files may use them, as train.yaml's do
 
 
@@ -71,7 +73,7 @@ def format_statistics(dm: TranslationDataModule, elapsed: float) -> str:
 @hydra.main(version_base="1.3", config_path="conf", config_name="prepare")
 def main(cfg: DictConfig) -> None:
     start = time.perf_counter()
-    dm: TranslationDataModule = hydra.utils.instantiate(cfg.data)
+    dm = TranslationDataModule(cfg.data)
     dm.setup()
     print(format_statistics(dm, time.perf_counter() - start))
 

@@ -103,10 +103,11 @@ def composed_config(*overrides: str) -> tuple:
     from hydra import compose, initialize_config_dir
 
     from transformer_nmt.model.attention import head_dims
-    import transformer_nmt.training.app  # noqa: F401  (registers train_defaults, which conf/train.yaml composes)
     from transformer_nmt.conf import CONF_DIR
+    from transformer_nmt.training.config import register_configs
     from transformer_nmt.training.resolvers import register_resolvers
 
+    register_configs()  # conf/train.yaml composes over the schemas
     register_resolvers()  # experiment recipes use ${by_precision:}
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
         cfg = compose("train", overrides=list(overrides))

@@ -102,10 +102,11 @@ def run_directory(train_overrides: list[str], root: Path) -> Path:
     ``hydra.run.dir``)."""
     from hydra import compose, initialize_config_dir
 
-    import transformer_nmt.training.app  # noqa: F401  (registers train_defaults)
     from transformer_nmt.conf import CONF_DIR
+    from transformer_nmt.training.config import register_configs
     from transformer_nmt.training.resolvers import register_resolvers
 
+    register_configs()  # conf/train.yaml composes over the schemas
     register_resolvers()  # hydra.run.dir: ${run_name:}
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
         cfg = compose("train", overrides=train_overrides, return_hydra_config=True)

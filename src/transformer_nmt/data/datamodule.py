@@ -14,8 +14,8 @@ copied per rank except the rank's own share of the epoch's batches. Each cache e
 file lock into a temporary directory that is renamed into place, so DDP ranks calling ``setup`` at the
 same time build it once and never read a half-written one.
 
-The options' defaults live in one place, ``conf/data/local.yaml``, which the signature reads; the corpus
-locations (``train``, ``val``, ``test``) have none.
+The options, their defaults and help live in one place, ``DataConfig`` (data/config.py); the corpus
+locations (``train``, ``val``, ``test``) have no default.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -35,12 +35,12 @@ import lightning as L
 import numpy as np
 import torch
 from filelock import FileLock
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import DataLoader
 
-from transformer_nmt.conf import CONF_DIR
+from transformer_nmt.data.config import DataConfig
 from transformer_nmt.data.batching import TokenBucketBatchSampler, pad_pairs, pair_widths
-from transformer_nmt.data.corpus import (CorpusSpec, FilterReport, both_sides, file_fingerprint, filter_pairs, split_inputs,
+from transformer_nmt.data.corpus import (FilterReport, both_sides, file_fingerprint, filter_pairs, split_inputs,
                                    write_split)
 from transformer_nmt.hardware import available_cpus
 from transformer_nmt.data.tokenizer import Tokenizer, tokenize_dataset, train_sentencepiece
@@ -48,7 +48,6 @@ from transformer_nmt.data.tokenizer import Tokenizer, tokenize_dataset, train_se
 log = logging.getLogger(__name__)
 
 SPLITS = ("train", "val", "test")
-DEFAULTS = OmegaConf.load(CONF_DIR / "data" / "local.yaml")  # options' home
 
 
 # ------------------------------------------------------------------------------------------------ caching
@@ -169,59 +168,31 @@ class TranslationDataModule(L.LightningDataModule):
     (``references(split)[i]`` is its raw target sentence).
     """
 
-    def __init__(
-        self,
-        *,
-        train: str | None,
-        val: str | None,
-        test: str | None,
-        format: str = DEFAULTS.format,
-        src_lang: str = DEFAULTS.src_lang,
-        tgt_lang: str = DEFAULTS.tgt_lang,
-        columns: list[str] | None = DEFAULTS.columns,
-        hub_name: str | None = DEFAULTS.hub_name,
-        hub_config: str | None = DEFAULTS.hub_config,
-        utf8_errors: str = DEFAULTS.utf8_errors,
-        control_chars: str = DEFAULTS.control_chars,
-        cache_dir: str = DEFAULTS.cache_dir,
-        tokenizer_path: str | None = DEFAULTS.tokenizer_path,
-        vocab_size: int = DEFAULTS.vocab_size,
-        spm_model_type: str = DEFAULTS.spm_model_type,
-        input_sentence_size: int = DEFAULTS.input_sentence_size,
-        character_coverage: float = DEFAULTS.character_coverage,
-        max_tokens: int = DEFAULTS.max_tokens,
-        eval_max_tokens: int | None = DEFAULTS.eval_max_tokens,
-        max_positions: int = DEFAULTS.max_positions,
-        max_length_ratio: float | None = DEFAULTS.max_length_ratio,
-        seed: int | None = DEFAULTS.seed,
-        vocab_seed: int = DEFAULTS.vocab_seed,
-        num_proc: int = DEFAULTS.num_proc,
-        num_workers: int = DEFAULTS.num_workers,
-        pad_to_multiple: int = DEFAULTS.pad_to_multiple,
-    ):
+    def __init__(self, config: DataConfig | Mapping, *, seed: int | None = None, pad_to_multiple: int | None = None):
+        """``config``: the data options (a ``DataConfig``, or the app's ``data`` node); ``seed`` and
+        ``pad_to_multiple``, where given, replace the config's: the app passes the run's batch seed and the
+        multiple train.compile needs."""
         super().__init__()
-        self.spec = CorpusSpec(
-            format=format,
-            langs=(src_lang, tgt_lang),
-            locations={"train": train, "val": val, "test": test},
-            columns=tuple(columns) if columns else None,
-            hub_name=hub_name,
-            hub_config=hub_config,
-            utf8_errors=utf8_errors,
-            control_chars=control_chars,
-        )
-        self.src_lang, self.tgt_lang = src_lang, tgt_lang
-        self.cache_dir = Path(cache_dir)
-        self.tokenizer_path = tokenizer_path
-        self.vocab_options = {"vocab_size": vocab_size, "model_type": spm_model_type,
-                              "input_sentence_size": input_sentence_size,
-                              "character_coverage": character_coverage, "seed": vocab_seed}
-        self.max_tokens, self.eval_max_tokens = max_tokens, eval_max_tokens or max_tokens
-        self.max_positions, self.max_length_ratio = max_positions, max_length_ratio
-        # Batch order; None (data.seed=null): train.py passes the run's seed; a datamodule built alone uses 0.
+        if not isinstance(config, DataConfig):
+            config = DataConfig(**(OmegaConf.to_container(config, resolve=True) if isinstance(config, DictConfig)
+                                   else config))
+        self.config = config
+        self.spec = config.corpus_spec()
+        self.src_lang, self.tgt_lang = config.src_lang, config.tgt_lang
+        self.cache_dir = Path(config.cache_dir)
+        self.tokenizer_path = config.tokenizer_path
+        self.vocab_options = {"vocab_size": config.vocab_size, "model_type": config.spm_model_type,
+                              "input_sentence_size": config.input_sentence_size,
+                              "character_coverage": config.character_coverage, "seed": config.vocab_seed}
+        self.max_tokens = config.max_tokens
+        self.eval_max_tokens = config.eval_max_tokens or config.max_tokens
+        self.max_positions, self.max_length_ratio = config.max_positions, config.max_length_ratio
+        # Batch order; None (data.seed=null): the app passes the run's seed; a datamodule built alone uses 0.
+        seed = config.seed if seed is None else seed
         self.seed = 0 if seed is None else seed
-        self.num_proc, self.num_workers = num_proc, num_workers
-        self.pad_to_multiple = pad_to_multiple  # batch widths rounded up to a multiple of this (train.compile: 8)
+        self.num_proc, self.num_workers = config.num_proc, config.num_workers
+        # batch widths rounded up to a multiple of this (train.compile: 8)
+        self.pad_to_multiple = config.pad_to_multiple if pad_to_multiple is None else pad_to_multiple
         self.tokenizer: Tokenizer | None = None
         self.tokenizer_trained_now = False
         self.tokenizer_path_used: Path | None = None

@@ -20,11 +20,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-import hydra
 import torch
 from sacrebleu.metrics import BLEU, CHRF
 
 from transformer_nmt import run_files
+from transformer_nmt.data.config import DataConfig
 from transformer_nmt.data.corpus import ReadStats, read_pairs
 from transformer_nmt.inference.decode_config import DecodeConfig
 from transformer_nmt.inference.translate import CKPT_HELP, TranslateOptions, load_model, read_lines, translate_lines
@@ -61,9 +61,12 @@ def split_pairs(meta: dict, split: str) -> tuple[list[str], list[str]]:
     ``meta`` as returned by ``load_checkpoint``."""
     if meta.get("data_config") is None:
         raise SystemExit(f"checkpoint {meta['path']} does not record its data config; give src=FILE ref=FILE instead")
-    datamodule = hydra.utils.instantiate(meta["data_config"])
+    try:  # read as data options, never instantiated: a checkpoint must not name code to run
+        spec = DataConfig.from_record(meta["data_config"], f"checkpoint {meta['path']}").corpus_spec()
+    except ValueError as error:
+        raise SystemExit(str(error)) from None
     sources, references = [], []
-    for src_chunk, tgt_chunk in read_pairs(datamodule.spec, split, ReadStats()):
+    for src_chunk, tgt_chunk in read_pairs(spec, split, ReadStats()):
         sources.extend(src_chunk)
         references.extend(tgt_chunk)
     return sources, references

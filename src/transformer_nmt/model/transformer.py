@@ -13,7 +13,7 @@ This module is plain PyTorch: it knows nothing of Lightning.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -29,23 +29,27 @@ POSITIONS = ("sinusoidal", "learned")  # 3.5: fixed sinusoids, or a trained tabl
 class TransformerConfig:
     """Hyper-parameters, named as in the paper's Table 3 (defaults: the base model)."""
 
-    vocab_size: int
-    d_model: int = 512
-    n_heads: int = 8
-    d_k: int | None = None  # queries and keys per head; None: d_model / n_heads (Table 3, row B sets it apart)
-    d_v: int | None = None  # values per head; None: d_model / n_heads
-    n_encoder_layers: int = 6
-    n_decoder_layers: int = 6
-    d_ff: int = 2048
-    dropout: float = 0.1  # P_drop: sub-layer outputs and embedding sums (5.4)
-    attention_dropout: float = 0.0  # on attention weights; the paper has none
-    max_positions: int = 1024
-    positions: str = "sinusoidal"  # sinusoidal (3.5) | learned: a trained (max_positions, d_model) table (row E)
-    norm_first: bool = False  # False: post-LN as in the paper; True: pre-LN
-    tie_embeddings: bool = True  # one matrix for source, target and output embeddings (3.4)
-    pad_id: int = 0
-    attention: str = "auto"  # auto | plain | blocked | fused (attention.choose_kernel)
-    attention_block_size: int = 128
+    vocab_size: int = field(metadata={"help": "set from the tokenizer at run time (data.vocab_size)"})
+    d_model: int = field(default=512, metadata={"help": "model width"})
+    n_heads: int = field(default=8, metadata={"help": "attention heads h"})
+    d_k: int | None = field(default=None, metadata={
+        "help": "queries and keys per head; null: d_model / n_heads (Table 3, row B sets it apart)"})
+    d_v: int | None = field(default=None, metadata={"help": "values per head; null: d_model / n_heads"})
+    n_encoder_layers: int = field(default=6, metadata={"help": "encoder layers N"})
+    n_decoder_layers: int = field(default=6, metadata={"help": "decoder layers N"})
+    d_ff: int = field(default=2048, metadata={"help": "inner size of the feed-forward sub-layers"})
+    dropout: float = field(default=0.1, metadata={"help": "P_drop: sub-layer outputs and embedding sums (5.4)"})
+    attention_dropout: float = field(default=0.0, metadata={"help": "on attention weights; the paper has none"})
+    max_positions: int = field(default=1024, metadata={"help": "longest sequence the position table holds"})
+    positions: str = field(default="sinusoidal", metadata={
+        "help": "sinusoidal (3.5) | learned: a trained (max_positions, d_model) table (row E)"})
+    norm_first: bool = field(default=False, metadata={"help": "false: post-LN as in the paper; true: pre-LN"})
+    tie_embeddings: bool = field(default=True, metadata={
+        "help": "one matrix for source, target and output embeddings (3.4)"})
+    pad_id: int = field(default=0, metadata={"help": "must be 0, the tokenizer's pad id"})
+    attention: str = field(default="auto", metadata={
+        "help": "auto (plain for weights, else the faster: attention.choose_kernel) | plain | blocked | fused"})
+    attention_block_size: int = field(default=128, metadata={"help": "keys per block of the blocked kernel"})
 
     def __post_init__(self):
         check_attention(self.d_model, self.n_heads, self.attention, prefix="model.", d_k=self.d_k, d_v=self.d_v)

@@ -1,7 +1,8 @@
 """One training run from a Hydra config (``python -m transformer_nmt.train``): fit, then test.
 
-Builds the datamodule, the LightningModule, callbacks, TensorBoard logger and Trainer from ``conf/``
-(see conf/train.yaml), checks the config before anything expensive, prints a start-up summary, then
+Builds the datamodule, the LightningModule, callbacks (conf/callbacks/), logger (conf/logger/) and Trainer from
+``conf/`` (see conf/train.yaml; every option's default and help: training/config.py), checks the values of
+the config before anything expensive (the schema has checked its keys and types), prints a start-up summary, then
 ``fit`` and ``test``, and writes a summary of the run to ``results.json`` and the validation hypotheses beside
 it (``val_hypotheses.txt``, for paired significance tests). Everything the run writes goes
 under Hydra's run directory. A sweep run again with the same ``sweep_id`` skips the runs that wrote
@@ -10,42 +11,39 @@ under Hydra's run directory. A sweep run again with the same ``sweep_id`` skips 
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import math
 import time
 from collections.abc import Sequence
-from datetime import timedelta
 from pathlib import Path
 
 import hydra
 import lightning.pytorch as pl
 import torch
-from hydra.core.config_store import ConfigStore
 from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
 from transformer_nmt import run_files
 from transformer_nmt.model.attention import auto_kernel, check_attention
-from transformer_nmt.training.callbacks import AttentionMaps, LastCheckpoint, TokenProgressBar
+from transformer_nmt.training.callbacks import LastCheckpoint
 from transformer_nmt.checkpoint import atomic_write
 from transformer_nmt.training.checkpoint_io import AtomicCheckpointIO
 from transformer_nmt.training.fingerprint import RecordFingerprint, check_finished_run, check_resume, run_fingerprint
 from transformer_nmt.training.launch import resume_checkpoint
-from transformer_nmt.model.transformer import TransformerConfig
+from transformer_nmt.data.datamodule import TranslationDataModule
 from transformer_nmt.hardware import reported_cpu_flags
 from transformer_nmt.training.precision import compute_dtype, precision_dependent, resolve_precision
 from transformer_nmt.training.time_budget import TimeBudget
-from transformer_nmt.training.module import TRAIN_DEFAULTS, TranslationModule
+from transformer_nmt.training.config import schema_error
+from transformer_nmt.training.module import TranslationModule
 
 log = logging.getLogger(__name__)
 
 PRECISIONS = ("auto", "32", "32-true", "bf16-mixed", "16-mixed")
-MODEL_FIELDS = set(TransformerConfig.__dataclass_fields__) - {"vocab_size"}
-ConfigStore.instance().store(name="train_defaults", node=TRAIN_DEFAULTS)  # conf/train.yaml: train_defaults@train
 
 
 class ConfigError(ValueError):
@@ -53,13 +51,14 @@ class ConfigError(ValueError):
 
 
 def validate_config(cfg: DictConfig) -> None:
-    """Fail fast, before data preparation, on settings that cannot work."""
-    model = cfg.model
-    unknown = set(model) - MODEL_FIELDS
-    if "vocab_size" in unknown:
+    """Fail fast, before data preparation, on values that cannot work (unknown keys and wrong types fail
+    earlier, when Hydra composes the config over the schemas of training/config.py)."""
+    if "vocab_size" in cfg.model:
         raise ConfigError("model.vocab_size is set from the tokenizer at run time: set data.vocab_size instead")
-    if unknown:
-        raise ConfigError(f"unknown model settings {sorted(unknown)}; TransformerConfig has {sorted(MODEL_FIELDS)}")
+    problem = schema_error(cfg)  # what +KEY=VALUE added past the schema
+    if problem:
+        raise ConfigError(f"{problem}; python -m transformer_nmt.train --help lists the options")
+    model = cfg.model
     check_attention(model.d_model, model.n_heads, model.get("attention"), prefix="model.", error=ConfigError,
                     d_k=model.get("d_k"), d_v=model.get("d_v"))
     if model.get("pad_id", 0) != 0:
@@ -73,15 +72,16 @@ def validate_config(cfg: DictConfig) -> None:
         raise ConfigError(f"trainer.precision={precision!r} is not supported; use one of {PRECISIONS}")
     if precision == "16-mixed" and cfg.trainer.get("accelerator") == "cpu":
         raise ConfigError("trainer.precision=16-mixed needs a GPU; on CPU use bf16-mixed or 32-true")
-    unknown = set(cfg.train) - set(TRAIN_DEFAULTS)
-    if unknown:
-        raise ConfigError(f"unknown train settings {sorted(unknown)}; known: {sorted(TRAIN_DEFAULTS)}")
     if not 0.0 <= cfg.train.label_smoothing < 1.0:
         raise ConfigError(f"train.label_smoothing must be in [0, 1), got {cfg.train.label_smoothing}")
     if cfg.train.warmup_steps < 1:
         raise ConfigError(f"train.warmup_steps must be >= 1, got {cfg.train.warmup_steps}")
     if cfg.trainer.get("accumulate_grad_batches", 1) < 1:
         raise ConfigError("trainer.accumulate_grad_batches must be >= 1")
+    if "callbacks" in cfg.trainer:
+        raise ConfigError("trainer.callbacks: the run's callbacks are the callbacks group "
+                          "(conf/callbacks/default.yaml): add one with +callbacks.NAME._target_=CLASS and "
+                          "+callbacks.NAME.ARG=VALUE")
     if cfg.trainer.get("gradient_clip_val") is not None:
         raise ConfigError("trainer.gradient_clip_val: the module clips the gradients itself, after unscaling them "
                           "by the step's target tokens; set train.clip_grad_norm instead and drop "
@@ -109,43 +109,40 @@ def build_module(cfg: DictConfig, tokenizer) -> TranslationModule:
     return TranslationModule(model_config, train_config, tokenizer=tokenizer, seed=cfg.seed, data_config=data_config)
 
 
-def build_callbacks(cfg: DictConfig, checkpoint_dir: Path, overrides: Sequence[str] = ()) -> list[pl.Callback]:
-    """Best-k checkpoints by validation BLEU (loss when BLEU is off), ``last.ckpt``, maps, progress bar, and
-    the run's time budget (seconds per phase and the step's MFU, time_budget.py)."""
-    bleu = cfg.train.val_bleu_max_sentences != 0
-    best = ModelCheckpoint(  # first ModelCheckpoint: trainer.test(ckpt_path="best") uses it
-        dirpath=checkpoint_dir,
-        filename="step{step:07d}-bleu{val/bleu:.2f}" if bleu else "step{step:07d}-loss{val/loss:.3f}",
-        auto_insert_metric_name=False, monitor="val/bleu" if bleu else "val/loss", mode="max" if bleu else "min",
-        save_top_k=cfg.checkpoint.save_top_k, save_last=False)
-    last = LastCheckpoint(checkpoint_dir, every_n_train_steps=cfg.checkpoint.every_n_train_steps)
-    callbacks = [TimeBudget(), best, RecordFingerprint(run_fingerprint(cfg), list(overrides))]
-    recent = cfg.checkpoint.recent
-    if recent.keep:  # a rolling window of the newest K, for checkpoint averaging (paper section 6.1)
-        minutes = recent.every_n_minutes
-        callbacks.append(ModelCheckpoint(
-            dirpath=checkpoint_dir / run_files.RECENT, filename="step{step:07d}", auto_insert_metric_name=False,
-            monitor="step", mode="max", save_top_k=recent.keep, save_last=False,
-            every_n_train_steps=recent.every_n_train_steps,  # neither this nor minutes: after every validation
-            train_time_interval=timedelta(minutes=minutes) if minutes else None))
-    callbacks.append(last)  # after the others: last.ckpt holds their newest state
-    maps = cfg.attention_maps
-    if maps.every_n_validations:
-        callbacks.append(AttentionMaps(every_n_validations=maps.every_n_validations, n_probes=maps.n_probes,
-                                       probes=OmegaConf.to_container(maps.probes) if maps.probes else None,
-                                       max_tokens=maps.max_tokens))
-    if cfg.trainer.get("enable_progress_bar", True):
-        callbacks.append(TokenProgressBar())
+def build_callbacks(cfg: DictConfig, overrides: Sequence[str] = ()) -> list[pl.Callback]:
+    """The ``callbacks`` entries (conf/callbacks/default.yaml), built in order (an entry set to null, or whose
+    factory returns None, is left out), after ``RecordFingerprint``, which writes the run's fingerprint and
+    ``overrides`` into every checkpoint."""
+    callbacks = [RecordFingerprint(run_fingerprint(cfg), list(overrides))]
+    for name, node in cfg.callbacks.items():
+        callback = hydra.utils.instantiate(node, _convert_="all") if node is not None else None
+        if callback is not None:
+            callbacks.append(callback)
+    last = next((i for i, c in enumerate(callbacks) if isinstance(c, LastCheckpoint)), None)
+    if last is not None and any(isinstance(c, ModelCheckpoint) for c in callbacks[last:]):
+        # Lightning saves them in list order: a last.ckpt written before a ModelCheckpoint lacks its newest state
+        raise ConfigError("callbacks: the LastCheckpoint entry must come after every ModelCheckpoint entry")
     return callbacks
 
 
+def with_run_dir(cfg: DictConfig, run_dir: Path) -> DictConfig:
+    """A copy of ``cfg`` whose ``run_dir`` (what the callbacks' and the logger's ``${run_dir}`` mean) is ``run_dir``;
+    the option is the app's to set."""
+    if cfg.get("run_dir") not in (None, str(run_dir)):
+        raise ConfigError(f"run_dir={cfg.run_dir} is set by the app (to {run_dir}); choose the directory with "
+                          f"hydra.run.dir=DIR or run_id=NAME instead")
+    cfg = copy.deepcopy(cfg)  # the caller's config stays as it was
+    cfg.run_dir = str(run_dir)
+    return cfg
+
+
 def build_trainer(cfg: DictConfig, run_dir: Path, callbacks: list[pl.Callback]) -> pl.Trainer:
+    cfg = with_run_dir(cfg, run_dir)
     trainer_args = OmegaConf.to_container(cfg.trainer, resolve=True)
     trainer_args["precision"] = trainer_precision(cfg)[0]
     if trainer_args.get("strategy") == "ddp":  # the model's only buffer, the position table, is never trained
         trainer_args["strategy"] = DDPStrategy(broadcast_buffers=False)
-    callbacks = callbacks + [hydra.utils.instantiate(c) for c in trainer_args.pop("callbacks", None) or []]
-    logger = TensorBoardLogger(save_dir=str(run_dir), name=run_files.TENSORBOARD, version="", default_hp_metric=False)
+    logger = hydra.utils.instantiate(cfg.logger, _convert_="all") if cfg.get("logger") else False
     checkpoint_io = AtomicCheckpointIO(time_budget=TimeBudget.of(callbacks))  # times its writes in the run's budget
     return pl.Trainer(**trainer_args, callbacks=callbacks, logger=logger, plugins=[checkpoint_io],
                       default_root_dir=str(run_dir), use_distributed_sampler=False)
@@ -240,6 +237,7 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: Sequence[str] = (), s
     ``trainer.callback_metrics``)."""
     started = time.perf_counter()
     run_dir = Path(run_dir)
+    cfg = with_run_dir(cfg, run_dir)
     validate_config(cfg)
     ckpt_path, resume = resume_checkpoint(cfg.ckpt_path, run_dir)
     check_resume(cfg, ckpt_path, list(overrides) if sweep else None)  # the run dir's checkpoint must be this run's
@@ -249,10 +247,10 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: Sequence[str] = (), s
     pl.seed_everything(cfg.seed, workers=True)
     # torch.compile: batch widths a multiple of 8 too, so that shapes repeat (and the user's multiple still holds)
     compile_pad = {"pad_to_multiple": math.lcm(cfg.data.pad_to_multiple, 8)} if cfg.train.compile else {}
-    datamodule = hydra.utils.instantiate(cfg.data, **compile_pad, seed=batch_seed(cfg))
+    datamodule = TranslationDataModule(cfg.data, **compile_pad, seed=batch_seed(cfg))
     datamodule.setup("fit")  # builds or reuses the vocabulary: the model's vocab_size comes from it
     module = build_module(cfg, datamodule.tokenizer)
-    callbacks = build_callbacks(cfg, run_dir / run_files.CHECKPOINTS, overrides)
+    callbacks = build_callbacks(cfg, overrides)
     trainer = build_trainer(cfg, run_dir, callbacks)
     if rank_zero_only.rank == 0:
         log.info("\n%s", summary(cfg, datamodule, module, trainer, resume))

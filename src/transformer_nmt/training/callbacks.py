@@ -11,11 +11,12 @@ import logging
 import math
 import threading
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import numpy as np
 import torch
-from lightning.pytorch.callbacks import Callback, Checkpoint, Timer, TQDMProgressBar
+from lightning.pytorch.callbacks import Callback, Checkpoint, ModelCheckpoint, Timer, TQDMProgressBar
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_warn
 from tensorboard.compat.proto import types_pb2
@@ -288,3 +289,41 @@ class TokenProgressBar(TQDMProgressBar):
         if remaining is not None:
             etas.append(max(remaining, 0.0))
         return min(etas) if etas else None
+
+
+# --- what conf/callbacks/default.yaml builds: each from the options it interpolates, None where that option is off
+
+
+def best_checkpoint(dirpath, save_top_k: int, val_bleu_max_sentences: int | None) -> ModelCheckpoint:
+    """The best-k checkpoints by validation BLEU, or by loss when BLEU is off (``val_bleu_max_sentences`` 0). The
+    first ModelCheckpoint of the run: ``trainer.test(ckpt_path="best")`` tests its best."""
+    bleu = val_bleu_max_sentences != 0
+    return ModelCheckpoint(
+        dirpath=dirpath, filename="step{step:07d}-bleu{val/bleu:.2f}" if bleu else "step{step:07d}-loss{val/loss:.3f}",
+        auto_insert_metric_name=False, monitor="val/bleu" if bleu else "val/loss", mode="max" if bleu else "min",
+        save_top_k=save_top_k, save_last=False)
+
+
+def recent_checkpoints(dirpath, keep: int, every_n_train_steps: int | None = None,
+                       every_n_minutes: float | None = None) -> ModelCheckpoint | None:
+    """A rolling window of the newest ``keep`` checkpoints, for checkpoint averaging (paper section 6.1): one every
+    N optimizer steps or M minutes, or, with neither, after every validation; None when ``keep`` is 0."""
+    if not keep:
+        return None
+    return ModelCheckpoint(dirpath=dirpath, filename="step{step:07d}", auto_insert_metric_name=False, monitor="step",
+                           mode="max", save_top_k=keep, save_last=False, every_n_train_steps=every_n_train_steps,
+                           train_time_interval=timedelta(minutes=every_n_minutes) if every_n_minutes else None)
+
+
+def attention_maps(every_n_validations: int, n_probes: int, probes: list | None,
+                   max_tokens: int) -> AttentionMaps | None:
+    """``AttentionMaps``, or None when ``every_n_validations`` is 0."""
+    if not every_n_validations:
+        return None
+    return AttentionMaps(every_n_validations=every_n_validations, n_probes=n_probes, probes=probes or None,
+                         max_tokens=max_tokens)
+
+
+def progress_bar(enabled: bool = True) -> TokenProgressBar | None:
+    """``TokenProgressBar`` where the trainer shows a bar (trainer.enable_progress_bar), else None."""
+    return TokenProgressBar() if enabled else None

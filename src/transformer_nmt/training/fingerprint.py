@@ -39,6 +39,10 @@ MAY_CHANGE = ("data.num_workers", "data.num_proc", "data.cache_dir",  # how many
               "data.val", "data.test", "data.eval_max_tokens",  # evaluation
               "train.val_bleu_max_sentences", "train.test_bleu_max_sentences",
               "model.attention", "model.attention_block_size", "train.fused_adam")  # kernels: the same arithmetic
+# Keys that older runs recorded but that define nothing: data._target_ (the datamodule's class, in the data config
+# until the structured configs of 2026-12; one path before the package's layout, another after). Ignored on both
+# sides, so that such a run resumes and a finished one is skipped.
+RETIRED = ("data._target_",)
 
 
 class ResumeError(ValueError):
@@ -59,7 +63,7 @@ def run_fingerprint(cfg: DictConfig) -> dict[str, Any]:
     found: dict[str, Any] = {"seed": cfg.seed, **{key: OmegaConf.select(cfg, key) for key in TRAINER_KEYS}}
     for group in GROUPS:
         _flatten(OmegaConf.to_container(cfg[group], resolve=True), group, found)
-    return {key: value for key, value in sorted(found.items()) if key not in MAY_CHANGE}
+    return {key: value for key, value in sorted(found.items()) if key not in MAY_CHANGE + RETIRED}
 
 
 def fingerprint_digest(cfg: DictConfig) -> str:
@@ -85,10 +89,11 @@ def _override(value: Any) -> str:
 
 
 def differences(saved: dict[str, Any], current: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
-    """{key: (saved value, current value)} for each key whose value differs ("absent" where one lacks it)."""
+    """{key: (saved value, current value)} for each key whose value differs ("absent" where one lacks it); the
+    ``RETIRED`` keys of an older run's ``saved`` fingerprint are not compared."""
     absent = "absent"
     return {key: (saved.get(key, absent), current.get(key, absent)) for key in sorted(saved.keys() | current.keys())
-            if saved.get(key, absent) != current.get(key, absent)}
+            if key not in RETIRED and saved.get(key, absent) != current.get(key, absent)}
 
 
 def check_resume(cfg: DictConfig, path: Path | None, sweep_overrides: list[str] | None = None) -> None:

@@ -184,7 +184,7 @@ class SlurmRequeue(Checkpoint):
     others: it runs after them, so the file holds their state.
     """
 
-    def __init__(self, requeue_signals: tuple[str, ...] | list[str]):  # their default: conf/trainer/cpu.yaml
+    def __init__(self, requeue_signals: tuple[str, ...] | list[str]):  # their default: conf/callbacks/default.yaml
         self.signals = [signal.Signals[name] for name in requeue_signals]
         self.received = False
         self.armed = False  # only under SLURM: elsewhere the callback does nothing, not even a check

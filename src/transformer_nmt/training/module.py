@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import asdict
 from functools import partial
 
 import lightning.pytorch as pl
@@ -24,6 +25,7 @@ from transformer_nmt.model.decoding import greedy_decode
 from transformer_nmt.model.transformer import Transformer, TransformerConfig
 from transformer_nmt.data.tokenizer import Tokenizer
 from transformer_nmt.training.lightning_adapter import is_logging_step
+from transformer_nmt.training.config import TrainConfig
 
 LOSS_SCALE_TOKENS = 1000.0  # backward runs on (summed token loss) / this; see training_step
 
@@ -144,44 +146,25 @@ def dropout_seed(seed: int, rank: int, global_step: int, batch_idx: int) -> int:
     return hash((seed, rank, global_step, batch_idx)) & 0x7FFF_FFFF_FFFF_FFFF
 
 
-# Optimisation and evaluation settings, paper values where it has one. The one place they are set: the app's
-# ``train:`` config node is this dict (train.py stores it in Hydra's ConfigStore), recipes override it.
-TRAIN_DEFAULTS = {
-    "label_smoothing": 0.1,  # 5.4
-    "lr_factor": 1.0,  # 5.3 uses 1.0
-    "warmup_steps": 4000,  # 5.3
-    "betas": (0.9, 0.98),  # 5.3
-    "eps": 1e-9,  # 5.3
-    "clip_grad_norm": None,  # max global L2 norm of the gradients; None: no clipping (the paper has none)
-    "fused_adam": True,  # on CUDA, Adam(fused=True): one kernel updates every parameter
-    "compile": False,  # torch.compile the model's forward (batches then padded to a multiple of 8)
-    "val_bleu_max_sentences": 500,  # greedy BLEU on the split's first N sentences; 0: no BLEU, None: all
-    "test_bleu_max_sentences": None,
-}
-
-
 class TranslationModule(pl.LightningModule):
     """Trains a ``Transformer`` with the paper's recipe (sections 5.3, 5.4); logs loss, perplexity,
     learning rate, gradient norm, throughput, and validation BLEU.
 
-    ``model_config``: TransformerConfig fields, vocab_size included; ``train_config``: keys of
-    ``TRAIN_DEFAULTS`` (missing ones take the default). Both are plain dicts, so checkpoints stay
-    loadable with ``torch.load(weights_only=True)``. ``tokenizer`` decodes hypotheses for BLEU and
-    is embedded in every checkpoint, as is ``data_config`` (so that ``evaluate`` can find the test
-    split); ``seed`` drives the dropout masks (``dropout_seed``).
+    ``model_config``: TransformerConfig fields, vocab_size included; ``train_config``: fields of
+    ``TrainConfig`` (training/config.py; missing ones take its default, unknown ones are a TypeError). Both
+    are plain dicts, so checkpoints stay loadable with ``torch.load(weights_only=True)``. ``tokenizer``
+    decodes hypotheses for BLEU and is embedded in every checkpoint, as is ``data_config`` (so that
+    ``evaluate`` can find the test split); ``seed`` drives the dropout masks (``dropout_seed``).
     """
 
     def __init__(self, model_config: dict, train_config: dict | None = None, tokenizer: Tokenizer | None = None,
                  seed: int = 0, data_config: dict | None = None):
         super().__init__()
-        unknown = set(train_config or {}) - set(TRAIN_DEFAULTS)
-        if unknown:
-            raise ValueError(f"unknown train.* settings {sorted(unknown)}; known: {sorted(TRAIN_DEFAULTS)}")
         self.save_hyperparameters(ignore=["tokenizer", "data_config"])  # plain containers only
         self.data_config = data_config
         self.model = Transformer(TransformerConfig(**model_config))
         self.tokenizer = tokenizer
-        self.optim = {**TRAIN_DEFAULTS, **(train_config or {})}
+        self.optim = asdict(TrainConfig(**(train_config or {})))
         if self.optim["compile"]:
             self.model.compile()  # compiles forward in place: parameter names and checkpoints stay as they are
         self.seed = seed

@@ -1,0 +1,84 @@
+"""``DataConfig``: every option of the data path with its default and help, the one home of both.
+
+Plain dataclasses, no Lightning: Hydra's ``data`` node is this schema (training/config.py registers it) with
+conf/data/*.yaml as diffs over it; ``TranslationDataModule`` takes one; ``inference/evaluate.py`` reads a
+split of a checkpoint's data through ``DataConfig.from_record(...).corpus_spec()`` without Lightning.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from omegaconf import MISSING
+
+from transformer_nmt.data.corpus import CorpusSpec
+
+# What ``_target_`` a checkpoint's data config may name: the datamodule, before and after the layout of
+# 2026-12 (old checkpoints were written when the config was instantiated by Hydra).
+DATAMODULE_TARGETS = ("transformer_nmt.datamodule.TranslationDataModule",
+                      "transformer_nmt.data.datamodule.TranslationDataModule")
+
+
+def _option(default: Any, help: str) -> Any:
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass
+class DataConfig:
+    """The corpus, the shared vocabulary, filtering and batching (``data.*``)."""
+
+    format: str = _option("text", "text (PREFIX.{src_lang}, PREFIX.{tgt_lang}) | tsv | jsonl | hub")
+    src_lang: str = _option("en", "source language: the column or file suffix")
+    tgt_lang: str = _option("de", "target language")
+    train: str | None = _option(MISSING, "required: prefix (text: PREFIX.{src_lang}[.gz], PREFIX.{tgt_lang}[.gz]), "
+                                         "file (tsv, jsonl) or hub split name")
+    val: str | None = _option(MISSING, "required: the validation split, as train")
+    test: str | None = _option(MISSING, "required: the test split, as train; null: no test split")
+    columns: list[str] | None = _option(None, "tsv only: language of each column; null: [src_lang, tgt_lang]")
+    hub_name: str | None = _option(None, "format=hub: a Hub dataset name or a save_to_disk directory")
+    hub_config: str | None = _option(None, "format=hub: the dataset's config name (de-en)")
+    utf8_errors: str = _option("strict", "strict: error naming file and line | replace: U+FFFD, lines counted")
+    control_chars: str = _option("strict", "C0 controls but tab (NUL, ESC, CR, ...): strict: error naming file and "
+                                           "line | replace: a space, counted")
+    cache_dir: str = _option("data/cache", "vocabulary and Arrow caches, keyed by inputs and options")
+    tokenizer_path: str | None = _option(None, "an existing SentencePiece model (ids pad 0, unk 1, bos 2, eos 3) "
+                                               "instead of training one")
+    vocab_size: int = _option(8000, "shared source+target vocabulary (paper: 37000 BPE on WMT14 en-de)")
+    spm_model_type: str = _option("bpe", "bpe | unigram")
+    input_sentence_size: int = _option(2000000, "sentences sampled to train the vocabulary on large corpora")
+    character_coverage: float = _option(1.0, "SentencePiece's character coverage")
+    max_tokens: int = _option(4096, "per batch: padded source tokens <= this and padded target tokens <= this")
+    eval_max_tokens: int | None = _option(None, "val/test batches; null: max_tokens")
+    max_positions: int = _option(256, "drop pairs whose source + eos or bos + target is longer")
+    max_length_ratio: float | None = _option(3.0, "drop training pairs whose longer side has > this x the tokens "
+                                                  "of the shorter; null: keep all")
+    seed: int | None = _option(None, "batch order: shuffled per epoch from seed + epoch; null: the run's seed")
+    vocab_seed: int = _option(1234, "SentencePiece's sampling seed: one vocabulary for every run seed")
+    num_proc: int = _option(2, "processes for tokenization (datasets.map)")
+    num_workers: int = _option(0, "DataLoader workers")
+    pad_to_multiple: int = _option(1, "batch widths rounded up to a multiple of this (train.compile=true makes it 8)")
+
+    def corpus_spec(self) -> CorpusSpec:
+        """Where each split's pairs live and how to read them (``corpus.read_pairs`` takes it)."""
+        return CorpusSpec(format=self.format, langs=(self.src_lang, self.tgt_lang),
+                          locations={"train": self.train, "val": self.val, "test": self.test},
+                          columns=tuple(self.columns) if self.columns else None, hub_name=self.hub_name,
+                          hub_config=self.hub_config, utf8_errors=self.utf8_errors, control_chars=self.control_chars)
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any], source: str) -> DataConfig:
+        """The data config a checkpoint recorded (``source``: its file, named in errors), never instantiated: a
+        ``_target_`` naming the datamodule (what configs held until 2026-12) is dropped, any other ``_target_``
+        and any key that is not a data option is refused."""
+        record = dict(record)
+        target = record.pop("_target_", None)
+        if target is not None and target not in DATAMODULE_TARGETS:
+            raise ValueError(f"{source}: data_config._target_={target!r} is not the datamodule "
+                             f"({DATAMODULE_TARGETS[-1]}); refusing to read a checkpoint that names other code")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(record) - known)
+        if unknown:
+            raise ValueError(f"{source}: data_config has unknown keys {unknown}; data options: {sorted(known)}")
+        return cls(**record)

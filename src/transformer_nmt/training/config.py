@@ -1,0 +1,222 @@
+"""The training and prepare apps' settings: dataclasses whose fields hold every default and its help text.
+
+Hydra composes the apps' configs over these schemas (``register_configs`` puts them in Hydra's ConfigStore):
+conf/train.yaml's defaults list starts with ``train_schema`` (``TrainAppConfig``), conf/prepare.yaml's with
+``prepare_schema``, and every YAML file under conf/ is a diff over the dataclass defaults. So a typo'd key
+under ``model``, ``data``, ``train``, ``checkpoint`` or ``attention_maps`` fails at compose time with
+OmegaConf's error naming it, and ``--help`` lists each option with its default and help (``options_help``).
+``trainer`` stays a free dict (Lightning Trainer keyword arguments); ``callbacks`` and ``logger`` hold
+``_target_`` entries (conf/callbacks/, conf/logger/). No Lightning here: inference reads these without it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import textwrap
+import typing
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from transformer_nmt.conf import CONF_DIR
+from transformer_nmt.data.config import DataConfig
+from transformer_nmt.model.transformer import TransformerConfig
+
+
+def _option(default: Any = MISSING, help: str = "", factory: Any = None) -> Any:
+    if factory is not None:
+        return field(default_factory=factory, metadata={"help": help})
+    return field(default=default, metadata={"help": help})
+
+
+# The ``model`` node: TransformerConfig's fields but vocab_size, which the tokenizer sets at run time.
+_model_types = typing.get_type_hints(TransformerConfig)
+ModelConfig = dataclasses.make_dataclass(
+    "ModelConfig", [(f.name, _model_types[f.name], field(default=f.default, metadata=f.metadata))
+                    for f in fields(TransformerConfig) if f.name != "vocab_size"])
+ModelConfig.__module__ = __name__
+ModelConfig.__doc__ = ("The Transformer (``model.*``): TransformerConfig's fields and defaults (the paper's base "
+                       "model) but vocab_size, which comes from the tokenizer (set data.vocab_size).")
+
+
+@dataclass
+class TrainConfig:
+    """Optimisation (paper 5.3, 5.4) and evaluation (``train.*``), paper values where it has one."""
+
+    label_smoothing: float = _option(0.1, "eps_ls: label smoothing of the loss (5.4)")
+    lr_factor: float = _option(1.0, "lr = factor * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5) (5.3: 1.0)")
+    warmup_steps: int = _option(4000, "optimizer steps of linear warmup, then inverse square root decay (5.3)")
+    betas: list[float] = _option(help="Adam's (beta1, beta2) (5.3)", factory=lambda: [0.9, 0.98])
+    eps: float = _option(1e-9, "Adam's epsilon (5.3)")
+    clip_grad_norm: float | None = _option(None, "max global L2 norm of the gradients; null: no clipping (the "
+                                                 "paper has none)")
+    fused_adam: bool = _option(True, "on CUDA, Adam(fused=True): one kernel updates every parameter")
+    compile: bool = _option(False, "torch.compile the model's forward (batch widths then a multiple of 8)")
+    val_bleu_max_sentences: int | None = _option(500, "greedy BLEU on the validation split's first N sentences; "
+                                                      "0: no BLEU, null: all")
+    test_bleu_max_sentences: int | None = _option(None, "the same for the test split")
+
+
+@dataclass
+class RecentCheckpointConfig:
+    """A rolling window in checkpoints/recent/ for checkpoint averaging (paper 6.1: the last 5, written at
+    10-minute intervals)."""
+
+    keep: int = _option(0, "the newest K; 0: off")
+    every_n_train_steps: int | None = _option(None, "one every N optimizer steps")
+    every_n_minutes: float | None = _option(None, "or one every M minutes of training; neither: one after every "
+                                                  "validation")
+
+
+@dataclass
+class CheckpointConfig:
+    """What checkpoints/ keeps (``checkpoint.*``)."""
+
+    save_top_k: int = _option(3, "best-k by val/bleu (val/loss when val BLEU is off), plus last.ckpt")
+    every_n_train_steps: int | None = _option(None, "last.ckpt after every validation, and also every N optimizer "
+                                                    "steps (mid-epoch resume)")
+    recent: RecentCheckpointConfig = _option(help="the averaging window", factory=RecentCheckpointConfig)
+
+
+@dataclass
+class AttentionMapsConfig:
+    """Per-head attention maps and entropies in TensorBoard (callbacks.AttentionMaps), on global rank 0: probes
+    run on the training path, images render in a background thread; the cost of each is logged."""
+
+    every_n_validations: int = _option(1, "draw them every N validations; 0: off")
+    n_probes: int = _option(2, "default probes: the first n validation pairs (one image each per head)")
+    probes: list[Any] | None = _option(None, "or a list of [source, target] pairs / source strings")
+    max_tokens: int = _option(32, "probe sentences cut to this many tokens")
+
+
+@dataclass
+class TrainAppConfig:
+    """conf/train.yaml: one training run (``python -m transformer_nmt.train``)."""
+
+    name: str = _option("default", "names the run directory: outputs/NAME/RUN_ID")
+    run_id: str | None = _option(None, "RUN_ID; null: slurm-SLURM_JOB_ID, torchrun-TORCHELASTIC_RUN_ID (--rdzv_id), "
+                                       "torchrun-standalone-HASH (a hash of the run fingerprint) or the launch time "
+                                       "(one process only): every rank and every requeue of a job share the dir")
+    sweep_id: str | None = _option(None, "a sweep's directory, multirun/NAME/SWEEP_ID; null: the launch time. The "
+                                         "same -m command with the same sweep_id skips the sweep's finished runs "
+                                         "and resumes the others")
+    seed: int = _option(1234, "model init, dropout masks and, unless data.seed is set, batch order: a sweep axis "
+                              "(-m ... seed=1,2,3); the vocabulary has its own (data.vocab_seed)")
+    ckpt_path: str | None = _option("auto", "auto: resume from the run dir's newest checkpoint (last.ckpt, "
+                                            "hpc_ckpt_N.ckpt) if there is one, else start fresh; last: the same, "
+                                            "but one must exist; null: fresh; a path")
+    force_resume: bool = _option(False, "ckpt_path=auto/last refuses a checkpoint written with other model, data, "
+                                        "train or seed settings (fingerprint.py); true: resume it anyway")
+    run_test: bool = _option(True, "after fit: test the best checkpoint (by val BLEU) on data.test")
+    validate_at_end: bool = _option(False, "after fit, validate the final weights unless the last step was just "
+                                           "validated (max_steps or max_time stopped the run between validations)")
+    run_dir: str | None = _option(None, "not an option: the app sets it to the run's directory (hydra.run.dir), "
+                                        "which callbacks and logger entries interpolate")
+    model: ModelConfig = _option(help="the Transformer (conf/model/)", factory=ModelConfig)
+    data: DataConfig = _option(help="the corpus, vocabulary and batches (conf/data/)", factory=DataConfig)
+    train: TrainConfig = _option(help="optimisation and evaluation", factory=TrainConfig)
+    checkpoint: CheckpointConfig = _option(help="checkpoints/", factory=CheckpointConfig)
+    attention_maps: AttentionMapsConfig = _option(help="attention maps in TensorBoard", factory=AttentionMapsConfig)
+    trainer: dict[str, Any] = _option(help="keyword arguments of lightning.pytorch.Trainer (conf/trainer/)",
+                                      factory=dict)
+    callbacks: dict[str, Any] = _option(help="NAME: {_target_: CLASS, ...} Lightning callbacks, built in order "
+                                             "(conf/callbacks/); callbacks.NAME=null drops one", factory=dict)
+    logger: dict[str, Any] | None = _option(None, "{_target_: CLASS, ...}: the Lightning logger (conf/logger/)")
+    ablation: dict[str, Any] = _option(help="free knobs an experiment interpolates into other settings "
+                                            "(ablation.n_layers)", factory=dict)
+
+
+@dataclass
+class PrepareAppConfig:
+    """conf/prepare.yaml: build the vocabulary and caches of a data config (``python -m transformer_nmt.prepare``)."""
+
+    data: DataConfig = _option(help="the corpus, vocabulary and batches (conf/data/)", factory=DataConfig)
+
+
+def schema_error(cfg: DictConfig, schema: type = TrainAppConfig) -> str | None:
+    """OmegaConf's error (naming the key) where ``cfg`` holds a key or a value the schema refuses, else None.
+    Composing catches a typo in a YAML file or in KEY=VALUE, but not in +KEY=VALUE: Hydra adds those with the
+    struct flag lifted, which lets a key past a schema too."""
+    try:
+        plain = OmegaConf.to_container(cfg)  # untyped, interpolations unresolved: the schema checks every key
+        plain.pop("hydra", None)
+        OmegaConf.merge(OmegaConf.structured(schema), plain)
+    except OmegaConfBaseException as error:
+        return str(error).splitlines()[0] + f" (full key: {error.full_key})"
+    return None
+
+
+# ------------------------------------------------------------------------------------------------ --help
+
+
+def _text(value: Any) -> str:
+    """A default as the command line writes it."""
+    if value is MISSING:
+        return "???"
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(_text(v) for v in value) + "]"
+    return str(value)
+
+
+def option_rows(schema: type, prefix: str = "") -> list[tuple[str, str]]:
+    """(key=default, help) for every field of a dataclass schema, nested ones flattened to dotted keys; a
+    dict field is one row, KEY.*."""
+    rows = []
+    for f in fields(schema):
+        key, help = prefix + f.name, f.metadata.get("help", "")
+        if "$" in help:
+            raise ValueError(f"{key}: help text must not hold '$' (Hydra's help template would read it)")
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        if dataclasses.is_dataclass(default):
+            rows += option_rows(type(default), key + ".")
+        elif isinstance(default, dict) or f.name == "logger":
+            rows.append((f"{key}.*", help))
+        else:
+            rows.append((f"{key}={_text(default)}", help))
+    return rows
+
+
+def options_help(schema: type, width: int = 118) -> str:
+    """The options table of ``--help``: each option, its default and its help (wrapped), from the schema."""
+    rows = [row for row in option_rows(schema) if not row[0].startswith("run_dir=")]
+    column = min(40, max(len(key) for key, _ in rows)) + 4
+    lines = []
+    for key, help in rows:
+        wrapped = textwrap.wrap(help, width - column) or [""]
+        head = f"  {key:<{column - 2}}" if len(key) < column - 2 else f"  {key}\n{'':<{column}}"  # long keys: own line
+        lines.append(head + wrapped[0])
+        lines += [f"{'':<{column}}{line}" for line in wrapped[1:]]
+    return "\n".join(lines)
+
+
+def _help_node(app: str, schema: type, groups: str = "(schema: the defaults alone)\n$APP_CONFIG_GROUPS") -> dict:
+    return {
+        "app_name": f"transformer_nmt.{app}",
+        "header": f"python -m transformer_nmt.{app} [GROUP=OPTION ...] [KEY=VALUE ...]\n{schema.__doc__}",
+        "footer": "--cfg job prints the composed config (the groups' values); -m KEY=A,B sweeps. Powered by Hydra.",
+        "template": ("${hydra.help.header}\n\n== Config groups (GROUP=OPTION) ==\n"
+                     f"{groups}\n== Options (KEY=VALUE; the schema's defaults, which the groups and experiments "
+                     "change) ==\n" + options_help(schema) + "\n\n${hydra.help.footer}\n"),
+    }
+
+
+def register_configs() -> None:
+    """Put the schemas and the apps' --help into Hydra's ConfigStore. The apps call it before composing, and so
+    must anything else that composes conf/train.yaml or conf/prepare.yaml (initialize_config_dir + compose)."""
+    store = ConfigStore.instance()
+    store.store(name="train_schema", node=TrainAppConfig)
+    store.store(name="prepare_schema", node=PrepareAppConfig)
+    # The groups' own schemas, which their base files extend (model/base.yaml, data/local.yaml).
+    store.store(group="model", name="schema", node=ModelConfig)
+    store.store(group="data", name="schema", node=DataConfig)
+    store.store(group="hydra/help", name="train_app", node=_help_node("train", TrainAppConfig))
+    data_options = ", ".join(sorted(path.stem for path in (CONF_DIR / "data").glob("*.yaml")))
+    store.store(group="hydra/help", name="prepare_app",
+                node=_help_node("prepare", PrepareAppConfig, f"data: {data_options}\n"))
