@@ -159,23 +159,6 @@ def unchunked_loss(logits, labels, epsilon, pad_id):
 
 
 def previous_loss(logits, labels, epsilon, pad_id, overwrite_logits=False):
-    vocab = logits.shape[-1]
-    loss, nll = LogSumExpLoss.apply(logits.reshape(-1, vocab), labels.reshape(-1), epsilon, pad_id, overwrite_logits)
-    return loss, nll, (labels != pad_id).sum()
-
-
-def unchunked_loss(logits, labels, epsilon, pad_id):
-    """The label-smoothed loss before the chunked one (fp32 log-softmax kept for backward, boolean indexing):
-    scripts/benchmark_loss.py's "before"."""
-    log_probs = F.log_softmax(logits.float(), dim=-1)  # (B, T, V)
-    nll = -log_probs.gather(-1, labels.unsqueeze(-1)).squeeze(-1)  # (B, T)
-    uniform = -log_probs.mean(dim=-1)  # (B, T)
-    keep = labels != pad_id  # (B, T)
-    smoothed = (1.0 - epsilon) * nll + epsilon * uniform
-    return smoothed[keep].sum(), nll[keep].sum(), keep.sum()
-
-
-def previous_loss(logits, labels, epsilon, pad_id, overwrite_logits=False):
     """label_smoothed_cross_entropy's signature and results (loss sum, nll sum, tokens), the previous way."""
     vocab = logits.shape[-1]
     loss, nll = LogSumExpLoss.apply(logits.reshape(-1, vocab), labels.reshape(-1), epsilon, pad_id, overwrite_logits)

@@ -30,7 +30,7 @@ Everything runs on the CPU in a few seconds."""),
 import torch
 import matplotlib.pyplot as plt
 from transformer_nmt.model.attention import (MultiHeadAttention, blocked_attention, causal_mask,
-                                       scaled_dot_product_attention)
+                                             scaled_dot_product_attention)
 torch.manual_seed(0)
 %config InlineBackend.figure_formats = ["png"]
 plt.rcParams["figure.dpi"] = 80"""),

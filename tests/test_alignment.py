@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from transformer_nmt.inference.alignment import (align, alignment_error_rate, check_alignment_options, hard_alignment,
-                                       piece_words, word_alignment, word_ids)
+                                                 piece_words, word_alignment, word_ids)
 from transformer_nmt.checkpoint import load_checkpoint
 from transformer_nmt.inference.translate import main as translate_main
 from transformer_nmt.inference.translate import translate_ids

@@ -20,7 +20,6 @@ import copy
 import importlib
 import pkgutil
 import re
-import sys
 import shlex
 import sys
 from functools import cache

@@ -4,14 +4,13 @@ import json
 import math
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 from transformer_nmt.inference.average import average_checkpoints
 from transformer_nmt.inference.average import main as average_main
-from transformer_nmt.checkpoint import CheckpointError, atomic_torch_save, load_checkpoint
+from transformer_nmt.checkpoint import CheckpointError, load_checkpoint
 from transformer_nmt.inference.evaluate import main as evaluate_main
 from transformer_nmt.inference.evaluate import score
 from transformer_nmt.checkpoint import CKPT_TOKENIZER

@@ -19,7 +19,7 @@ from typing import Any
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import OverrideType
 from hydra.errors import OverrideParseException
-from omegaconf import OmegaConf
+from omegaconf import MISSING, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
 
 HELP_FLAGS = ("-h", "--help")
@@ -27,8 +27,11 @@ GRAMMAR = "Hydra's override grammar, as for train: key=[0,3] a list, key=null no
 HELP_WIDTH = 120
 
 
-def option(default: Any, help: str) -> Any:  # noqa: A002 (the name dataclass metadata and argparse use)
-    """A dataclass field with its default and help text (what ``--help`` prints)."""
+def option(default: Any = MISSING, help: str = "", factory: Any = None) -> Any:  # noqa: A002 (argparse's name)
+    """A dataclass field with its default and help text (what ``--help`` prints); ``factory`` makes the default
+    of a nested dataclass or a free dict; no default: required (OmegaConf's ``???``)."""
+    if factory is not None:
+        return dataclasses.field(default_factory=factory, metadata={"help": help})
     if isinstance(default, (list, dict)):  # a mutable default: each instance gets its own copy
         return dataclasses.field(default_factory=lambda: type(default)(default), metadata={"help": help})
     return dataclasses.field(default=default, metadata={"help": help})

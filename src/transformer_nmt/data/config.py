@@ -8,11 +8,12 @@ split of a checkpoint's data through ``DataConfig.from_record(...).corpus_spec()
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from typing import Any
 
 from omegaconf import MISSING
 
+from transformer_nmt.options import option
 from transformer_nmt.data.corpus import CorpusSpec
 
 # What ``_target_`` a checkpoint's data config may name: the datamodule, before and after the layout of
@@ -21,44 +22,40 @@ DATAMODULE_TARGETS = ("transformer_nmt.datamodule.TranslationDataModule",
                       "transformer_nmt.data.datamodule.TranslationDataModule")
 
 
-def _option(default: Any, help: str) -> Any:
-    return field(default=default, metadata={"help": help})
-
-
 @dataclass
 class DataConfig:
     """The corpus, the shared vocabulary, filtering and batching (``data.*``)."""
 
-    format: str = _option("text", "text (PREFIX.{src_lang}, PREFIX.{tgt_lang}) | tsv | jsonl | hub")
-    src_lang: str = _option("en", "source language: the column or file suffix")
-    tgt_lang: str = _option("de", "target language")
-    train: str | None = _option(MISSING, "required: prefix (text: PREFIX.{src_lang}[.gz], PREFIX.{tgt_lang}[.gz]), "
+    format: str = option("text", "text (PREFIX.{src_lang}, PREFIX.{tgt_lang}) | tsv | jsonl | hub")
+    src_lang: str = option("en", "source language: the column or file suffix")
+    tgt_lang: str = option("de", "target language")
+    train: str | None = option(MISSING, "required: prefix (text: PREFIX.{src_lang}[.gz], PREFIX.{tgt_lang}[.gz]), "
                                          "file (tsv, jsonl) or hub split name")
-    val: str | None = _option(MISSING, "required: the validation split, as train")
-    test: str | None = _option(MISSING, "required: the test split, as train; null: no test split")
-    columns: list[str] | None = _option(None, "tsv only: language of each column; null: [src_lang, tgt_lang]")
-    hub_name: str | None = _option(None, "format=hub: a Hub dataset name or a save_to_disk directory")
-    hub_config: str | None = _option(None, "format=hub: the dataset's config name (de-en)")
-    utf8_errors: str = _option("strict", "strict: error naming file and line | replace: U+FFFD, lines counted")
-    control_chars: str = _option("strict", "C0 controls but tab (NUL, ESC, CR, ...): strict: error naming file and "
+    val: str | None = option(MISSING, "required: the validation split, as train")
+    test: str | None = option(MISSING, "required: the test split, as train; null: no test split")
+    columns: list[str] | None = option(None, "tsv only: language of each column; null: [src_lang, tgt_lang]")
+    hub_name: str | None = option(None, "format=hub: a Hub dataset name or a save_to_disk directory")
+    hub_config: str | None = option(None, "format=hub: the dataset's config name (de-en)")
+    utf8_errors: str = option("strict", "strict: error naming file and line | replace: U+FFFD, lines counted")
+    control_chars: str = option("strict", "C0 controls but tab (NUL, ESC, CR, ...): strict: error naming file and "
                                            "line | replace: a space, counted")
-    cache_dir: str = _option("data/cache", "vocabulary and Arrow caches, keyed by inputs and options")
-    tokenizer_path: str | None = _option(None, "an existing SentencePiece model (ids pad 0, unk 1, bos 2, eos 3) "
+    cache_dir: str = option("data/cache", "vocabulary and Arrow caches, keyed by inputs and options")
+    tokenizer_path: str | None = option(None, "an existing SentencePiece model (ids pad 0, unk 1, bos 2, eos 3) "
                                                "instead of training one")
-    vocab_size: int = _option(8000, "shared source+target vocabulary (paper: 37000 BPE on WMT14 en-de)")
-    spm_model_type: str = _option("bpe", "bpe | unigram")
-    input_sentence_size: int = _option(2000000, "sentences sampled to train the vocabulary on large corpora")
-    character_coverage: float = _option(1.0, "SentencePiece's character coverage")
-    max_tokens: int = _option(4096, "per batch: padded source tokens <= this and padded target tokens <= this")
-    eval_max_tokens: int | None = _option(None, "val/test batches; null: max_tokens")
-    max_positions: int = _option(256, "drop pairs whose source + eos or bos + target is longer")
-    max_length_ratio: float | None = _option(3.0, "drop training pairs whose longer side has > this x the tokens "
+    vocab_size: int = option(8000, "shared source+target vocabulary (paper: 37000 BPE on WMT14 en-de)")
+    spm_model_type: str = option("bpe", "bpe | unigram")
+    input_sentence_size: int = option(2000000, "sentences sampled to train the vocabulary on large corpora")
+    character_coverage: float = option(1.0, "SentencePiece's character coverage")
+    max_tokens: int = option(4096, "per batch: padded source tokens <= this and padded target tokens <= this")
+    eval_max_tokens: int | None = option(None, "val/test batches; null: max_tokens")
+    max_positions: int = option(256, "drop pairs whose source + eos or bos + target is longer")
+    max_length_ratio: float | None = option(3.0, "drop training pairs whose longer side has > this x the tokens "
                                                   "of the shorter; null: keep all")
-    seed: int | None = _option(None, "batch order: shuffled per epoch from seed + epoch; null: the run's seed")
-    vocab_seed: int = _option(1234, "SentencePiece's sampling seed: one vocabulary for every run seed")
-    num_proc: int = _option(2, "processes for tokenization (datasets.map)")
-    num_workers: int = _option(0, "DataLoader workers")
-    pad_to_multiple: int = _option(1, "batch widths rounded up to a multiple of this (train.compile=true makes it 8)")
+    seed: int | None = option(None, "batch order: shuffled per epoch from seed + epoch; null: the run's seed")
+    vocab_seed: int = option(1234, "SentencePiece's sampling seed: one vocabulary for every run seed")
+    num_proc: int = option(2, "processes for tokenization (datasets.map)")
+    num_workers: int = option(0, "DataLoader workers")
+    pad_to_multiple: int = option(1, "batch widths rounded up to a multiple of this (train.compile=true makes it 8)")
 
     def corpus_spec(self) -> CorpusSpec:
         """Where each split's pairs live and how to read them (``corpus.read_pairs`` takes it)."""

@@ -14,7 +14,6 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
-import numpy as np
 import torch
 from lightning.pytorch.callbacks import Callback, Checkpoint, ModelCheckpoint, Timer, TQDMProgressBar
 from lightning.pytorch.trainer.states import TrainerFn

@@ -21,15 +21,10 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from transformer_nmt.options import option
 from transformer_nmt.conf import CONF_DIR
 from transformer_nmt.data.config import DataConfig
 from transformer_nmt.model.transformer import TransformerConfig
-
-
-def _option(default: Any = MISSING, help: str = "", factory: Any = None) -> Any:
-    if factory is not None:
-        return field(default_factory=factory, metadata={"help": help})
-    return field(default=default, metadata={"help": help})
 
 
 # The ``model`` node: TransformerConfig's fields but vocab_size, which the tokenizer sets at run time.
@@ -46,18 +41,18 @@ ModelConfig.__doc__ = ("The Transformer (``model.*``): TransformerConfig's field
 class TrainConfig:
     """Optimisation (paper 5.3, 5.4) and evaluation (``train.*``), paper values where it has one."""
 
-    label_smoothing: float = _option(0.1, "eps_ls: label smoothing of the loss (5.4)")
-    lr_factor: float = _option(1.0, "lr = factor * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5) (5.3: 1.0)")
-    warmup_steps: int = _option(4000, "optimizer steps of linear warmup, then inverse square root decay (5.3)")
-    betas: list[float] = _option(help="Adam's (beta1, beta2) (5.3)", factory=lambda: [0.9, 0.98])
-    eps: float = _option(1e-9, "Adam's epsilon (5.3)")
-    clip_grad_norm: float | None = _option(None, "max global L2 norm of the gradients; null: no clipping (the "
+    label_smoothing: float = option(0.1, "eps_ls: label smoothing of the loss (5.4)")
+    lr_factor: float = option(1.0, "lr = factor * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5) (5.3: 1.0)")
+    warmup_steps: int = option(4000, "optimizer steps of linear warmup, then inverse square root decay (5.3)")
+    betas: list[float] = option(help="Adam's (beta1, beta2) (5.3)", factory=lambda: [0.9, 0.98])
+    eps: float = option(1e-9, "Adam's epsilon (5.3)")
+    clip_grad_norm: float | None = option(None, "max global L2 norm of the gradients; null: no clipping (the "
                                                  "paper has none)")
-    fused_adam: bool = _option(True, "on CUDA, Adam(fused=True): one kernel updates every parameter")
-    compile: bool = _option(False, "torch.compile the model's forward (batch widths then a multiple of 8)")
-    val_bleu_max_sentences: int | None = _option(500, "greedy BLEU on the validation split's first N sentences; "
+    fused_adam: bool = option(True, "on CUDA, Adam(fused=True): one kernel updates every parameter")
+    compile: bool = option(False, "torch.compile the model's forward (batch widths then a multiple of 8)")
+    val_bleu_max_sentences: int | None = option(500, "greedy BLEU on the validation split's first N sentences; "
                                                       "0: no BLEU, null: all")
-    test_bleu_max_sentences: int | None = _option(None, "the same for the test split")
+    test_bleu_max_sentences: int | None = option(None, "the same for the test split")
 
 
 @dataclass
@@ -65,9 +60,9 @@ class RecentCheckpointConfig:
     """A rolling window in checkpoints/recent/ for checkpoint averaging (paper 6.1: the last 5, written at
     10-minute intervals)."""
 
-    keep: int = _option(0, "the newest K; 0: off")
-    every_n_train_steps: int | None = _option(None, "one every N optimizer steps")
-    every_n_minutes: float | None = _option(None, "or one every M minutes of training; neither: one after every "
+    keep: int = option(0, "the newest K; 0: off")
+    every_n_train_steps: int | None = option(None, "one every N optimizer steps")
+    every_n_minutes: float | None = option(None, "or one every M minutes of training; neither: one after every "
                                                   "validation")
 
 
@@ -75,10 +70,10 @@ class RecentCheckpointConfig:
 class CheckpointConfig:
     """What checkpoints/ keeps (``checkpoint.*``)."""
 
-    save_top_k: int = _option(3, "best-k by val/bleu (val/loss when val BLEU is off), plus last.ckpt")
-    every_n_train_steps: int | None = _option(None, "last.ckpt after every validation, and also every N optimizer "
+    save_top_k: int = option(3, "best-k by val/bleu (val/loss when val BLEU is off), plus last.ckpt")
+    every_n_train_steps: int | None = option(None, "last.ckpt after every validation, and also every N optimizer "
                                                     "steps (mid-epoch resume)")
-    recent: RecentCheckpointConfig = _option(help="the averaging window", factory=RecentCheckpointConfig)
+    recent: RecentCheckpointConfig = option(help="the averaging window", factory=RecentCheckpointConfig)
 
 
 @dataclass
@@ -86,46 +81,46 @@ class AttentionMapsConfig:
     """Per-head attention maps and entropies in TensorBoard (callbacks.AttentionMaps), on global rank 0: probes
     run on the training path, images render in a background thread; the cost of each is logged."""
 
-    every_n_validations: int = _option(1, "draw them every N validations; 0: off")
-    n_probes: int = _option(2, "default probes: the first n validation pairs (one image each per head)")
-    probes: list[Any] | None = _option(None, "or a list of [source, target] pairs / source strings")
-    max_tokens: int = _option(32, "probe sentences cut to this many tokens")
+    every_n_validations: int = option(1, "draw them every N validations; 0: off")
+    n_probes: int = option(2, "default probes: the first n validation pairs (one image each per head)")
+    probes: list[Any] | None = option(None, "or a list of [source, target] pairs / source strings")
+    max_tokens: int = option(32, "probe sentences cut to this many tokens")
 
 
 @dataclass
 class TrainAppConfig:
     """conf/train.yaml: one training run (``python -m transformer_nmt.train``)."""
 
-    name: str = _option("default", "names the run directory: outputs/NAME/RUN_ID")
-    run_id: str | None = _option(None, "RUN_ID; null: slurm-SLURM_JOB_ID, torchrun-TORCHELASTIC_RUN_ID (--rdzv_id), "
+    name: str = option("default", "names the run directory: outputs/NAME/RUN_ID")
+    run_id: str | None = option(None, "RUN_ID; null: slurm-SLURM_JOB_ID, torchrun-TORCHELASTIC_RUN_ID (--rdzv_id), "
                                        "torchrun-standalone-HASH (a hash of the run fingerprint) or the launch time "
                                        "(one process only): every rank and every requeue of a job share the dir")
-    sweep_id: str | None = _option(None, "a sweep's directory, multirun/NAME/SWEEP_ID; null: the launch time. The "
+    sweep_id: str | None = option(None, "a sweep's directory, multirun/NAME/SWEEP_ID; null: the launch time. The "
                                          "same -m command with the same sweep_id skips the sweep's finished runs "
                                          "and resumes the others")
-    seed: int = _option(1234, "model init, dropout masks and, unless data.seed is set, batch order: a sweep axis "
+    seed: int = option(1234, "model init, dropout masks and, unless data.seed is set, batch order: a sweep axis "
                               "(-m ... seed=1,2,3); the vocabulary has its own (data.vocab_seed)")
-    ckpt_path: str | None = _option("auto", "auto: resume from the run dir's newest checkpoint (last.ckpt, "
+    ckpt_path: str | None = option("auto", "auto: resume from the run dir's newest checkpoint (last.ckpt, "
                                             "hpc_ckpt_N.ckpt) if there is one, else start fresh; last: the same, "
                                             "but one must exist; null: fresh; a path")
-    force_resume: bool = _option(False, "ckpt_path=auto/last refuses a checkpoint written with other model, data, "
+    force_resume: bool = option(False, "ckpt_path=auto/last refuses a checkpoint written with other model, data, "
                                         "train or seed settings (fingerprint.py); true: resume it anyway")
-    run_test: bool = _option(True, "after fit: test the best checkpoint (by val BLEU) on data.test")
-    validate_at_end: bool = _option(False, "after fit, validate the final weights unless the last step was just "
+    run_test: bool = option(True, "after fit: test the best checkpoint (by val BLEU) on data.test")
+    validate_at_end: bool = option(False, "after fit, validate the final weights unless the last step was just "
                                            "validated (max_steps or max_time stopped the run between validations)")
-    run_dir: str | None = _option(None, "not an option: the app sets it to the run's directory (hydra.run.dir), "
+    run_dir: str | None = option(None, "not an option: the app sets it to the run's directory (hydra.run.dir), "
                                         "which callbacks and logger entries interpolate")
-    model: ModelConfig = _option(help="the Transformer (conf/model/)", factory=ModelConfig)
-    data: DataConfig = _option(help="the corpus, vocabulary and batches (conf/data/)", factory=DataConfig)
-    train: TrainConfig = _option(help="optimisation and evaluation", factory=TrainConfig)
-    checkpoint: CheckpointConfig = _option(help="checkpoints/", factory=CheckpointConfig)
-    attention_maps: AttentionMapsConfig = _option(help="attention maps in TensorBoard", factory=AttentionMapsConfig)
-    trainer: dict[str, Any] = _option(help="keyword arguments of lightning.pytorch.Trainer (conf/trainer/)",
+    model: ModelConfig = option(help="the Transformer (conf/model/)", factory=ModelConfig)
+    data: DataConfig = option(help="the corpus, vocabulary and batches (conf/data/)", factory=DataConfig)
+    train: TrainConfig = option(help="optimisation and evaluation", factory=TrainConfig)
+    checkpoint: CheckpointConfig = option(help="checkpoints/", factory=CheckpointConfig)
+    attention_maps: AttentionMapsConfig = option(help="attention maps in TensorBoard", factory=AttentionMapsConfig)
+    trainer: dict[str, Any] = option(help="keyword arguments of lightning.pytorch.Trainer (conf/trainer/)",
                                       factory=dict)
-    callbacks: dict[str, Any] = _option(help="NAME: {_target_: CLASS, ...} Lightning callbacks, built in order "
+    callbacks: dict[str, Any] = option(help="NAME: {_target_: CLASS, ...} Lightning callbacks, built in order "
                                              "(conf/callbacks/); callbacks.NAME=null drops one", factory=dict)
-    logger: dict[str, Any] | None = _option(None, "{_target_: CLASS, ...}: the Lightning logger (conf/logger/)")
-    ablation: dict[str, Any] = _option(help="free knobs an experiment interpolates into other settings "
+    logger: dict[str, Any] | None = option(None, "{_target_: CLASS, ...}: the Lightning logger (conf/logger/)")
+    ablation: dict[str, Any] = option(help="free knobs an experiment interpolates into other settings "
                                             "(ablation.n_layers)", factory=dict)
 
 
@@ -133,7 +128,7 @@ class TrainAppConfig:
 class PrepareAppConfig:
     """conf/prepare.yaml: build the vocabulary and caches of a data config (``python -m transformer_nmt.prepare``)."""
 
-    data: DataConfig = _option(help="the corpus, vocabulary and batches (conf/data/)", factory=DataConfig)
+    data: DataConfig = option(help="the corpus, vocabulary and batches (conf/data/)", factory=DataConfig)
 
 
 def schema_error(cfg: DictConfig, schema: type = TrainAppConfig) -> str | None:
