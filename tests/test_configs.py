@@ -121,8 +121,11 @@ def test_the_logger_is_its_config(tmp_path):
 
 
 def test_help_lists_every_option_with_its_default_and_help():
-    train = subprocess.run([sys.executable, "-m", "transformer_nmt.train", "--help"], cwd=REPO, capture_output=True,
-                           text=True, timeout=300)
+    # both at once: each is mostly its imports, one core each
+    running = [subprocess.Popen([sys.executable, "-m", f"transformer_nmt.{app}", "--help"], cwd=REPO, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE) for app in ("train", "prepare")]
+    train, prepare = [subprocess.CompletedProcess(p.args, 0, *p.communicate(timeout=300)) for p in running]
+    train.returncode, prepare.returncode = running[0].returncode, running[1].returncode
     assert train.returncode == 0, train.stderr[-2000:]
     words = " ".join(train.stdout.split())  # the table wraps help texts
     for key, help in option_rows(TrainAppConfig):
@@ -130,8 +133,6 @@ def test_help_lists_every_option_with_its_default_and_help():
             assert f" {key} {help[:40]}".rstrip() in words, key
     assert "  model.d_model=512 " in train.stdout and " model width\n" in train.stdout
     assert "experiment: " in train.stdout and "smoke" in train.stdout  # the groups and their options
-    prepare = subprocess.run([sys.executable, "-m", "transformer_nmt.prepare", "--help"], cwd=REPO,
-                             capture_output=True, text=True, timeout=300)
     assert prepare.returncode == 0, prepare.stderr[-2000:]
     assert "data.vocab_size=8000" in prepare.stdout and "data.train=???" in prepare.stdout
     assert "train.warmup_steps" not in prepare.stdout
