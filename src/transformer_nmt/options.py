@@ -60,7 +60,9 @@ def spec_from_dict(defaults: dict) -> type:
 
 
 def show(value: Any) -> str:
-    """A value as it is written on the command line."""
+    """A value as it is written on the command line (``???``: required, no default)."""
+    if value is MISSING:
+        return "???"
     if value is None:
         return "null"
     if isinstance(value, bool):

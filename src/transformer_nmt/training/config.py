@@ -18,10 +18,10 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from transformer_nmt.options import option
+from transformer_nmt.options import option, show
 from transformer_nmt.conf import CONF_DIR
 from transformer_nmt.data.config import DataConfig
 from transformer_nmt.model.transformer import TransformerConfig
@@ -147,19 +147,6 @@ def schema_error(cfg: DictConfig, schema: type = TrainAppConfig) -> str | None:
 # ------------------------------------------------------------------------------------------------ --help
 
 
-def _text(value: Any) -> str:
-    """A default as the command line writes it."""
-    if value is MISSING:
-        return "???"
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return str(value).lower()
-    if isinstance(value, (list, tuple)):
-        return "[" + ",".join(_text(v) for v in value) + "]"
-    return str(value)
-
-
 def option_rows(schema: type, prefix: str = "") -> list[tuple[str, str]]:
     """(key=default, help) for every field of a dataclass schema, nested ones flattened to dotted keys; a
     dict field is one row, KEY.*."""
@@ -174,7 +161,7 @@ def option_rows(schema: type, prefix: str = "") -> list[tuple[str, str]]:
         elif isinstance(default, dict) or f.name == "logger":
             rows.append((f"{key}.*", help))
         else:
-            rows.append((f"{key}={_text(default)}", help))
+            rows.append((f"{key}={show(default)}", help))
     return rows
 
 
