@@ -23,7 +23,7 @@ TINY_CKPT = "tiny_random.ckpt"  # written by tests/tiny_checkpoint.py into a tem
 WALKTHROUGH = [
     ("md", """# Attention, step by step, on our code
 
-This notebook walks through `ATTENTION_NOTES.md` with `transformer_nmt.attention`: the six steps and
+This notebook walks through the attention of docs/model.md with `transformer_nmt.model.attention`: the six steps and
 their shapes, the causal mask, why scores are divided by sqrt(d_k), and the invariants the tests check.
 Everything runs on the CPU in a few seconds."""),
     ("code", """import math

@@ -1,4 +1,5 @@
-"""The hand-written attention: invariants of ATTENTION_NOTES.md and equality with torch's own kernels."""
+"""The hand-written attention: its invariants (docs/model.md, "Kernels and masks") and equality with torch's
+own kernels."""
 
 import math
 
