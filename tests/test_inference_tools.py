@@ -114,17 +114,22 @@ def test_averaging_identical_checkpoints_returns_them(tmp_path, tokenizer, check
         torch.testing.assert_close(averaged["state_dict"][key], value, atol=0, rtol=0)
 
 
-def test_two_checkpoints_average_to_the_mean_and_load(tmp_path, tokenizer):
+def test_two_seeds_average_to_the_mean_only_when_mixing_is_asked_for(tmp_path, tokenizer):
     a = write_checkpoint(tmp_path / "a.ckpt", tokenizer, seed=1, step=10)
     b = write_checkpoint(tmp_path / "b.ckpt", tokenizer, seed=2, step=20)
-    output = average_main([f"inputs=[{tmp_path / 'a.ckpt'},{tmp_path / 'b.ckpt'}]", f"output={tmp_path / 'avg.ckpt'}"])
+    inputs = [f"inputs=[{tmp_path / 'a.ckpt'},{tmp_path / 'b.ckpt'}]", f"output={tmp_path / 'avg.ckpt'}"]
+    with pytest.raises(SystemExit, match=r"2 different training runs \(run run-of-seed-1 / run run-of-seed-2\): "
+                                         r"a.ckpt; b.ckpt .*allow_mixed=true"):
+        average_main(inputs)
+    assert not (tmp_path / "avg.ckpt").exists()
+    output = average_main([*inputs, "allow_mixed=true"])
     model, _, _ = load_checkpoint(output)
     for (name, p_a), p_b in zip(a.state_dict().items(), b.state_dict().values()):
         torch.testing.assert_close(model.state_dict()[name], (p_a + p_b) / 2, atol=1e-7, rtol=0)
 
 
 def test_average_last_n_picks_the_highest_steps(tmp_path, tokenizer):
-    models = {step: write_checkpoint(tmp_path / f"step={step}.ckpt", tokenizer, seed=step, step=step)
+    models = {step: write_checkpoint(tmp_path / f"step={step}.ckpt", tokenizer, seed=step, step=step, run="one")
               for step in (5, 10, 15)}
     output = average_main([f"dir={tmp_path}", "last=2", f"output={tmp_path / 'out' / 'avg.ckpt'}"])
     model, _, _ = load_checkpoint(output)

@@ -3,6 +3,8 @@
 The layers, bottom up (a module imports only from its own layer or those below):
 
     hardware.py, options.py     the machine's CPU flags and cores; key=value options over a dataclass
+    durable.py                  files and directories published atomically and durably (mkstemp, fsync, rename)
+    records.py                  settings dataclasses rebuilt from what a checkpoint or export records (checked)
     model/                      attention, the Transformer, dropout, decoding (plain torch)
     data/                       corpus, tokenizer, batching, the datamodule
     checkpoint.py               the checkpoint format: atomic writes, reading one into a model and tokenizer

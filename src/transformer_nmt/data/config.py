@@ -14,6 +14,7 @@ from typing import Any
 from omegaconf import MISSING
 
 from transformer_nmt.options import option
+from transformer_nmt.records import RecordError, from_record
 from transformer_nmt.data.corpus import CorpusSpec
 
 # What ``_target_`` a checkpoint's data config may name: the datamodule, before and after the layout of
@@ -65,17 +66,16 @@ class DataConfig:
                           hub_config=self.hub_config, utf8_errors=self.utf8_errors, control_chars=self.control_chars)
 
     @classmethod
-    def from_record(cls, record: Mapping[str, Any], source: str) -> DataConfig:
-        """The data config a checkpoint recorded (``source``: its file, named in errors), never instantiated: a
-        ``_target_`` naming the datamodule (what configs held until 2026-12) is dropped, any other ``_target_``
-        and any key that is not a data option is refused."""
+    def from_record(cls, record: Mapping[str, Any], source: str, version: str | None = None) -> DataConfig:
+        """The data config a checkpoint recorded (``source``: its file, named in errors; ``version``: the
+        transformer_nmt version that wrote it), never instantiated: a ``_target_`` naming the datamodule (what
+        configs held until 2026-12) is dropped, any other ``_target_``, any key that is not a data option and any
+        value that is not of its option's type (records.from_record) is refused with a ``RecordError``."""
+        if not isinstance(record, Mapping):
+            raise RecordError(f"{source}: data_config is a {type(record).__name__}, not a mapping of data options")
         record = dict(record)
         target = record.pop("_target_", None)
         if target is not None and target not in DATAMODULE_TARGETS:
-            raise ValueError(f"{source}: data_config._target_={target!r} is not the datamodule "
-                             f"({DATAMODULE_TARGETS[-1]}); refusing to read a checkpoint that names other code")
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(record) - known)
-        if unknown:
-            raise ValueError(f"{source}: data_config has unknown keys {unknown}; data options: {sorted(known)}")
-        return cls(**record)
+            raise RecordError(f"{source}: data_config._target_={target!r:.120} is not the datamodule "
+                              f"({DATAMODULE_TARGETS[-1]}); refusing to read a checkpoint that names other code")
+        return from_record(cls, record, source, "data_config", version)

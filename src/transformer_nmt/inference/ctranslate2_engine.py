@@ -33,8 +33,9 @@ from torch.nn.utils.rnn import pad_sequence
 
 from transformer_nmt.inference.decode_config import DecodeConfig, decode_settings
 from transformer_nmt.model.decoding import length_penalty, max_output_lengths
-from transformer_nmt.inference.export import EXPORT_INFO, SENTENCEPIECE_MODEL, import_ctranslate2
+from transformer_nmt.inference.export import EXPORT_INFO, SENTENCEPIECE_MODEL, check_export, import_ctranslate2
 from transformer_nmt.model.transformer import TransformerConfig
+from transformer_nmt.records import RecordError, from_record
 from transformer_nmt.hardware import available_cpus
 from transformer_nmt.data.tokenizer import Tokenizer
 
@@ -58,9 +59,21 @@ class CTranslate2Model:
         if not (model_dir / EXPORT_INFO).is_file() or not ctranslate2.contains_model(str(model_dir)):
             raise SystemExit(f"model_dir={model_dir} is not a model directory written by python -m "
                              f"transformer_nmt.export (no model.bin or {EXPORT_INFO})")
+        problem = check_export(model_dir)
+        if problem is not None:
+            raise SystemExit(f"model_dir={model_dir} is not a complete export ({problem}): a writer or a copy was cut "
+                             f"short; export the checkpoint again (python -m transformer_nmt.export)")
         self.info = json.loads((model_dir / EXPORT_INFO).read_text(encoding="utf-8"))
-        self.config = TransformerConfig(**self.info["model_config"])
-        self.tokenizer = Tokenizer.load(model_dir / SENTENCEPIECE_MODEL)
+        try:  # read as settings, never instantiated (records.from_record)
+            self.config = from_record(TransformerConfig, self.info.get("model_config"),
+                                      f"export {model_dir / EXPORT_INFO}", "model_config", self.info.get("version"))
+        except RecordError as error:
+            raise SystemExit(str(error)) from None
+        try:
+            self.tokenizer = Tokenizer.load(model_dir / SENTENCEPIECE_MODEL)
+        except (OSError, RuntimeError, ValueError) as error:
+            raise SystemExit(f"model_dir={model_dir}: {SENTENCEPIECE_MODEL} is not a usable SentencePiece model "
+                             f"({str(error).strip().splitlines()[0][:200]})") from None
         self.pieces = [self.tokenizer.id_to_piece(i) for i in range(self.tokenizer.vocab_size)]
         self.ids = {piece: i for i, piece in enumerate(self.pieces)}
         for name, value in (("threads", threads), ("inter_threads", inter_threads)):

@@ -9,7 +9,9 @@ in the checkpoint), every pair, unfiltered; ``src=FILE ref=FILE`` scores any pai
 ``engine=ctranslate2`` with ``ckpt`` or ``model_dir``). Writes to
 ``out=DIR`` (default: ``eval/`` beside the checkpoint) ``NAME.hyp`` (one line per source line),
 ``NAME.ref`` and ``NAME.json`` with sacreBLEU's BLEU (cased and lowercased, with the length ratio and
-brevity penalty) and chrF and their signatures, so ``sacrebleu NAME.ref -i NAME.hyp`` reproduces the score.
+brevity penalty) and chrF and their signatures, so ``sacrebleu NAME.ref -i NAME.hyp`` reproduces the score
+exactly: both are scored as written, one line each (``one_line``: a line break inside a sentence, a lone CR
+included, is written as a space).
 """
 
 from __future__ import annotations
@@ -62,7 +64,8 @@ def split_pairs(meta: dict, split: str) -> tuple[list[str], list[str]]:
     if meta.get("data_config") is None:
         raise SystemExit(f"checkpoint {meta['path']} does not record its data config; give src=FILE ref=FILE instead")
     try:  # read as data options, never instantiated: a checkpoint must not name code to run
-        spec = DataConfig.from_record(meta["data_config"], f"checkpoint {meta['path']}").corpus_spec()
+        spec = DataConfig.from_record(meta["data_config"], f"checkpoint {meta['path']}",
+                                      meta.get("version")).corpus_spec()
     except ValueError as error:
         raise SystemExit(str(error)) from None
     sources, references = [], []
@@ -91,6 +94,14 @@ def evaluation_pairs(options, meta: dict) -> tuple[list[str], list[str], str]:
     return sources, references, name
 
 
+def one_line(text: str) -> str:
+    """``text`` as one line of a file that any reader splits as we do: every line boundary ``str.splitlines``
+    knows (a lone CR, LF, VT, FF, U+001C-U+001E, NEL, U+2028, U+2029) becomes a space, and trailing whitespace,
+    which sacrebleu's command line strips, goes. The score is computed on these lines (sacreBLEU's tokenizers
+split words at whitespace, and a line break is whitespace to them too)."""
+    return " ".join(text.splitlines()).rstrip()
+
+
 def score(hypotheses: list[str], references: list[str]) -> dict:
     """sacreBLEU BLEU (cased and lowercased) and chrF, with their signatures; beside the cased BLEU its
     length ratio (hypothesis / reference tokens) and brevity penalty."""
@@ -116,6 +127,8 @@ def main(argv: list[str] | None = None) -> dict:
     started = time.perf_counter()
     hypotheses = [hyps[0][0] for hyps in translate_lines(model, tokenizer, sources, decode)]
     seconds = time.perf_counter() - started
+    # What is scored is what is written: sacrebleu NAME.ref -i NAME.hyp reads the same lines, the same count
+    hypotheses, references = [one_line(h) for h in hypotheses], [one_line(r) for r in references]
 
     out_dir = Path(options.out or Path(ckpt).parent / run_files.EVAL)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -27,12 +27,10 @@ from typing import Any
 from lightning.pytorch.callbacks import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from transformer_nmt.checkpoint import read_checkpoint
+from transformer_nmt.checkpoint import CKPT_FINGERPRINT, CKPT_OVERRIDES, read_checkpoint  # noqa: F401 (the keys)
 
 log = logging.getLogger(__name__)
 
-CKPT_FINGERPRINT = "run_fingerprint"  # the checkpoint key
-CKPT_OVERRIDES = "run_overrides"  # the command line's overrides (a sweep job's: Hydra's overrides.task)
 GROUPS = ("model", "data", "train")
 TRAINER_KEYS = ("trainer.accumulate_grad_batches",)  # the trainer settings that change what a step trains
 MAY_CHANGE = ("data.num_workers", "data.num_proc", "data.cache_dir",  # how many processes load the data, caches

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import time
+import uuid
 from dataclasses import asdict
 from functools import partial
 
@@ -19,7 +20,8 @@ import sacrebleu
 import torch
 from torch import Tensor
 
-from transformer_nmt.checkpoint import CKPT_DATA_CONFIG, CKPT_MODEL_CONFIG, CKPT_TOKENIZER
+from transformer_nmt import __version__
+from transformer_nmt.checkpoint import CKPT_DATA_CONFIG, CKPT_MODEL_CONFIG, CKPT_RUN, CKPT_TOKENIZER, CKPT_VERSION
 from transformer_nmt.inference.decode_config import DecodeConfig
 from transformer_nmt.model.decoding import greedy_decode
 from transformer_nmt.model.transformer import Transformer, TransformerConfig
@@ -176,6 +178,8 @@ class TranslationModule(pl.LightningModule):
         self._eval = {}  # per evaluation: loss sums and decoded sentences
         self.hypotheses = {}  # split -> {sentence index: detokenized greedy hypothesis} of its last evaluation
         self.validated_at_step = None  # the optimizer step of the last validation
+        # This training run's identity: new at a fresh start, the checkpoint's own when one is restored (resume)
+        self.training_run = f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{uuid.uuid4().hex[:8]}"
 
     # --- optimisation ------------------------------------------------------------------------
     def configure_optimizers(self):
@@ -334,8 +338,11 @@ class TranslationModule(pl.LightningModule):
 
     # --- checkpoints -------------------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict) -> None:
-        """Make the checkpoint self-contained: model config, SentencePiece model and data config ride along."""
+        """Make the checkpoint self-contained: model config, SentencePiece model and data config ride along, with
+        the package version that wrote them and the training run's identity (what averaging compares)."""
         checkpoint[CKPT_MODEL_CONFIG] = self.model.config.to_dict()
+        checkpoint[CKPT_VERSION] = __version__
+        checkpoint[CKPT_RUN] = self.training_run
         if self.data_config is not None:
             checkpoint[CKPT_DATA_CONFIG] = self.data_config
         if self.tokenizer is not None:
@@ -365,3 +372,5 @@ class TranslationModule(pl.LightningModule):
                              "evaluate, translate and average, but its optimizer state cannot resume training")
         if self.data_config is None:
             self.data_config = checkpoint.get(CKPT_DATA_CONFIG)
+        if isinstance(checkpoint.get(CKPT_RUN), str):  # the run this one continues (absent in older checkpoints)
+            self.training_run = checkpoint[CKPT_RUN]
