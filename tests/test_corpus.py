@@ -2,6 +2,7 @@
 
 import gzip
 import json
+import re
 
 import datasets
 import numpy as np
@@ -62,6 +63,14 @@ def test_jsonl_flat_and_translation_objects(tmp_path, nested):
     (tmp_path / "train.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
     en, de = read(spec("jsonl", tmp_path / "train.jsonl"), tmp_path)
     assert de == DE and len(en) == 3
+
+
+@pytest.mark.parametrize("value", [None, 3, ["a"]])
+def test_a_jsonl_sentence_that_is_not_a_string_names_file_line_and_language(tmp_path, value):
+    rows = [{"en": "A dog.", "de": "Ein Hund."}, {"en": value, "de": "Nichts."}]
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(CorpusError, match=rf"train.jsonl:2: 'en' is {re.escape(json.dumps(value))}, not a string"):
+        read(spec("jsonl", tmp_path / "train.jsonl"), tmp_path)
 
 
 def hub_dataset():

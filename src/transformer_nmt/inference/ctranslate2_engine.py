@@ -63,7 +63,8 @@ class CTranslate2Model:
         if problem is not None:
             raise SystemExit(f"model_dir={model_dir} is not a complete export ({problem}): a writer or a copy was cut "
                              f"short; export the checkpoint again (python -m transformer_nmt.export)")
-        self.info = json.loads((model_dir / EXPORT_INFO).read_text(encoding="utf-8"))
+        self.info_path = model_dir / EXPORT_INFO
+        self.info = json.loads(self.info_path.read_text(encoding="utf-8"))
         try:  # read as settings, never instantiated (records.from_record)
             self.config = from_record(TransformerConfig, self.info.get("model_config"),
                                       f"export {model_dir / EXPORT_INFO}", "model_config", self.info.get("version"))

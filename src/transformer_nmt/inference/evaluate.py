@@ -64,8 +64,8 @@ def split_pairs(meta: dict, split: str) -> tuple[list[str], list[str]]:
     if meta.get("data_config") is None:
         raise SystemExit(f"checkpoint {meta['path']} does not record its data config; give src=FILE ref=FILE instead")
     try:  # read as data options, never instantiated: a checkpoint must not name code to run
-        spec = DataConfig.from_record(meta["data_config"], f"checkpoint {meta['path']}",
-                                      meta.get("version")).corpus_spec()
+        source = meta.get("source") or f"checkpoint {meta['path']}"
+        spec = DataConfig.from_record(meta["data_config"], source, meta.get("version")).corpus_spec()
     except ValueError as error:
         raise SystemExit(str(error)) from None
     sources, references = [], []

@@ -183,7 +183,7 @@ def read_lines(path: str | Path | None) -> list[str]:
 def load_model(options) -> tuple[Transformer | CTranslate2Model, Tokenizer, dict]:
     """(model, tokenizer, meta) for ``options.engine`` (options as translate's or evaluate's): the checkpoint's
     Transformer (native), or its CTranslate2 export (``model_dir``, else ``ckpt`` exported to the cache).
-    ``meta`` as ``load_checkpoint``'s."""
+    ``meta`` as ``load_checkpoint``'s; from an export, also ``source``: its transformer_nmt.json, for messages."""
     if options.engine == "native":
         for name in ("model_dir", "compute_type"):
             if getattr(options, name) not in (None, DecodeConfig.compute_type):
@@ -199,7 +199,7 @@ def load_model(options) -> tuple[Transformer | CTranslate2Model, Tokenizer, dict
         model_dir = options.model_dir or cached_export(options.ckpt)
         model = CTranslate2Model(model_dir, options.device, options.compute_type, options.threads,
                                  options.inter_threads)
-        meta = {**model.info, "path": options.ckpt or str(model_dir)}
+        meta = {**model.info, "path": options.ckpt or str(model_dir), "source": f"export {model.info_path}"}
         return model, model.tokenizer, meta
     raise SystemExit(f"engine={options.engine!r}: use native or ctranslate2")
 
