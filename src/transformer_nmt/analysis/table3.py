@@ -80,7 +80,8 @@ def runs(cells: list[str] | None = None) -> list[tuple[str, list[str], int]]:
 def planned_overrides(overrides: list[str], seed: int) -> list[str]:
     """The train command's overrides for a run of the plan, in the order its results.json records them (the
     ``hydra.*`` ones, such as its run dir, are not recorded)."""
-    return ["experiment=ablation_base", *overrides, f"seed={seed}", f"checkpoint.every_n_train_steps={CHECKPOINT_EVERY}"]
+    return ["experiment=ablation_base", *overrides, f"seed={seed}",
+            f"checkpoint.every_n_train_steps={CHECKPOINT_EVERY}"]
 
 
 def planned_fingerprint(overrides: list[str], seed: int) -> dict:

@@ -10,11 +10,12 @@ so training does not resume from it, and it records that it is an average (``ave
 
 The inputs must be one training run: the same run identity (a training run keeps one from its fresh start
 through every resume; for checkpoints written before runs recorded one: the same run fingerprint, the settings
-that define the run, and the same model config); ``dir=`` checks every checkpoint of the directory, so that the files an older run left there (a restart with
-``ckpt_path=null`` in the same run dir keeps them) are never averaged in, or averaged instead of the new run's.
-``allow_mixed=true`` averages checkpoints of different runs anyway (seeds, say); a different vocabulary is
-refused even then (the ids of one would mean other pieces in the other). An average is never an input: the
-``output`` is left out of the ``dir=`` window, and a checkpoint that is an average is refused.
+that define the run, and the same model config). ``dir=`` checks every checkpoint of the directory, so that the
+files an older run left there (a restart with ``ckpt_path=null`` in the same run dir keeps them) are never
+averaged in, or averaged instead of the new run's. ``allow_mixed=true`` averages checkpoints of different runs
+anyway (seeds, say); a different vocabulary is refused even then (the ids of one would mean other pieces in the
+other). An average is never an input: the ``output`` is left out of the ``dir=`` window, and a checkpoint that
+is an average is refused.
 """
 
 from __future__ import annotations
