@@ -97,6 +97,27 @@ def test_hub_schema_through_load_dataset_on_json_files(tmp_path, monkeypatch):
     assert en == [s.strip() for s in EN] and de == DE
 
 
+def test_a_hub_dataset_never_runs_its_loading_script(tmp_path, monkeypatch):
+    """datasets >= 4 runs none; where load_dataset still takes trust_remote_code (older versions), it is told
+    False, whatever the environment says (a checkpoint's data config may name the dataset)."""
+    calls = []
+
+    def old_load_dataset(path, name=None, split=None, trust_remote_code=None):
+        calls.append(trust_remote_code)
+        return hub_dataset()[split]
+
+    def new_load_dataset(path, name=None, split=None):
+        calls.append("no such option")
+        return hub_dataset()[split]
+
+    monkeypatch.chdir(tmp_path)  # no local directory named like the dataset
+    for fake in (old_load_dataset, new_load_dataset):
+        monkeypatch.setattr(datasets, "load_dataset", fake)
+        en, de = read(CorpusSpec("hub", ("en", "de"), {"train": "train"}, hub_name="someone/scripted"), tmp_path)
+        assert de == DE
+    assert calls == [False, "no such option"]
+
+
 def test_hub_offline_error_says_how_to_use_local_files(tmp_path, monkeypatch):
     import huggingface_hub.constants
 
