@@ -96,17 +96,19 @@ def test_a_checkpoint_naming_code_is_refused_by_evaluate_and_never_run(tmp_path,
     ckpt = crafted_checkpoint(tmp_path / "shared.ckpt", tokenizer, data_config(victim, corpus))
     with pytest.raises(SystemExit, match=rf"checkpoint {ckpt}: {refusal}"):
         evaluate_main([f"ckpt={ckpt}", "split=test", f"out={tmp_path / 'eval'}", "beam=1"])
-    (tmp_path / "in.txt").write_text("A dog runs.\n")
-    translate_main([f"ckpt={ckpt}", f"input={tmp_path / 'in.txt'}", f"output={tmp_path / 'out.txt'}", "beam=1"])
-    assert len((tmp_path / "out.txt").read_text().splitlines()) == 1  # translate does not read the data config
+    if name == "builtins.open":  # translate never reads the data config: one variant shows it
+        (tmp_path / "in.txt").write_text("A dog runs.\n")
+        translate_main([f"ckpt={ckpt}", f"input={tmp_path / 'in.txt'}", f"output={tmp_path / 'out.txt'}", "beam=1",
+                        "max_len_offset=5"])
+        assert len((tmp_path / "out.txt").read_text().splitlines()) == 1
     assert victim.read_text() == KEPT and not victim.with_name("new").exists()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt", "out.txt", "shared.ckpt", "victim.txt"]
+    assert {p.name for p in tmp_path.iterdir()} - {"in.txt", "out.txt"} == {"shared.ckpt", "victim.txt"}
 
 
 def test_a_checkpoints_own_data_config_still_scores_its_test_split(tmp_path, tokenizer, corpus,
                                                                  nothing_is_instantiated):
     ckpt = crafted_checkpoint(tmp_path / "model.ckpt", tokenizer, data_options(corpus))
-    result = evaluate_main([f"ckpt={ckpt}", "split=test", f"out={tmp_path / 'eval'}", "beam=1"])
+    result = evaluate_main([f"ckpt={ckpt}", "split=test", f"out={tmp_path / 'eval'}", "beam=1", "max_len_offset=5"])
     assert result["sentences"] == 3
 
 
@@ -140,7 +142,7 @@ def test_an_export_naming_code_is_refused_by_evaluate_and_never_run(tmp_path, ex
             evaluate_main([f"model_dir={export}", "engine=ctranslate2", "split=test", f"out={tmp_path}", "beam=1"])
         (tmp_path / "in.txt").write_text("A dog runs.\n")
         translate_main([f"model_dir={export}", "engine=ctranslate2", f"input={tmp_path / 'in.txt'}",
-                        f"output={tmp_path / 'out.txt'}", "beam=1"])
+                        f"output={tmp_path / 'out.txt'}", "beam=1", "max_len_offset=5"])
     finally:
         restore()
     assert len((tmp_path / "out.txt").read_text().splitlines()) == 1
