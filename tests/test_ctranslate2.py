@@ -363,3 +363,25 @@ def test_default_threads_are_one_per_batch_and_one_batch_per_core(exported):
     for bad in ("threads", "inter_threads"):
         with pytest.raises(SystemExit, match=f"{bad}=-1: give a whole number >= 0"):
             CTranslate2Model(exported[0], **{bad: -1})
+
+
+def test_scoring_and_prefixes_match_native(trained, exported, validation):
+    """score_reference: CTranslate2's score_batch gives each token the native log-probability; prefix: its
+    target_prefix starts every output with the prefix, and beam 4 continues it as the native search does."""
+    from transformer_nmt.inference.scoring import token_log_probs
+    from transformer_nmt.inference.translate import translate_hypotheses
+
+    _, model, tokenizer = trained
+    sources, references = validation[0][:20], validation[1][:20]
+    native = token_log_probs(model, tokenizer, sources, references, 4096)
+    ct2 = token_log_probs(exported[1], tokenizer, sources, references, 4096)
+    assert [len(x) for x in ct2] == [len(x) for x in native]
+    assert all(a == pytest.approx(b, abs=2e-3) for x, y in zip(native, ct2) for a, b in zip(x, y))
+    prefixes = [" ".join(reference.split()[:2]) for reference in references]
+    for beam in (1, 4):
+        ours = translate_hypotheses(model, tokenizer, sources, beam=beam, prefixes=prefixes)[1]
+        theirs = translate_hypotheses(exported[1], tokenizer, sources, beam=beam, prefixes=prefixes)[1]
+        for prefix, h in zip(prefixes, theirs):
+            assert h[0].tokens[: len(tokenizer.encode(prefix))] == tokenizer.encode(prefix)
+        same = sum(a[0].tokens == b[0].tokens for a, b in zip(ours, theirs))
+        assert same >= 0.8 * len(sources)

@@ -35,14 +35,21 @@ def encode_pairs(tokenizer: Tokenizer, sources: list[str], references: list[str]
 def token_log_probs(model: Transformer | Ensemble | CTranslate2Model, tokenizer: Tokenizer, sources: list[str],
                     references: list[str], max_tokens: int) -> list[list[float]]:
     """Per pair the log-probability of each reference token and of the final eos, in order."""
+    src_ids, ref_ids = encode_pairs(tokenizer, sources, references, model.config.max_positions)
+    return ids_log_probs(model, tokenizer, src_ids, ref_ids, max_tokens)
+
+
+@torch.no_grad()
+def ids_log_probs(model: Transformer | Ensemble | CTranslate2Model, tokenizer: Tokenizer, src_ids: list[list[int]],
+                  ref_ids: list[list[int]], max_tokens: int) -> list[list[float]]:
+    """As ``token_log_probs``, from ids: sources and references each ending in eos."""
     from transformer_nmt.inference.translate import token_batches  # translate imports this module
 
-    src_ids, ref_ids = encode_pairs(tokenizer, sources, references, model.config.max_positions)
     if isinstance(model, CTranslate2Model):
         return model.score_ids(src_ids, ref_ids, max_tokens)
     device, pad = model.positions.device, model.config.pad_id
-    results: list[list[float]] = [[] for _ in sources]
-    for batch in token_batches([max(len(src_ids[i]), len(ref_ids[i])) for i in range(len(sources))], max_tokens):
+    results: list[list[float]] = [[] for _ in src_ids]
+    for batch in token_batches([max(len(src_ids[i]), len(ref_ids[i])) for i in range(len(src_ids))], max_tokens):
         src = torch.nn.utils.rnn.pad_sequence([torch.tensor(src_ids[i]) for i in batch], batch_first=True,
                                               padding_value=pad).to(device)  # (b, S)
         tgt = torch.nn.utils.rnn.pad_sequence([torch.tensor([tokenizer.bos_id] + ref_ids[i]) for i in batch],
