@@ -88,7 +88,7 @@ def checkpoints(tmp_path_factory):
 def test_ensemble_translation_does_not_depend_on_the_batch(checkpoints):
     model, tokenizer, _ = load_ensemble([str(p) for p in checkpoints])
     assert isinstance(model, Ensemble)
-    lines = multi30k_lines("val", "en", 12)
+    lines = multi30k_lines("val", "en", 6)
     for beam in (1, 3):
         one_by_one = [translate_hypotheses(model, tokenizer, [line], beam=beam)[1][0][0].tokens for line in lines]
         batched = [hyps[0].tokens for hyps in translate_hypotheses(model, tokenizer, lines, beam=beam)[1]]
