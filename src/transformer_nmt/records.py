@@ -33,8 +33,10 @@ def writer(version: str | None) -> str:
 
 def _matches(value: Any, hint: Any) -> bool:
     """Whether ``value`` is of type ``hint`` (int, float, str, bool, None, X | None, list[X], tuple[X, ...])."""
-    if hint is Any:
-        return value is None or isinstance(value, (str, int, float, bool))
+    if hint is Any:  # a field OmegaConf cannot type as a union (data.val: a split or a list of them)
+        scalar = (str, int, float, bool)
+        return (value is None or isinstance(value, scalar)
+                or isinstance(value, (list, tuple)) and all(isinstance(v, scalar) for v in value))
     origin = typing.get_origin(hint)
     if origin in (Union, types.UnionType):
         return any(_matches(value, option) for option in typing.get_args(hint))

@@ -7,8 +7,10 @@ split of a checkpoint's data through ``DataConfig.from_record(...).corpus_spec()
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
+from pathlib import PurePath
 from typing import Any
 
 from omegaconf import MISSING
@@ -32,7 +34,9 @@ class DataConfig:
     tgt_lang: str = option("de", "target language")
     train: str | None = option(MISSING, "required: prefix (text: PREFIX.{src_lang}[.gz], PREFIX.{tgt_lang}[.gz]), "
                                          "file (tsv, jsonl) or hub split name")
-    val: str | None = option(MISSING, "required: the validation split, as train")
+    val: Any = option(MISSING, "required: the validation split, as train; [A,B,...]: several, each validated and "
+                               "logged under its own name (val/ the first, which checkpoints and early stopping "
+                               "monitor; val_NAME/ the others, NAME from the file name)")
     test: str | None = option(MISSING, "required: the test split, as train; null: no test split")
     columns: list[str] | None = option(None, "tsv only: language of each column; null: [src_lang, tgt_lang]")
     hub_name: str | None = option(None, "format=hub: a Hub dataset name or a save_to_disk directory")
@@ -61,9 +65,31 @@ class DataConfig:
     def corpus_spec(self) -> CorpusSpec:
         """Where each split's pairs live and how to read them (``corpus.read_pairs`` takes it)."""
         return CorpusSpec(format=self.format, langs=(self.src_lang, self.tgt_lang),
-                          locations={"train": self.train, "val": self.val, "test": self.test},
+                          locations={"train": self.train, **dict(zip(self.val_splits(), self.val_locations())),
+                                     "test": self.test},
                           columns=tuple(self.columns) if self.columns else None, hub_name=self.hub_name,
                           hub_config=self.hub_config, utf8_errors=self.utf8_errors, control_chars=self.control_chars)
+
+    def val_locations(self) -> list[str]:
+        """The validation sets' locations, first the monitored one (``val`` as one location or a list)."""
+        if self.val is None or self.val is MISSING:
+            return []
+        locations = list(self.val) if isinstance(self.val, (list, tuple)) else [self.val]
+        if not locations or not all(isinstance(v, str) and v for v in locations):
+            raise ValueError(f"data.val={self.val!r}: give a location, or a list [A,B,...] of them")
+        return locations
+
+    def val_splits(self) -> list[str]:
+        """The split names of the validation sets, as logged: ``val`` for the first, ``val_NAME`` for each other
+        (NAME: its file or prefix name, letters, digits and _; a number added where two would clash)."""
+        names = ["val"]
+        for location in self.val_locations()[1:]:
+            stem = re.sub(r"\W+", "_", PurePath(location).name.removesuffix(".gz")).strip("_") or "set"
+            name, n = f"val_{stem}", 2
+            while name in names:
+                name, n = f"val_{stem}_{n}", n + 1
+            names.append(name)
+        return names[: len(self.val_locations())]
 
     @classmethod
     def from_record(cls, record: Mapping[str, Any], source: str, version: str | None = None) -> DataConfig:

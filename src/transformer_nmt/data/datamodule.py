@@ -205,7 +205,7 @@ class TranslationDataModule(L.LightningDataModule):
         """Build or reuse the vocabulary and the tokenized splits; filter them and log what was dropped."""
         if self.splits:
             return
-        configured = [s for s in SPLITS if self.spec.locations.get(s)]
+        configured = [s for s in self.spec.locations if self.spec.locations.get(s)]  # train, val(s), test
         if "train" not in configured and self.tokenizer_path is None:
             raise ValueError("data.train is not set: the vocabulary is trained on it (or set data.tokenizer_path)")
         raw = {split: self._raw_split(split) for split in configured}
@@ -351,8 +351,14 @@ class TranslationDataModule(L.LightningDataModule):
     def train_dataloader(self) -> ResumableDataLoader:
         return self.dataloader("train")
 
-    def val_dataloader(self) -> ResumableDataLoader:
-        return self.dataloader("val")
+    def val_dataloader(self) -> ResumableDataLoader | list[ResumableDataLoader]:
+        """The validation set's loader; with several (data.val=[A,B]), one each, in ``val_splits`` order."""
+        splits = self.val_splits()
+        return self.dataloader("val") if len(splits) == 1 else [self.dataloader(split) for split in splits]
+
+    def val_splits(self) -> list[str]:
+        """The names of the validation sets (``DataConfig.val_splits``): val, val_NAME, ..."""
+        return self.config.val_splits()
 
     def test_dataloader(self) -> ResumableDataLoader:
         return self.dataloader("test")

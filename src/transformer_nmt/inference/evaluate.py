@@ -5,7 +5,8 @@
 
 ``split=val|test`` reads that split of the data the checkpoint was trained on (its data config travels
 in the checkpoint), every pair, unfiltered; ``src=FILE ref=FILE`` scores any pair of plain-text files
-(``.gz`` too). Beam and engine options as in ``translate`` (``--help`` lists them with their defaults;
+(``.gz`` too). ``ckpt=[A,B,...]`` scores the ensemble of those checkpoints (its first one's data and
+directory are used). Beam and engine options as in ``translate`` (``--help`` lists them with their defaults;
 ``engine=ctranslate2`` with ``ckpt`` or ``model_dir``). Writes to
 ``out=DIR`` (default: ``eval/`` beside the checkpoint) ``NAME.hyp`` (one line per source line),
 ``NAME.ref`` and ``NAME.json`` with sacreBLEU's BLEU (cased and lowercased, with the length ratio and
@@ -20,7 +21,7 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 from sacrebleu.metrics import BLEU, CHRF
@@ -37,7 +38,7 @@ USAGE = "python -m transformer_nmt.evaluate ckpt=PATH (split=val|test | src=FILE
 
 @dataclass
 class EvaluateOptions:
-    ckpt: Optional[str] = option(None, CKPT_HELP + " (or model_dir=, with engine=ctranslate2)")
+    ckpt: Optional[Any] = option(None, CKPT_HELP + " (or model_dir=, with engine=ctranslate2)")
     split: Optional[str] = option(None, "val | test: that split of the checkpoint's own data (or src= and ref=)")
     src: Optional[str] = option(None, "source file, one sentence a line (.gz too), with ref=")
     ref: Optional[str] = option(None, "reference file, one translation a line, with src=")
@@ -118,8 +119,9 @@ def score(hypotheses: list[str], references: list[str]) -> dict:
 def main(argv: list[str] | None = None) -> dict:
     options = parse_options(command_argv(argv), EvaluateOptions, __doc__, USAGE)
     require_checkpoint(options)
-    ckpt = options.ckpt or options.model_dir
     model, tokenizer, meta = load_model(options)
+    ckpt = options.ckpt or options.model_dir
+    first = ckpt[0] if isinstance(ckpt, list) else ckpt
     sources, references, default_name = evaluation_pairs(options, meta)
     name = options.name or default_name
 
@@ -130,11 +132,11 @@ def main(argv: list[str] | None = None) -> dict:
     # What is scored is what is written: sacrebleu NAME.ref -i NAME.hyp reads the same lines, the same count
     hypotheses, references = [one_line(h) for h in hypotheses], [one_line(r) for r in references]
 
-    out_dir = Path(options.out or Path(ckpt).parent / run_files.EVAL)
+    out_dir = Path(options.out or Path(first).parent / run_files.EVAL)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / f"{name}.hyp").write_text("".join(h + "\n" for h in hypotheses), encoding="utf-8")
     (out_dir / f"{name}.ref").write_text("".join(r + "\n" for r in references), encoding="utf-8")
-    result = {"checkpoint": str(ckpt), "sentences": len(sources), **score(hypotheses, references),
+    result = {"checkpoint": ckpt if isinstance(ckpt, list) else str(ckpt), "sentences": len(sources), **score(hypotheses, references),
               "engine": options.engine, "compute_type": options.compute_type,
               "threads": getattr(model, "threads", torch.get_num_threads()),
               "inter_threads": getattr(model, "inter_threads", None),
