@@ -257,7 +257,7 @@ class TranslationDataModule(L.LightningDataModule):
         return Tokenizer.load(self.tokenizer_path_used)
 
     def _tokenized_split(self, split: str, raw: datasets.Dataset, raw_key: str, cleaned: dict) -> Split:
-        model_hash = hashlib.sha256(self.tokenizer.model_proto).hexdigest()
+        model_hash = self.tokenizer.digest()  # a single SentencePiece model: its sha256, as before
         tok_key = cache_key("tok", raw_key, model_hash)
         path = self.cache_dir / f"tok-{split}-{tok_key}"
 

@@ -16,6 +16,8 @@ How our model maps onto CTranslate2's ``TransformerSpec``:
   (PE[:, 2i] = sin, PE[:, 2i+1] = cos) where CTranslate2's built-in one concatenates [sin | cos];
 - vocabulary: the SentencePiece pieces in id order, so CTranslate2 id == our id; its unk/bos/eos tokens are
   the pieces of our ids 1/2/3; the decoder starts from bos, and eos is appended to every source;
+- activation relu, swish or gelu (``model.activation``); the model's ``output_bias``, if any, is the output
+  layer's bias, but on pad and bos:
 - the output layer gets a bias of -1e4 on pad and bos, which are never valid outputs (``forbid_special``
   in decoding): exp(-1e4) underflows to 0, so every other log-probability is unchanged;
 - head gates (set by head-importance analysis) are folded into the attention output projections.
@@ -136,8 +138,14 @@ def transformer_spec(model: Transformer, tokenizer: Tokenizer):
     if not cfg.n_heads * d_k == cfg.n_heads * d_v == cfg.d_model:
         raise ValueError(f"CTranslate2 needs n_heads x d_k = n_heads x d_v = d_model ({cfg.d_model}); this model has "
                          f"n_heads {cfg.n_heads}, model.d_k {d_k}, model.d_v {d_v}: translate with PyTorch")
+    if not tokenizer.single_file:
+        raise ValueError("CTranslate2 export reads one SentencePiece model whose ids are the model's; this "
+                         "tokenizer has separate source and target models or an imported vocabulary: translate "
+                         "with PyTorch (engine=native)")
+    activation = {"relu": specs.Activation.RELU, "swish": specs.Activation.SWISH,
+                  "gelu": specs.Activation.GELU}[cfg.activation]
     spec = specs.TransformerSpec.from_config((cfg.n_encoder_layers, cfg.n_decoder_layers), cfg.n_heads,
-                                             pre_norm=cfg.norm_first, activation=specs.Activation.RELU)
+                                             pre_norm=cfg.norm_first, activation=activation)
     _set_inputs(spec.encoder, model.src_embed, model.positions)
     for layer_spec, layer in zip(spec.encoder.layer, model.encoder_layers):
         _set_attention(layer_spec.self_attention, layer.self_attn, layer.attn_block.norm, self_attention=True)
@@ -154,7 +162,7 @@ def transformer_spec(model: Transformer, tokenizer: Tokenizer):
 
     output_weight = model.tgt_embed.weight if model.output_proj is None else model.output_proj.weight
     spec.decoder.projection.weight = _array(output_weight)  # (vocab, d_model)
-    bias = np.zeros(cfg.vocab_size, dtype=np.float32)
+    bias = np.zeros(cfg.vocab_size, dtype=np.float32) if model.output_bias is None else _array(model.output_bias)
     bias[[cfg.pad_id, tokenizer.bos_id]] = FORBIDDEN_LOGIT_BIAS
     spec.decoder.projection.bias = bias
 
