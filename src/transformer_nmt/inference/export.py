@@ -1,4 +1,5 @@
-"""Export a checkpoint to a CTranslate2 model directory, built with CTranslate2's own model-spec API.
+"""Export a checkpoint to a CTranslate2 model directory, built with CTranslate2's own model-spec API (or, with
+``format=marian``, to a transformers MarianMT directory: interchange/marian.py).
 
     python -m transformer_nmt.export ckpt=RUN/averaged.ckpt output=RUN/ct2
     python -m transformer_nmt.export ckpt=RUN/averaged.ckpt output=RUN/ct2_int8 quantization=int8
@@ -48,7 +49,7 @@ EXPORT_FORMAT = 1  # part of the cache key: bump when the export of a given chec
 SENTENCEPIECE_MODEL = "sentencepiece.model"
 FORBIDDEN_LOGIT_BIAS = -1e4  # on pad and bos; finite so float16 and int8 exports keep it
 LAYER_NORM_EPS = 1e-5  # torch.nn.LayerNorm's default, which the model uses
-USAGE = "python -m transformer_nmt.export ckpt=PATH output=DIR [quantization=int8] [force=true]"
+USAGE = "python -m transformer_nmt.export ckpt=PATH output=DIR [quantization=int8] [format=marian] [force=true]"
 
 
 @dataclass
@@ -58,6 +59,8 @@ class ExportOptions:
     quantization: str = option("none", "none (float32 weights) | int8 | int8_float32 | float16 | ... "
                                        "(CTranslate2's weight types)")
     force: bool = option(False, "replace output if it exists")
+    format: str = option("ctranslate2", "ctranslate2 | marian: a transformers MarianMT directory "
+                                        "(interchange/marian.py; pip install -e .[hf])")
 
 
 OPTIONS = ExportOptions
@@ -259,7 +262,22 @@ def main(argv: list[str] | None = None) -> Path:
     options = parse_options(command_argv(argv), ExportOptions, __doc__, USAGE)
     require_checkpoint(options)
     if not options.output:
-        raise SystemExit("missing output=DIR (the CTranslate2 model directory to write)")
+        raise SystemExit("missing output=DIR (the model directory to write)")
+    if options.format == "marian":
+        if options.quantization != "none":
+            raise SystemExit("quantization= is an option of format=ctranslate2 (format=marian writes float32)")
+        from transformer_nmt.interchange.marian import ConversionError, export_marian  # imports transformers
+
+        model, tokenizer, meta = load_checkpoint(options.ckpt)
+        command = "python -m transformer_nmt.export " + " ".join(command_argv(argv))
+        try:
+            output = export_marian(model, tokenizer, options.output, meta, options.force, command)
+        except ConversionError as error:
+            raise SystemExit(f"cannot export {options.ckpt} to MarianMT exactly: {error}") from None
+        print(f"exported {options.ckpt} -> {output} (MarianMT)")
+        return output
+    if options.format != "ctranslate2":
+        raise SystemExit(f"format={options.format!r}: use ctranslate2 or marian")
     check_quantization(options.quantization)  # before the (slow) checkpoint load
     model, tokenizer, meta = load_checkpoint(options.ckpt)
     output = export_model(model, tokenizer, options.output, options.quantization, meta, options.force)
