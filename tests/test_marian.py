@@ -177,6 +177,7 @@ def random_model(tokenizer, **config) -> Transformer:
     if model.output_bias is not None:
         with torch.no_grad():
             model.output_bias.normal_()
+            model.output_bias[[0, 2, 3]] += torch.tensor([4.0, 4.0, 4.0])  # pad and bos likely; eos ends sentences
     return model
 
 
@@ -192,6 +193,18 @@ def test_swish_bias_untied_export_and_round_trip(tmp_path, sentences):
     with torch.no_grad():
         difference = hf_model(input_ids=src, attention_mask=src != 0, decoder_input_ids=tgt_in).logits - model(src, tgt_in)
     assert difference[tgt_in != 0].abs().max() < TOLERANCE
+    # Beam 4 at alpha 0 (see test_export_beam_identical_at_alpha_0). Untrained, pad and bos hold real probability:
+    # only their suppression with renormalisation gives transformers our scores.
+    src_ids, beams = translate_ids(model, tokenizer, sentences[0][:8], beam=4, alpha=0.0)
+    limits = max_output_lengths(model, padded(src_ids, 0), OFFSET).tolist()
+    assert all(len(hyps[0][0]) < limit for hyps, limit in zip(beams, limits))
+    src = padded(src_ids, 0)
+    out = hf_model.generate(input_ids=src, attention_mask=src != 0, num_beams=4, length_penalty=0.0,
+                            early_stopping="never", max_new_tokens=max(limits), return_dict_in_generate=True,
+                            output_scores=True)
+    assert [[t for t in row if t not in (0, 3)] for row in out.sequences[:, 1:].tolist()] == [h[0][0] for h in beams]
+    # and the same scores: sums of log-probabilities renormalised without pad and bos
+    torch.testing.assert_close(out.sequences_scores, torch.tensor([h[0][1] for h in beams]), rtol=0, atol=TOLERANCE)
     back, back_tokenizer, info = import_marian(directory)
     assert back.config == model.config and back_tokenizer == tokenizer and not info["added_bos"]
     ours, theirs = model.state_dict(), back.state_dict()
@@ -321,7 +334,7 @@ def test_imported_checkpoint_loads_and_fine_tunes(marian, tmp_path):
                                                  zip(loaded.state_dict().values(), model.state_dict().values()))
     corpus = write_tiny_corpus(tmp_path / "corpus", n_train=48, n_eval=8)
     cfg = tiny_config(corpus, f"init_from={ckpt}", "data.max_positions=128", "trainer.max_steps=6",
-                      "trainer.limit_val_batches=0", "train.val_bleu_max_sentences=0", "train.warmup_steps=4",
+                      "trainer.limit_val_batches=0", "train.val_bleu_max_sentences=0", "train.warmup_steps=4", "train.lr_factor=0.2",
                       "checkpoint.save_top_k=0", "model.dropout=0.0")
     train(cfg, tmp_path / "run")
     tuned, tuned_tokenizer, _ = load_checkpoint(tmp_path / "run" / "checkpoints" / "last.ckpt")
@@ -337,3 +350,6 @@ def test_imported_checkpoint_loads_and_fine_tunes(marian, tmp_path):
 
     before, after = loss(model), loss(tuned)
     assert after < before - 0.1, (before, after)
+    # it started from the imported weights (a fresh initialisation would be unrelated to them)
+    start, end = model.src_embed.weight.flatten(), tuned.src_embed.weight.flatten()
+    assert torch.nn.functional.cosine_similarity(start, end, dim=0) > 0.9
