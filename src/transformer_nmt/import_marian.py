@@ -4,7 +4,7 @@
 The command lives in interchange/marian.py; ``--help`` lists its options and their defaults.
 """
 
-from transformer_nmt.interchange.marian import ImportOptions as OPTIONS, import_main as main  # noqa: F401
+from transformer_nmt.interchange.marian import import_main as main
 
 if __name__ == "__main__":
     main()

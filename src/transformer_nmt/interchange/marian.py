@@ -472,6 +472,9 @@ class ImportOptions:
     force: bool = option(False, "replace output if it exists")
 
 
+OPTIONS = ImportOptions  # import_marian's: what test_docs checks the docs' commands against
+
+
 def import_main(argv: list[str] | None = None) -> Path:
     """``python -m transformer_nmt.import_marian``: a MarianMT directory -> our checkpoint."""
     from transformer_nmt.checkpoint import atomic_torch_save
