@@ -11,8 +11,8 @@ smoothing 0.1, Adam's betas and eps) at the recipe's precision for this CPU (bf1
 native bf16, else fp32), on the same tokenized pairs (our datamodule's, filtered as the recipe filters them).
 Ours: ``python -m transformer_nmt.train experiment=multi30k_cpu`` itself, in a subprocess (its batches: the
 recipe's ``data.max_tokens`` padded target tokens at most). Theirs: ``Seq2SeqTrainer`` on ``MarianMTModel``
-(our export of a fresh model of the recipe's config: the same init scheme), ``group_by_length=True`` and
-``bf16`` where we use it, ``DataCollatorForSeq2Seq``, a batch size in sentences chosen so that its mean target
+(our export of a fresh model of the recipe's config: the same init scheme), ``group_by_length`` (transformers 5:
+``train_sampling_strategy="group_by_length"``) and ``bf16`` where we use it, ``DataCollatorForSeq2Seq``, a batch size in sentences chosen so that its mean target
 tokens per batch equal ours (printed: both sides' real mean), in a subprocess of this script (``--side hf``).
 
 Throughput: ``--rounds`` rounds of ``--steps`` optimizer steps each, ours then theirs (alternating, so that a
@@ -129,13 +129,17 @@ def train_hf(args) -> dict:
             if time.perf_counter() - self.start > self.seconds:
                 control.should_training_stop = True
 
+    # group_by_length (transformers 4) became train_sampling_strategy="group_by_length" (5)
+    fields = transformers.Seq2SeqTrainingArguments.__dataclass_fields__
+    bucketing = ({"train_sampling_strategy": "group_by_length"} if "train_sampling_strategy" in fields
+                 else {"group_by_length": True})
     lr_peak = cfg.train.lr_factor * model_cfg["d_model"] ** -0.5 * cfg.train.warmup_steps ** -0.5
     training = transformers.Seq2SeqTrainingArguments(
         output_dir=str(Path(args.work) / "hf_run"), per_device_train_batch_size=batch_size,
         max_steps=args.steps if args.steps else 10 ** 9, learning_rate=lr_peak, warmup_steps=cfg.train.warmup_steps,
         lr_scheduler_type="inverse_sqrt", adam_beta1=cfg.train.betas[0], adam_beta2=cfg.train.betas[1],
         adam_epsilon=cfg.train.eps, weight_decay=0.0, label_smoothing_factor=cfg.train.label_smoothing,
-        group_by_length=True, bf16=precision == "bf16-mixed", use_cpu=True, dataloader_num_workers=0,
+        bf16=precision == "bf16-mixed", **bucketing, use_cpu=True, dataloader_num_workers=0,
         save_strategy="no", report_to=[], logging_steps=50, seed=cfg.seed, disable_tqdm=True)
     callbacks = [Timer()] + ([WallTime(args.minutes * 60)] if not args.steps else [])
     trainer = transformers.Seq2SeqTrainer(model=model, args=training, train_dataset=dataset, data_collator=collate,

@@ -353,3 +353,34 @@ def test_imported_checkpoint_loads_and_fine_tunes(marian, tmp_path):
     # it started from the imported weights (a fresh initialisation would be unrelated to them)
     start, end = model.src_embed.weight.flatten(), tuned.src_embed.weight.flatten()
     assert torch.nn.functional.cosine_similarity(start, end, dim=0) > 0.9
+
+
+def test_transformers_stays_out_of_the_import_path():
+    """transformers costs seconds to import: only the conversions load it, inside their functions."""
+    import subprocess
+    import sys
+
+    code = ("import sys, transformer_nmt.interchange.marian, transformer_nmt.inference.export, "
+            "transformer_nmt.inference.translate, transformer_nmt.import_marian; "
+            "print(sorted(m for m in ('transformers', 'safetensors', 'lightning') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_model_card_quotes_the_scores_beside_the_checkpoint(tmp_path):
+    from transformer_nmt.interchange.marian import model_card
+
+    run = tmp_path / "run"
+    (run / "checkpoints" / "eval").mkdir(parents=True)
+    (run / "results.json").write_text(json.dumps({"val_bleu": 12.5, "test_bleu": 11.25, "steps": 40}))
+    for name, ckpt in (("test", "last.ckpt"), ("other", "averaged.ckpt")):
+        (run / "checkpoints" / "eval" / f"{name}.json").write_text(json.dumps(
+            {"checkpoint": f"x/{ckpt}", "sentences": 1000, "beam": 4, "alpha": 0.6, "bleu": 33.3, "chrf": 55.5,
+             "bleu_signature": "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.4.0", "chrf_signature": "c"}))
+    card = model_card(TransformerConfig(vocab_size=10), {"path": str(run / "checkpoints" / "last.ckpt"),
+                                                         "data_config": {"src_lang": "en", "tgt_lang": "de"}},
+                      "python -m transformer_nmt.export format=marian")
+    assert "val_bleu 12.5, test_bleu 11.25, steps 40" in card
+    assert "`test` (1000 sentences, beam 4, alpha 0.6): BLEU 33.3 (`nrefs:1|case:mixed" in card
+    assert "`other`" not in card  # another checkpoint's scores
+    assert "python -m transformer_nmt.export format=marian" in card and "- en\n- de" in card

@@ -285,8 +285,8 @@ def model_card(config: TransformerConfig, meta: dict, command: str | None) -> st
         "pipeline_tag: translation", "---", "",
         f"# {src}->{tgt} Transformer (transformer_nmt)", "",
         "An encoder-decoder Transformer trained with transformer_nmt and exported to MarianMT's format: load it "
-        "with `MarianMTModel.from_pretrained` and `MarianTokenizer.from_pretrained`, or "
-        "`pipeline(\"translation\", model=DIR)`. Greedy search translates exactly as transformer_nmt does; beam "
+        "with `MarianMTModel.from_pretrained` and `MarianTokenizer.from_pretrained` (with transformers 4 also "
+        "`pipeline(\"translation\", model=DIR)`). Greedy search translates exactly as transformer_nmt does; beam "
         "search differs in its length penalty only (transformers' |Y|^alpha against GNMT's ((5+|Y|)/6)^alpha).", "",
         "## Scores", "", *scores, "",
         "## Data", "", *(data_lines or ["- not recorded in the checkpoint"]), "",
