@@ -186,6 +186,7 @@ def decode_race(ckpt: Path, args, work: Path) -> list[dict]:
 
     from transformer_nmt.checkpoint import load_checkpoint
     from transformer_nmt.inference.ctranslate2_engine import CTranslate2Model
+    from transformer_nmt.inference.decode_config import DecodeConfig
     from transformer_nmt.inference.evaluate import score
     from transformer_nmt.inference.export import export_model
     from transformer_nmt.inference.translate import read_lines, translate_lines
@@ -206,7 +207,10 @@ def decode_race(ckpt: Path, args, work: Path) -> list[dict]:
         with torch.no_grad():
             for i in range(0, len(src), 64):
                 enc = hf_tokenizer(src[i:i + 64], return_tensors="pt", padding=True)
-                hyps += hf_tokenizer.batch_decode(hf_model.generate(**enc, num_beams=4), skip_special_tokens=True)
+                # our limit is each source's length + 50; transformers has one per batch: the longest's
+                limit = int(enc["attention_mask"].sum(dim=1).max()) + DecodeConfig().max_len_offset
+                hyps += hf_tokenizer.batch_decode(hf_model.generate(**enc, num_beams=4, max_new_tokens=limit),
+                                                  skip_special_tokens=True)
         return hyps
 
     rows = []
