@@ -303,7 +303,7 @@ def test_every_data_option_has_one_default_in_data_config(data_slice):
         "train", "val", "test"]
     local = OmegaConf.load(ROOT / "conf" / "data" / "local.yaml")
     assert set(local) == {"defaults"} and list(local.defaults) == ["schema", "_self_"]
-    assert list(inspect.signature(TranslationDataModule).parameters) == ["config", "seed", "pad_to_multiple"]
+    assert list(inspect.signature(TranslationDataModule).parameters) == ["config", "seed", "pad_to_multiple", "tokenizer"]
     for data_config in ("multi30k", "wmt14_en_de"):
         text = (ROOT / "conf" / "data" / f"{data_config}.yaml").read_text()
         assert "defaults:\n  - local\n" in text and "_target_" not in text and "num_proc" not in text

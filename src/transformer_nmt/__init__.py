@@ -11,12 +11,14 @@ The layers, bottom up (a module imports only from its own layer or those below):
     training/                   Lightning: the module, callbacks, launch, fingerprints, precision, the run
     inference/                  translate, evaluate, average, export, CTranslate2, alignment, ensembles, scoring
                                 (no Lightning)
+    interchange/                MarianMT (transformers) directories to and from our checkpoints (no Lightning;
+                                transformers imported inside its functions)
     analysis/                   attention maps, head importance, the explorer, alignment AER; the studies
                                 (Table 3's summary and plan, the Multi30k reproduction)
     conf/                       the Hydra configs (train.yaml, prepare.yaml and their groups)
 
 The commands are the thin modules at the top: ``python -m transformer_nmt.train``, ``.prepare``,
-``.translate``, ``.evaluate``, ``.average``, ``.export``, ``.analyze_heads``, ``.explore``.
+``.translate``, ``.evaluate``, ``.average``, ``.export``, ``.import_marian``, ``.analyze_heads``, ``.explore``.
 """
 
 __version__ = "0.1.0"

@@ -32,6 +32,10 @@ from transformer_nmt.records import RecordError, from_record
 # Keys this project adds to a Lightning checkpoint, so that it is self-contained (training/module.py writes them).
 CKPT_MODEL_CONFIG = "transformer_config"
 CKPT_TOKENIZER = "tokenizer_model_proto"
+# Only where the tokenizer has them (an imported model): the target side's SentencePiece model, and the joint
+# vocabulary (a list of pieces in id order) that maps both models' pieces to ids (data/tokenizer.py).
+CKPT_TARGET_TOKENIZER = "target_tokenizer_model_proto"
+CKPT_TOKENIZER_PIECES = "tokenizer_pieces"
 CKPT_DATA_CONFIG = "data_config"  # the data config (plain dict) the model was trained on
 CKPT_VERSION = "transformer_nmt_version"  # the package version that wrote the checkpoint (absent before 2026-12)
 CKPT_RUN = "training_run"  # the training run (one id from its fresh start through every resume): what averaging checks
@@ -75,6 +79,32 @@ def read_checkpoint(path: str | os.PathLike, mmap: bool = False) -> dict:
     return checkpoint
 
 
+def tokenizer_entries(tokenizer: Tokenizer) -> dict:
+    """What a checkpoint stores of ``tokenizer``: its SentencePiece model, and the target model and the joint
+    vocabulary where it has them."""
+    entries = {CKPT_TOKENIZER: tokenizer.model_proto}
+    if tokenizer.target_proto is not None:
+        entries[CKPT_TARGET_TOKENIZER] = tokenizer.target_proto
+    if tokenizer.pieces is not None:
+        entries[CKPT_TOKENIZER_PIECES] = tokenizer.pieces
+    return entries
+
+
+def checkpoint_tokenizer(checkpoint: dict, path: str | os.PathLike) -> Tokenizer:
+    """The tokenizer that checkpoint ``checkpoint`` (read from ``path``, named in errors) stores."""
+    target, pieces = checkpoint.get(CKPT_TARGET_TOKENIZER), checkpoint.get(CKPT_TOKENIZER_PIECES)
+    if not isinstance(checkpoint[CKPT_TOKENIZER], bytes) or not (target is None or isinstance(target, bytes)):
+        raise CheckpointError(f"checkpoint {path}: {CKPT_TOKENIZER} and {CKPT_TARGET_TOKENIZER} must be bytes "
+                              f"(serialized SentencePiece models)")
+    if pieces is not None and not (isinstance(pieces, list) and all(isinstance(p, str) for p in pieces)):
+        raise CheckpointError(f"checkpoint {path}: {CKPT_TOKENIZER_PIECES} must be a list of strings")
+    try:
+        return Tokenizer(checkpoint[CKPT_TOKENIZER], target, pieces)
+    except (TypeError, ValueError, RuntimeError) as error:  # not a SentencePiece model
+        raise CheckpointError(f"checkpoint {path}: {CKPT_TOKENIZER} is not a usable SentencePiece model "
+                              f"({str(error).strip().splitlines()[0][:200]})") from None
+
+
 def checkpoint_step(path: str | os.PathLike) -> int:
     """A checkpoint's global step (optimizer steps), read without reading its tensors."""
     return int(read_checkpoint(path, mmap=True).get("global_step") or 0)
@@ -102,11 +132,7 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
         model.load_state_dict(weights)
     except RuntimeError as error:
         raise CheckpointError(f"checkpoint {path}: weights do not match its own model config: {error}") from error
-    try:
-        tokenizer = Tokenizer.from_proto(checkpoint[CKPT_TOKENIZER])
-    except (TypeError, RuntimeError, ValueError) as error:  # not bytes, or not a SentencePiece model
-        raise CheckpointError(f"checkpoint {path}: {CKPT_TOKENIZER} is not a usable SentencePiece model "
-                              f"({str(error).strip().splitlines()[0][:200]})") from None
+    tokenizer = checkpoint_tokenizer(checkpoint, path)
     if tokenizer.vocab_size != config.vocab_size:
         raise CheckpointError(f"checkpoint {path}: tokenizer has {tokenizer.vocab_size} pieces but the model "
                               f"{config.vocab_size}")

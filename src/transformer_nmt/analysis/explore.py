@@ -115,7 +115,7 @@ def attention(model: Transformer, tokenizer: Tokenizer, sentences: list[str], de
         sources, results = translate_ids(model, tokenizer, sentences, decode)
     else:
         sources = encode_sources(tokenizer, sentences, model.config.max_positions)
-        results = [[(ids, 0.0)] for ids in tokenizer.encode_batch([translations[i] for i in keep])]
+        results = [[(ids, 0.0)] for ids in tokenizer.encode_batch([translations[i] for i in keep], target=True)]
     out = []
     for sentence, src, hyps in zip(sentences, sources, results):
         hyp = hyps[0][0][: model.config.max_positions - 1]

@@ -68,7 +68,7 @@ def reference_loss(model: Transformer, tokenizer: Tokenizer, sources: list[str],
     max_positions = model.config.max_positions
     src_ids = encode_sources(tokenizer, sources, max_positions)
     tgt_ids = [[tokenizer.bos_id] + ids[: max_positions - 2] + [tokenizer.eos_id]
-               for ids in tokenizer.encode_batch(references)]
+               for ids in tokenizer.encode_batch(references, target=True)]
     keep = [i for i, ids in enumerate(src_ids) if ids is not None]
     total, count = 0.0, 0
     device = model.positions.device

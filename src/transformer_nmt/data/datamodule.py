@@ -168,10 +168,12 @@ class TranslationDataModule(L.LightningDataModule):
     (``references(split)[i]`` is its raw target sentence).
     """
 
-    def __init__(self, config: DataConfig | Mapping, *, seed: int | None = None, pad_to_multiple: int | None = None):
+    def __init__(self, config: DataConfig | Mapping, *, seed: int | None = None, pad_to_multiple: int | None = None,
+                 tokenizer: Tokenizer | None = None):
         """``config``: the data options (a ``DataConfig``, or the app's ``data`` node); ``seed`` and
         ``pad_to_multiple``, where given, replace the config's: the app passes the run's batch seed and the
-        multiple train.compile needs."""
+        multiple train.compile needs. ``tokenizer``: use it instead of data.tokenizer_path or a trained one (the
+        app passes init_from's)."""
         super().__init__()
         if not isinstance(config, DataConfig):
             config = DataConfig(**(OmegaConf.to_container(config, resolve=True) if isinstance(config, DictConfig)
@@ -193,6 +195,7 @@ class TranslationDataModule(L.LightningDataModule):
         self.num_proc, self.num_workers = config.num_proc, config.num_workers
         # batch widths rounded up to a multiple of this (train.compile: 8)
         self.pad_to_multiple = config.pad_to_multiple if pad_to_multiple is None else pad_to_multiple
+        self.given_tokenizer = tokenizer
         self.tokenizer: Tokenizer | None = None
         self.tokenizer_trained_now = False
         self.tokenizer_path_used: Path | None = None
@@ -206,7 +209,7 @@ class TranslationDataModule(L.LightningDataModule):
         if self.splits:
             return
         configured = [s for s in self.spec.locations if self.spec.locations.get(s)]  # train, val(s), test
-        if "train" not in configured and self.tokenizer_path is None:
+        if "train" not in configured and self.tokenizer_path is None and self.given_tokenizer is None:
             raise ValueError("data.train is not set: the vocabulary is trained on it (or set data.tokenizer_path)")
         raw = {split: self._raw_split(split) for split in configured}
         self.tokenizer = self._tokenizer(raw.get("train"))
@@ -236,6 +239,8 @@ class TranslationDataModule(L.LightningDataModule):
         return datasets.Dataset.from_file(str(path / "pairs.arrow")), key, cleaned
 
     def _tokenizer(self, train: tuple[datasets.Dataset, str, dict] | None) -> Tokenizer:
+        if self.given_tokenizer is not None:
+            return self.given_tokenizer
         if self.tokenizer_path is not None:
             self.tokenizer_path_used = Path(self.tokenizer_path)
             return self._given_tokenizer(self.tokenizer_path_used)
@@ -271,7 +276,7 @@ class TranslationDataModule(L.LightningDataModule):
                              f"train one on data.train") from None
 
     def _tokenized_split(self, split: str, raw: datasets.Dataset, raw_key: str, cleaned: dict) -> Split:
-        model_hash = hashlib.sha256(self.tokenizer.model_proto).hexdigest()
+        model_hash = self.tokenizer.digest()  # a single SentencePiece model: its sha256, as before
         tok_key = cache_key("tok", raw_key, model_hash)
         path = self.cache_dir / f"tok-{split}-{tok_key}"
 

@@ -1,4 +1,5 @@
-"""A shared SentencePiece subword vocabulary (paper section 5.1: "a shared source-target vocabulary").
+"""A shared SentencePiece subword vocabulary (paper section 5.1: "a shared source-target vocabulary"), or an
+imported model's separate source and target SentencePiece models over one joint vocabulary (``Tokenizer``).
 
 The paper used byte-pair encoding with 37,000 tokens for English-German. We train a SentencePiece
 model (BPE or unigram) on both sides of the training split, with fixed special ids:
@@ -11,6 +12,7 @@ tokenizes a split of raw pairs with a batched, multi-process ``datasets.map``.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 from collections.abc import Iterable, Iterator
@@ -29,16 +31,37 @@ PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 
 
 class Tokenizer:
-    """A SentencePiece model with the special ids above."""
+    """A SentencePiece model with the special ids above.
+
+    The shared vocabulary of a run is one SentencePiece model whose ids are the model's. An imported model
+    (interchange/marian.py) may instead bring separate source and target SentencePiece models over one joint
+    vocabulary: ``target_proto`` splits the target side's text, and ``pieces`` (the vocabulary, in id order,
+    pad/unk/bos/eos first) maps pieces to ids. Text -> pieces by the side's SentencePiece model -> ids by
+    ``pieces`` (a piece outside it: unk), as MarianTokenizer does; ids -> pieces -> the target model's text.
+    Without ``pieces`` the ids are the SentencePiece model's own (the shared case, unchanged).
+    """
 
     pad_id, unk_id, bos_id, eos_id = PAD_ID, UNK_ID, BOS_ID, EOS_ID
 
-    def __init__(self, model_proto: bytes):
+    def __init__(self, model_proto: bytes, target_proto: bytes | None = None, pieces: list[str] | None = None):
         self._proto = bytes(model_proto)
+        self._target_proto = None if target_proto is None else bytes(target_proto)
+        self._pieces = None if pieces is None else [str(piece) for piece in pieces]
         self._sp = spm.SentencePieceProcessor(model_proto=self._proto)
-        ids = (self._sp.pad_id(), self._sp.unk_id(), self._sp.bos_id(), self._sp.eos_id())
-        if ids != (PAD_ID, UNK_ID, BOS_ID, EOS_ID):
-            raise ValueError(f"SentencePiece model has pad/unk/bos/eos ids {ids}, expected (0, 1, 2, 3)")
+        self._target_sp = (self._sp if self._target_proto is None
+                           else spm.SentencePieceProcessor(model_proto=self._target_proto))
+        if self._pieces is None:
+            if self._target_proto is not None:
+                raise ValueError("a target SentencePiece model needs the joint vocabulary (pieces) that maps "
+                                 "both models' pieces to ids")
+            ids = (self._sp.pad_id(), self._sp.unk_id(), self._sp.bos_id(), self._sp.eos_id())
+            if ids != (PAD_ID, UNK_ID, BOS_ID, EOS_ID):
+                raise ValueError(f"SentencePiece model has pad/unk/bos/eos ids {ids}, expected (0, 1, 2, 3)")
+            return
+        if len(self._pieces) <= EOS_ID or len(set(self._pieces)) != len(self._pieces):
+            raise ValueError(f"the vocabulary must hold distinct pieces, pad/unk/bos/eos first; got "
+                             f"{len(self._pieces)} pieces, {len(set(self._pieces))} distinct")
+        self._ids = {piece: i for i, piece in enumerate(self._pieces)}
 
     @classmethod
     def from_proto(cls, model_proto: bytes) -> Tokenizer:
@@ -49,27 +72,66 @@ class Tokenizer:
         return cls(Path(path).read_bytes())
 
     def save(self, path: str | os.PathLike) -> None:
+        if not self.single_file:
+            raise ValueError(f"cannot save this tokenizer as one SentencePiece model ({path}): it has separate "
+                             "source and target models or an imported vocabulary")
         Path(path).write_bytes(self._proto)
 
     @property
     def model_proto(self) -> bytes:
-        """The serialized SentencePiece model, to embed in checkpoints."""
+        """The serialized (source) SentencePiece model, to embed in checkpoints."""
         return self._proto
 
     @property
+    def target_proto(self) -> bytes | None:
+        """The target side's serialized SentencePiece model; None: the source's."""
+        return self._target_proto
+
+    @property
+    def pieces(self) -> list[str] | None:
+        """The joint vocabulary in id order; None: the SentencePiece model's ids."""
+        return None if self._pieces is None else list(self._pieces)
+
+    @property
+    def single_file(self) -> bool:
+        """One SentencePiece model whose ids are the model's (what every run trains)."""
+        return self._target_proto is None and self._pieces is None
+
+    def digest(self) -> str:
+        """A hash of everything that decides the ids (a cache key): the model's sha256 when it is a single file."""
+        if self.single_file:
+            return hashlib.sha256(self._proto).hexdigest()
+        parts = [self._proto, self._target_proto or b"", "\n".join(self._pieces).encode()]
+        return hashlib.sha256(b"\0".join(hashlib.sha256(part).digest() for part in parts)).hexdigest()
+
+    @property
     def vocab_size(self) -> int:
-        return self._sp.get_piece_size()
+        return self._sp.get_piece_size() if self._pieces is None else len(self._pieces)
 
-    def encode(self, text: str) -> list[int]:
-        return self._sp.encode(text)
+    def _sentencepiece(self, target: bool) -> spm.SentencePieceProcessor:
+        return self._target_sp if target else self._sp
 
-    def encode_batch(self, texts: list[str], num_threads: int = 1) -> list[list[int]]:
+    def _to_ids(self, pieces: list[str]) -> list[int]:
+        return [self._ids.get(piece, UNK_ID) for piece in pieces]
+
+    def encode(self, text: str, target: bool = False) -> list[int]:
+        """Subword ids of ``text`` (no bos/eos); ``target``: split it as the target side does."""
+        return self.encode_batch([text], target=target)[0]
+
+    def encode_batch(self, texts: list[str], num_threads: int = 1, target: bool = False) -> list[list[int]]:
         """Encode many sentences at once; the loop runs in C++ on ``num_threads`` threads."""
-        return self._sp.encode(texts, num_threads=num_threads)
+        sp = self._sentencepiece(target)
+        if self._pieces is None:
+            return sp.encode(texts, num_threads=num_threads)
+        return [self._to_ids(pieces) for pieces in sp.encode(texts, out_type=str, num_threads=num_threads)]
 
     def decode(self, ids: Iterable[int]) -> str:
-        """Detokenized text; special ids (pad, bos, eos) are dropped."""
-        return self._sp.decode([int(i) for i in ids if i not in (PAD_ID, BOS_ID, EOS_ID)])
+        """Detokenized text (the target side's); special ids (pad, bos, eos) are dropped."""
+        kept = [int(i) for i in ids if i not in (PAD_ID, BOS_ID, EOS_ID)]
+        if self._pieces is None:
+            return self._sp.decode(kept)
+        unknown = self._target_sp.id_to_piece(self._target_sp.unk_id())  # decodes to " \u2047 ", as above
+        return self._target_sp.decode_pieces([unknown if i == UNK_ID else self._pieces[i] for i in kept])
 
     def surfaces(self, ids: list[int]) -> list[str]:
         """The text each id adds to ``decode(ids)``, so that their concatenation is that text: "" for the special
@@ -80,13 +142,18 @@ class Tokenizer:
         return [longer[len(text):] for text, longer in zip(texts, texts[1:])]
 
     def id_to_piece(self, token_id: int) -> str:
-        return self._sp.id_to_piece(int(token_id))
+        return self._sp.id_to_piece(int(token_id)) if self._pieces is None else self._pieces[int(token_id)]
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Tokenizer) and self.__getstate__() == other.__getstate__()
+
+    __hash__ = None
 
     def __getstate__(self):  # for DataLoader workers and datasets.map processes
-        return {"proto": self._proto}
+        return {"proto": self._proto, "target_proto": self._target_proto, "pieces": self._pieces}
 
     def __setstate__(self, state):
-        self.__init__(state["proto"])
+        self.__init__(state["proto"], state.get("target_proto"), state.get("pieces"))
 
 
 def train_sentencepiece(
@@ -138,7 +205,8 @@ class _EncodeColumns:
 
         columns = {}
         for lang in self.langs:
-            ids = self.tokenizer.encode_batch(batch.column(lang).to_pylist(), self.num_threads)
+            ids = self.tokenizer.encode_batch(batch.column(lang).to_pylist(), self.num_threads,
+                                              target=lang != self.langs[0])  # langs: (source, target)
             lengths = np.fromiter(map(len, ids), dtype=np.int32, count=len(ids))
             offsets = np.zeros(len(ids) + 1, dtype=np.int32)
             np.cumsum(lengths, out=offsets[1:])

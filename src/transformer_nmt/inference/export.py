@@ -1,4 +1,5 @@
-"""Export a checkpoint to a CTranslate2 model directory, built with CTranslate2's own model-spec API.
+"""Export a checkpoint to a CTranslate2 model directory, built with CTranslate2's own model-spec API (or, with
+``format=marian``, to a transformers MarianMT directory: interchange/marian.py).
 
     python -m transformer_nmt.export ckpt=RUN/averaged.ckpt output=RUN/ct2
     python -m transformer_nmt.export ckpt=RUN/averaged.ckpt output=RUN/ct2_int8 quantization=int8
@@ -19,6 +20,8 @@ How our model maps onto CTranslate2's ``TransformerSpec``:
   (PE[:, 2i] = sin, PE[:, 2i+1] = cos) where CTranslate2's built-in one concatenates [sin | cos];
 - vocabulary: the SentencePiece pieces in id order, so CTranslate2 id == our id; its unk/bos/eos tokens are
   the pieces of our ids 1/2/3; the decoder starts from bos, and eos is appended to every source;
+- activation relu, swish or gelu (``model.activation``); the model's ``output_bias``, if any, is the output
+  layer's bias, but on pad and bos:
 - the output layer gets a bias of -1e4 on pad and bos, which are never valid outputs (``forbid_special``
   in decoding): exp(-1e4) underflows to 0, so every other log-probability is unchanged;
 - head gates (set by head-importance analysis) are folded into the attention output projections.
@@ -53,7 +56,7 @@ EXPORT_FORMAT = 2  # part of the cache key: bump when the export of a given chec
 SENTENCEPIECE_MODEL = "sentencepiece.model"
 FORBIDDEN_LOGIT_BIAS = -1e4  # on pad and bos; finite so float16 and int8 exports keep it
 LAYER_NORM_EPS = 1e-5  # torch.nn.LayerNorm's default, which the model uses
-USAGE = "python -m transformer_nmt.export ckpt=PATH output=DIR [quantization=int8] [force=true]"
+USAGE = "python -m transformer_nmt.export ckpt=PATH output=DIR [quantization=int8] [format=marian] [force=true]"
 
 
 @dataclass
@@ -63,6 +66,8 @@ class ExportOptions:
     quantization: str = option("none", "none (float32 weights) | int8 | int8_float32 | float16 | ... "
                                        "(CTranslate2's weight types)")
     force: bool = option(False, "replace output if it exists")
+    format: str = option("ctranslate2", "ctranslate2 | marian: a transformers MarianMT directory "
+                                        "(interchange/marian.py; pip install -e .[hf])")
 
 
 OPTIONS = ExportOptions
@@ -143,8 +148,14 @@ def transformer_spec(model: Transformer, tokenizer: Tokenizer):
     if not cfg.n_heads * d_k == cfg.n_heads * d_v == cfg.d_model:
         raise ValueError(f"CTranslate2 needs n_heads x d_k = n_heads x d_v = d_model ({cfg.d_model}); this model has "
                          f"n_heads {cfg.n_heads}, model.d_k {d_k}, model.d_v {d_v}: translate with PyTorch")
+    if not tokenizer.single_file:
+        raise ValueError("CTranslate2 export reads one SentencePiece model whose ids are the model's; this "
+                         "tokenizer has separate source and target models or an imported vocabulary: translate "
+                         "with PyTorch (engine=native)")
+    activation = {"relu": specs.Activation.RELU, "swish": specs.Activation.SWISH,
+                  "gelu": specs.Activation.GELU}[cfg.activation]
     spec = specs.TransformerSpec.from_config((cfg.n_encoder_layers, cfg.n_decoder_layers), cfg.n_heads,
-                                             pre_norm=cfg.norm_first, activation=specs.Activation.RELU)
+                                             pre_norm=cfg.norm_first, activation=activation)
     _set_inputs(spec.encoder, model.src_embed, model.positions)
     for layer_spec, layer in zip(spec.encoder.layer, model.encoder_layers):
         _set_attention(layer_spec.self_attention, layer.self_attn, layer.attn_block.norm, self_attention=True)
@@ -161,7 +172,7 @@ def transformer_spec(model: Transformer, tokenizer: Tokenizer):
 
     output_weight = model.tgt_embed.weight if model.output_proj is None else model.output_proj.weight
     spec.decoder.projection.weight = _array(output_weight)  # (vocab, d_model)
-    bias = np.zeros(cfg.vocab_size, dtype=np.float32)
+    bias = np.zeros(cfg.vocab_size, dtype=np.float32) if model.output_bias is None else _array(model.output_bias)
     bias[[cfg.pad_id, tokenizer.bos_id]] = FORBIDDEN_LOGIT_BIAS
     spec.decoder.projection.bias = bias
 
@@ -295,7 +306,22 @@ def main(argv: list[str] | None = None) -> Path:
     options = parse_options(command_argv(argv), ExportOptions, __doc__, USAGE)
     require_checkpoint(options)
     if not options.output:
-        raise SystemExit("missing output=DIR (the CTranslate2 model directory to write)")
+        raise SystemExit("missing output=DIR (the model directory to write)")
+    if options.format == "marian":
+        if options.quantization != "none":
+            raise SystemExit("quantization= is an option of format=ctranslate2 (format=marian writes float32)")
+        from transformer_nmt.interchange.marian import ConversionError, export_marian  # imports transformers
+
+        model, tokenizer, meta = load_checkpoint(options.ckpt)
+        command = "python -m transformer_nmt.export " + " ".join(command_argv(argv))
+        try:
+            output = export_marian(model, tokenizer, options.output, meta, options.force, command)
+        except ConversionError as error:
+            raise SystemExit(f"cannot export {options.ckpt} to MarianMT exactly: {error}") from None
+        print(f"exported {options.ckpt} -> {output} (MarianMT)")
+        return output
+    if options.format != "ctranslate2":
+        raise SystemExit(f"format={options.format!r}: use ctranslate2 or marian")
     check_quantization(options.quantization)  # before the (slow) checkpoint load
     model, tokenizer, meta = load_checkpoint(options.ckpt)
     output = export_model(model, tokenizer, options.output, options.quantization, meta, options.force)

@@ -23,6 +23,9 @@ from transformer_nmt.model.attention import AttentionCache, MultiHeadAttention, 
 from transformer_nmt.model.dropout import Dropout
 
 POSITIONS = ("sinusoidal", "learned")  # 3.5: fixed sinusoids, or a trained table (Table 3, row E)
+# The feed-forward's non-linearity: the paper's relu; swish (x * sigmoid(x), what opus-mt models use) and gelu
+# (the exact, erf form), so that MarianMT models import exactly (interchange/marian.py).
+ACTIVATIONS = {"relu": F.relu, "swish": F.silu, "gelu": F.gelu}
 
 
 @dataclass
@@ -46,6 +49,10 @@ class TransformerConfig:
     norm_first: bool = field(default=False, metadata={"help": "false: post-LN as in the paper; true: pre-LN"})
     tie_embeddings: bool = field(default=True, metadata={
         "help": "one matrix for source, target and output embeddings (3.4)"})
+    activation: str = field(default="relu", metadata={
+        "help": "the feed-forward's non-linearity: relu (3.3) | swish (x sigmoid(x), opus-mt's) | gelu (erf form)"})
+    output_bias: bool = field(default=False, metadata={
+        "help": "a bias on the output logits (the paper has none; MarianMT's final_logits_bias)"})
     pad_id: int = field(default=0, metadata={"help": "must be 0, the tokenizer's pad id"})
     attention: str = field(default="auto", metadata={
         "help": "auto (plain for weights, else the faster: attention.choose_kernel) | plain | blocked | fused"})
@@ -55,6 +62,8 @@ class TransformerConfig:
         check_attention(self.d_model, self.n_heads, self.attention, prefix="model.", d_k=self.d_k, d_v=self.d_v)
         if self.positions not in POSITIONS:
             raise ValueError(f"model.positions must be one of {POSITIONS}, got {self.positions!r}")
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"model.activation must be one of {tuple(ACTIVATIONS)}, got {self.activation!r}")
         if self.attention == "blocked" and self.attention_dropout > 0:
             raise ValueError("model.attention=blocked does not support model.attention_dropout > 0")
         if not 0 <= self.pad_id < self.vocab_size:
@@ -82,15 +91,17 @@ def sinusoidal_positions(max_positions: int, d_model: int) -> Tensor:
 
 
 class FeedForward(nn.Module):
-    """Section 3.3: FFN(x) = max(0, x W1 + b1) W2 + b2."""
+    """Section 3.3: FFN(x) = max(0, x W1 + b1) W2 + b2 (relu; or swish, gelu: ``activation``)."""
 
-    def __init__(self, d_model: int, d_ff: int):
+    def __init__(self, d_model: int, d_ff: int, activation: str = "relu"):
         super().__init__()
         self.linear1 = nn.Linear(d_model, d_ff)
         self.linear2 = nn.Linear(d_ff, d_model)
+        self.activation = ACTIVATIONS[activation]
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.linear2(F.relu(self.linear1(x)))
+        """x (B, L, d_model) -> (B, L, d_model), through (B, L, d_ff)."""
+        return self.linear2(self.activation(self.linear1(x)))
 
 
 class SublayerConnection(nn.Module):
@@ -115,7 +126,7 @@ class EncoderLayer(nn.Module):
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
         self.self_attn = _attention(cfg)
-        self.feed_forward = FeedForward(cfg.d_model, cfg.d_ff)
+        self.feed_forward = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation)
         self.attn_block = SublayerConnection(cfg.d_model, cfg.dropout, cfg.norm_first)
         self.ff_block = SublayerConnection(cfg.d_model, cfg.dropout, cfg.norm_first)
 
@@ -131,7 +142,7 @@ class DecoderLayer(nn.Module):
         super().__init__()
         self.self_attn = _attention(cfg)
         self.cross_attn = _attention(cfg)
-        self.feed_forward = FeedForward(cfg.d_model, cfg.d_ff)
+        self.feed_forward = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation)
         self.self_attn_block = SublayerConnection(cfg.d_model, cfg.dropout, cfg.norm_first)
         self.cross_attn_block = SublayerConnection(cfg.d_model, cfg.dropout, cfg.norm_first)
         self.ff_block = SublayerConnection(cfg.d_model, cfg.dropout, cfg.norm_first)
@@ -200,6 +211,8 @@ class Transformer(nn.Module):
         self.encoder_norm = nn.LayerNorm(cfg.d_model) if cfg.norm_first else nn.Identity()
         self.decoder_norm = nn.LayerNorm(cfg.d_model) if cfg.norm_first else nn.Identity()
         self.output_proj = None if cfg.tie_embeddings else nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        # (vocab,) added to the logits; starts at 0. None: no bias (the paper; checkpoints before it)
+        self.output_bias = nn.Parameter(torch.zeros(cfg.vocab_size)) if cfg.output_bias else None
         self._init_weights()
 
     def _init_weights(self) -> None:
@@ -286,8 +299,9 @@ class Transformer(nn.Module):
         return (logits, self_weights, cross_weights) if need_weights else logits
 
     def project(self, x: Tensor) -> Tensor:
-        """(B, T, d_model) -> (B, T, vocab); shares the embedding matrix when tied."""
-        return F.linear(x, self.tgt_embed.weight) if self.output_proj is None else self.output_proj(x)
+        """(B, T, d_model) -> (B, T, vocab); shares the embedding matrix when tied; adds ``output_bias`` (vocab,)."""
+        weight = self.tgt_embed.weight if self.output_proj is None else self.output_proj.weight  # (vocab, d_model)
+        return F.linear(x, weight, self.output_bias)
 
     def new_cache(self) -> DecoderCache:
         return DecoderCache(len(self.decoder_layers))

@@ -30,7 +30,8 @@ from omegaconf import DictConfig, OmegaConf
 from transformer_nmt import run_files
 from transformer_nmt.model.attention import auto_kernel, check_attention
 from transformer_nmt.training.callbacks import LastCheckpoint, early_stopping
-from transformer_nmt.checkpoint import atomic_write
+from transformer_nmt.checkpoint import (CKPT_MODEL_CONFIG, MODEL_PREFIX, atomic_write, checkpoint_tokenizer,
+                                      read_checkpoint)
 from transformer_nmt.training.checkpoint_io import AtomicCheckpointIO
 from transformer_nmt.training.fingerprint import RecordFingerprint, check_finished_run, check_resume, run_fingerprint
 from transformer_nmt.training.launch import resume_checkpoint
@@ -106,11 +107,25 @@ def batch_seed(cfg: DictConfig) -> int:
     return cfg.seed if cfg.data.get("seed") is None else cfg.data.seed
 
 
-def build_module(cfg: DictConfig, tokenizer) -> TranslationModule:
+# What model.* still sets for a run that starts from init_from (the checkpoint gives the architecture).
+INIT_RUN_SETTINGS = ("dropout", "attention_dropout", "attention", "attention_block_size")
+
+
+def build_module(cfg: DictConfig, tokenizer, init: dict | None = None) -> TranslationModule:
+    """The module for ``cfg``; with ``init`` (init_from's checkpoint) its architecture and weights."""
     model_config = {**OmegaConf.to_container(cfg.model, resolve=True), "vocab_size": tokenizer.vocab_size}
+    if init is not None:
+        model_config = {**init[CKPT_MODEL_CONFIG], **{k: model_config[k] for k in INIT_RUN_SETTINGS}}
+        if model_config.get("max_positions", 1024) < cfg.data.max_positions:
+            raise ConfigError(f"init_from={cfg.init_from} holds max_positions {model_config['max_positions']}, "
+                              f"below data.max_positions ({cfg.data.max_positions}): lower data.max_positions")
     train_config = OmegaConf.to_container(cfg.train, resolve=True)
     data_config = OmegaConf.to_container(cfg.data, resolve=True)
-    return TranslationModule(model_config, train_config, tokenizer=tokenizer, seed=cfg.seed, data_config=data_config)
+    module = TranslationModule(model_config, train_config, tokenizer=tokenizer, seed=cfg.seed, data_config=data_config)
+    if init is not None:
+        module.model.load_state_dict({k[len(MODEL_PREFIX):]: v for k, v in init["state_dict"].items()
+                                      if k.startswith(MODEL_PREFIX)})
+    return module
 
 
 def build_callbacks(cfg: DictConfig, overrides: Sequence[str] = ()) -> list[pl.Callback]:
@@ -180,6 +195,8 @@ def summary(cfg: DictConfig, datamodule, module: TranslationModule, trainer: pl.
         f"run dir     {trainer.default_root_dir}",
         f"resume      {resume}",
     ]
+    if cfg.get("init_from"):
+        lines.append(f"init        weights, architecture and tokenizer from {cfg.init_from}")
     chosen = precision_dependent(cfg)
     if chosen:  # the recipe's ${by_precision:...} settings, as chosen for this run's precision
         after = next(i for i, line in enumerate(lines) if line.startswith("devices")) + 1
@@ -251,9 +268,11 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: Sequence[str] = (), s
     pl.seed_everything(cfg.seed, workers=True)
     # torch.compile: batch widths a multiple of 8 too, so that shapes repeat (and the user's multiple still holds)
     compile_pad = {"pad_to_multiple": math.lcm(cfg.data.pad_to_multiple, 8)} if cfg.train.compile else {}
-    datamodule = TranslationDataModule(cfg.data, **compile_pad, seed=batch_seed(cfg))
+    init = read_checkpoint(cfg.init_from) if cfg.get("init_from") else None  # fine-tune: weights, tokenizer
+    datamodule = TranslationDataModule(cfg.data, **compile_pad, seed=batch_seed(cfg),
+                                       tokenizer=checkpoint_tokenizer(init, cfg.init_from) if init else None)
     datamodule.setup("fit")  # builds or reuses the vocabulary: the model's vocab_size comes from it
-    module = build_module(cfg, datamodule.tokenizer)
+    module = build_module(cfg, datamodule.tokenizer, init)
     callbacks = build_callbacks(cfg, overrides)
     trainer = build_trainer(cfg, run_dir, callbacks)
     if rank_zero_only.rank == 0:

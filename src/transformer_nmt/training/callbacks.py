@@ -157,7 +157,7 @@ class AttentionMaps(Callback):
             source, target = (probe, None) if isinstance(probe, str) else probe
             src = tokenizer.encode(source)[: self.max_tokens - 1] + [tokenizer.eos_id]
             src_t = torch.tensor([src], device=device)  # (1, S)
-            tgt_ids = tokenizer.encode(target) if target is not None else greedy_decode(
+            tgt_ids = tokenizer.encode(target, target=True) if target is not None else greedy_decode(
                 model, src_t, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id,
                 max_len_offset=DecodeConfig().max_len_offset)[0]
             tgt_ids = tgt_ids[: self.max_tokens - 1]

@@ -108,6 +108,11 @@ class TrainAppConfig:
     ckpt_path: str | None = option("auto", "auto: resume from the run dir's newest checkpoint (last.ckpt, "
                                             "hpc_ckpt_N.ckpt) if there is one, else start fresh; last: the same, "
                                             "but one must exist; null: fresh; a path")
+    init_from: str | None = option(None, "a checkpoint to fine-tune (ours, or one python -m "
+                                          "transformer_nmt.import_marian wrote): the run starts from its weights, "
+                                          "architecture and tokenizer (model.* then sets only dropout, "
+                                          "attention_dropout and the kernel; data.vocab_size is unused), with a "
+                                          "fresh optimizer and schedule")
     force_resume: bool = option(False, "ckpt_path=auto/last refuses a checkpoint written with other model, data, "
                                         "train or seed settings (fingerprint.py); true: resume it anyway")
     run_test: bool = option(True, "after fit: test the best checkpoint (by val BLEU) on data.test")

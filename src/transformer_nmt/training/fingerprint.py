@@ -41,6 +41,8 @@ MAY_CHANGE = ("data.num_workers", "data.num_proc", "data.cache_dir",  # how many
 # until the structured configs of 2026-12; one path before the package's layout, another after). Ignored on both
 # sides, so that such a run resumes and a finished one is skipped.
 RETIRED = ("data._target_",)
+# Keys added since, whose value here is what every run did before them: a run that lacks one ran with this value.
+ADDED = {"model.activation": "relu", "model.output_bias": False}
 
 
 class ResumeError(ValueError):
@@ -88,8 +90,10 @@ def _override(value: Any) -> str:
 
 def differences(saved: dict[str, Any], current: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
     """{key: (saved value, current value)} for each key whose value differs ("absent" where one lacks it); the
-    ``RETIRED`` keys of an older run's ``saved`` fingerprint are not compared."""
+    ``RETIRED`` keys of an older run's ``saved`` fingerprint are not compared, and an ``ADDED`` key it lacks has
+    its value there."""
     absent = "absent"
+    saved, current = ({**ADDED, **fingerprint} for fingerprint in (saved, current))
     return {key: (saved.get(key, absent), current.get(key, absent)) for key in sorted(saved.keys() | current.keys())
             if key not in RETIRED and saved.get(key, absent) != current.get(key, absent)}
 

@@ -22,7 +22,8 @@ import torch
 from torch import Tensor
 
 from transformer_nmt import __version__
-from transformer_nmt.checkpoint import CKPT_DATA_CONFIG, CKPT_MODEL_CONFIG, CKPT_RUN, CKPT_TOKENIZER, CKPT_VERSION
+from transformer_nmt.checkpoint import (CKPT_DATA_CONFIG, CKPT_MODEL_CONFIG, CKPT_RUN, CKPT_TOKENIZER, CKPT_VERSION,
+                                      checkpoint_tokenizer, tokenizer_entries)
 from transformer_nmt.data.config import DataConfig
 from transformer_nmt.inference.decode_config import DecodeConfig
 from transformer_nmt.model.decoding import greedy_decode
@@ -361,7 +362,7 @@ class TranslationModule(pl.LightningModule):
         if self.data_config is not None:
             checkpoint[CKPT_DATA_CONFIG] = self.data_config
         if self.tokenizer is not None:
-            checkpoint[CKPT_TOKENIZER] = self.tokenizer.model_proto
+            checkpoint.update(tokenizer_entries(self.tokenizer))  # the target model and vocabulary where it has them
 
     def attached_to_trainer(self) -> bool:
         """Whether a Trainer runs this module (``trainer.fit(ckpt_path=...)`` restoring it: resuming), not
@@ -373,10 +374,10 @@ class TranslationModule(pl.LightningModule):
         return True
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
-        saved_tokenizer = checkpoint.get(CKPT_TOKENIZER)
+        saved_tokenizer = checkpoint_tokenizer(checkpoint, "being loaded") if CKPT_TOKENIZER in checkpoint else None
         if self.tokenizer is None and saved_tokenizer is not None:
-            self.tokenizer = Tokenizer.from_proto(saved_tokenizer)
-        elif saved_tokenizer is not None and self.tokenizer.model_proto != saved_tokenizer:
+            self.tokenizer = saved_tokenizer
+        elif saved_tokenizer is not None and self.tokenizer != saved_tokenizer:
             raise ValueError("the checkpoint was trained with another SentencePiece vocabulary than the data's "
                              "(the vocabulary cache was rebuilt, or the data options changed): resume with the "
                              "checkpoint's own: data.tokenizer_path=FILE, the SentencePiece model it embeds (key "

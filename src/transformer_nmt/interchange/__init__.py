@@ -1,0 +1,1 @@
+"""Our models in other toolkits' formats and back: ``marian`` (transformers' MarianMTModel directories)."""
