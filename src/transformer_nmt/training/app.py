@@ -252,6 +252,8 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: Sequence[str] = (), s
     with run_dir_lock(run_dir, wait=cfg.wait_for_run_dir), requeue.whole_run() if requeue else nullcontext():
         trainer = build_trainer(cfg, run_dir, callbacks)
         ckpt_path, resume = agree_on_resume(resume_checkpoint(cfg.ckpt_path, run_dir), trainer)  # rank 0's choice
+        if not trainer.is_global_zero:
+            log.info("rank %d resumes as global rank 0 chose: %s", trainer.global_rank, resume)
         # the run dir's checkpoint must be this run's: its fingerprint, with this trainer's world size and precision
         check_resume(cfg, ckpt_path, list(overrides) if sweep else None, trainer=trainer)
         if trainer.is_global_zero:
