@@ -175,3 +175,9 @@ def test_a_requeue_signal_during_data_setup_requeues_the_job(corpus, tmp_path, m
         f"killed by {signal.Signals(os.WTERMSIG(status)).name}" if os.WIFSIGNALED(status) else os.WEXITSTATUS(status))
     assert (tmp_path / "scontrol.log").read_text() == "requeue 777\n"
     assert signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL  # this process: untouched
+
+
+def test_the_sbatch_script_ends_every_task_when_one_dies():
+    script = (Path(__file__).resolve().parents[1] / "scripts" / "slurm_wmt14_base.sbatch").read_text()
+    launches = [line for line in script.splitlines() if line.startswith("srun ")]
+    assert launches and all("--kill-on-bad-exit=1" in line.split("python")[0] for line in launches), launches

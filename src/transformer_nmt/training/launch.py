@@ -1,16 +1,19 @@
-"""What the launcher tells a run: which directory it lives in, which checkpoint it resumes from, and how
-SLURM requeues it.
+"""What the launcher tells a run: which directory it lives in, which checkpoint it resumes from, that no other
+launch shares it, and how SLURM requeues it.
 
 Every process of a job (torchrun or SLURM ranks, a requeued SLURM job) must agree on one run directory,
 so its name comes from the job's identity, not from each process's clock (``run_name``, the
 ``${run_name:...}`` resolver of ``hydra.run.dir``): an explicit ``run_id=``, else ``slurm-$SLURM_JOB_ID``,
 else ``torchrun-$TORCHELASTIC_RUN_ID`` (torchrun's ``--rdzv_id``), else, for a single process only, the
-launch time. ``torchrun --standalone`` draws a new random id at every launch: there the name is
-``torchrun-standalone-`` and a hash of the run's fingerprint (``fingerprint.fingerprint_digest``: the settings
-that define the run), so that the command run again finds its run dir and resumes, also with another
-``trainer.max_time``, ``trainer.devices`` or ``force_resume=true`` (other settings, another dir). A sweep's
-directory is named by ``sweep_id=``, else the launch time (``sweep_name``). ``ckpt_path=auto`` then resumes from
-the newest checkpoint in that directory, if any (``resume_checkpoint``), which is what a restarted or requeued job needs (``SlurmRequeue``).
+launch time (also under Lightning's own launcher, ``trainer=ddp`` started as one process: it names the dir
+before it starts the others, and hands them the dir). ``torchrun --standalone`` draws a new random id at every
+launch: there the name is ``torchrun-standalone-`` and a hash of the run's fingerprint
+(``fingerprint.fingerprint_digest``: the settings that define the run), so that the command run again finds its
+run dir and resumes, also with another ``trainer.max_time``, or ``trainer.devices`` with the same tokens per step
+(other settings, another dir). A sweep's directory is named by ``sweep_id=``, else the launch time
+(``sweep_name``). ``ckpt_path=auto`` then resumes from the newest checkpoint in that directory, if any
+(``resume_checkpoint``), as global rank 0 found it (``agree_on_resume``), which is what a restarted or requeued
+job needs (``SlurmRequeue``). One launch at a time holds the directory (``run_dir_lock``).
 """
 
 from __future__ import annotations
