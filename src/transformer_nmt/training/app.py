@@ -25,6 +25,7 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.strategies import DDPStrategy
+from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
 from transformer_nmt import run_files
@@ -250,37 +251,43 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: Sequence[str] = (), s
     callbacks = build_callbacks(cfg, overrides)
     requeue = next((c for c in callbacks if isinstance(c, SlurmRequeue)), None)
     with run_dir_lock(run_dir, wait=cfg.wait_for_run_dir), requeue.whole_run() if requeue else nullcontext():
-        trainer = build_trainer(cfg, run_dir, callbacks)
-        ckpt_path, resume = agree_on_resume(resume_checkpoint(cfg.ckpt_path, run_dir), trainer)  # rank 0's choice
-        if not trainer.is_global_zero:
-            log.info("rank %d resumes as global rank 0 chose: %s", trainer.global_rank, resume)
-        # the run dir's checkpoint must be this run's: its fingerprint, with this trainer's world size and precision
-        check_resume(cfg, ckpt_path, list(overrides) if sweep else None, trainer=trainer)
-        if trainer.is_global_zero:
-            run_dir.mkdir(parents=True, exist_ok=True)
-            (run_dir / run_files.CONFIG).write_text(OmegaConf.to_yaml(cfg, resolve=True))
-        pl.seed_everything(cfg.seed, workers=True)
-        # torch.compile: batch widths a multiple of 8 too, so that shapes repeat (and the user's multiple still holds)
-        compile_pad = {"pad_to_multiple": math.lcm(cfg.data.pad_to_multiple, 8)} if cfg.train.compile else {}
-        datamodule = TranslationDataModule(cfg.data, **compile_pad, seed=batch_seed(cfg))
-        datamodule.setup("fit")  # builds or reuses the vocabulary: the model's vocab_size comes from it
-        module = build_module(cfg, datamodule.tokenizer)
-        if trainer.is_global_zero:
-            log.info("\n%s", summary(cfg, datamodule, module, trainer, resume))
-        trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
-        if cfg.get("validate_at_end") and module.validated_at_step != trainer.global_step:
-            trainer.validate(module, datamodule=datamodule, verbose=False)  # the final weights, as they are
-        metrics = dict(trainer.callback_metrics)  # the last validation's: trainer.test starts from empty metrics
-        if cfg.run_test and "test" in datamodule.splits:
-            best = trainer.checkpoint_callback.best_model_path  # "" when no validation ran
-            trainer.test(module, datamodule=datamodule, ckpt_path=best if best and Path(best).is_file() else None)
-            metrics.update(trainer.callback_metrics)
-        if trainer.is_global_zero:
-            results = run_results(module, trainer, metrics, overrides, time.perf_counter() - started, cfg.seed)
-            results[RESULTS_FINGERPRINT] = results_fingerprint(cfg, trainer)  # what a sweep run again compares
-            write_hypotheses(module, datamodule, run_dir)  # before results.json, which marks the run finished
-            text = json.dumps(results, indent=2) + "\n"
-            atomic_write(run_dir / run_files.RESULTS, lambda f: f.write(text.encode()))  # complete, or not there
+        return _fit_and_test(cfg, run_dir, overrides, sweep, callbacks, started)
+
+
+def _fit_and_test(cfg: DictConfig, run_dir: Path, overrides: Sequence[str], sweep: bool,
+                  callbacks: list[pl.Callback], started: float) -> pl.Trainer:
+    """``train``'s run, inside its lock and signal handling."""
+    trainer = build_trainer(cfg, run_dir, callbacks)
+    ckpt_path, resume = agree_on_resume(resume_checkpoint(cfg.ckpt_path, run_dir), trainer)  # rank 0's choice
+    if not trainer.is_global_zero:
+        log.info("rank %d resumes as global rank 0 chose: %s", trainer.global_rank, resume)
+    # the run dir's checkpoint must be this run's: its fingerprint, with this trainer's world size and precision
+    check_resume(cfg, ckpt_path, list(overrides) if sweep else None, trainer=trainer)
+    if rank_zero_only.rank == 0:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / run_files.CONFIG).write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    pl.seed_everything(cfg.seed, workers=True)
+    # torch.compile: batch widths a multiple of 8 too, so that shapes repeat (and the user's multiple still holds)
+    compile_pad = {"pad_to_multiple": math.lcm(cfg.data.pad_to_multiple, 8)} if cfg.train.compile else {}
+    datamodule = TranslationDataModule(cfg.data, **compile_pad, seed=batch_seed(cfg))
+    datamodule.setup("fit")  # builds or reuses the vocabulary: the model's vocab_size comes from it
+    module = build_module(cfg, datamodule.tokenizer)
+    if rank_zero_only.rank == 0:
+        log.info("\n%s", summary(cfg, datamodule, module, trainer, resume))
+    trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
+    if cfg.get("validate_at_end") and module.validated_at_step != trainer.global_step:
+        trainer.validate(module, datamodule=datamodule, verbose=False)  # the final weights, as they are
+    metrics = dict(trainer.callback_metrics)  # the last validation's: trainer.test starts from empty metrics
+    if cfg.run_test and "test" in datamodule.splits:
+        best = trainer.checkpoint_callback.best_model_path  # "" when no validation ran
+        trainer.test(module, datamodule=datamodule, ckpt_path=best if best and Path(best).is_file() else None)
+        metrics.update(trainer.callback_metrics)
+    if rank_zero_only.rank == 0:
+        results = run_results(module, trainer, metrics, overrides, time.perf_counter() - started, cfg.seed)
+        results[RESULTS_FINGERPRINT] = results_fingerprint(cfg, trainer)  # what a sweep run again compares
+        write_hypotheses(module, datamodule, run_dir)  # before results.json, which marks the run finished
+        text = json.dumps(results, indent=2) + "\n"
+        atomic_write(run_dir / run_files.RESULTS, lambda f: f.write(text.encode()))  # complete, or not there
     return trainer
 
 
