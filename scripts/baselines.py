@@ -6,6 +6,8 @@ search table counts the outputs identical to the baseline's ("same").
 
 - ``before_greedy``, ``before_beam``: the search before decoding.py's batched one (commit b8dae0a), one Python loop
   over sentences per step (scripts/benchmark_decode.py's ``search`` table).
+- ``previous_greedy``, ``previous_beam``: decoding.py's batched searches before issue 31 (commit 9584b1c), before
+  ensembles, prefixes and log-probabilities (scripts/benchmark_decode.py's ``search`` table: "before issue 31").
 - ``unchunked_loss``: the label-smoothed loss before it ran in chunks (scripts/benchmark_loss.py's "before");
   ``previous_loss``: the chunked one before its fused log_softmax/softmax kernels (training.module's
   ``_SmoothedCrossEntropy``), in the chunks of then (scripts/benchmark_step.py ``--previous-loss``).
@@ -18,7 +20,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from transformer_nmt.model.decoding import forbid_special, length_penalty, max_output_lengths
+from transformer_nmt.data.tokenizer import BOS_ID, EOS_ID
+from transformer_nmt.model.decoding import (STOP_RULES, first_done_last, forbid_special, length_penalty,
+                                           max_output_lengths, reorder_beams, until_eos)
 from transformer_nmt.model.dropout import Dropout
 from transformer_nmt.model.transformer import Transformer
 from transformer_nmt.training.module import LOSS_CHUNK_ELEMENTS, label_smoothed_cross_entropy
@@ -101,6 +105,120 @@ def before_beam(model: Transformer, src: Tensor, k: int, bos_id: int, eos_id: in
         beam_scores = new_scores[live]
         sentences = sentences[live]
     return [max(hyps, key=lambda h: h[1])[0] for hyps in finished]
+
+
+# --- decoding: decoding.py's batched searches before issue 31 (commit 9584b1c): one model, no prefix, no
+# log-probabilities; the current ones step through decoding.next_log_probs (ensembles) ---------------------
+@torch.no_grad()
+def previous_greedy(model: Transformer, src: Tensor, bos_id: int = BOS_ID, eos_id: int = EOS_ID, *,
+                  max_len_offset: int) -> list[list[int]]:
+    """Pick the most likely token at each step. src (B, S) -> token ids per sentence (no bos/eos)."""
+    B, device = src.shape[0], src.device
+    limits = max_output_lengths(model, src, max_len_offset)  # (B,)
+    out = torch.full((int(limits.max()), B), eos_id, dtype=torch.long, device=device)  # (T, B)
+    memory = model.encode(src)  # (B, S, d_model)
+    cache = model.new_cache()
+    rows = torch.arange(B, device=device)  # original index of each row still decoding
+    last = torch.full((B, 1), bos_id, dtype=torch.long, device=device)
+    for step in range(out.shape[0]):
+        logits = forbid_special(model.decode(last, memory, src, cache=cache)[:, -1], bos_id, model)  # (b, V)
+        next_tokens = logits.argmax(dim=-1)  # (b,)
+        out[step].index_copy_(0, rows, next_tokens)
+        done = (next_tokens == eos_id) | (step + 1 >= limits)  # (b,)
+        n_done = int(done.sum())  # the one host read per step
+        if n_done == done.numel():
+            break
+        if n_done:  # drop finished sentences from the batch
+            keep, _ = first_done_last(done, n_done)
+            rows, memory, src, limits, next_tokens = rows[keep], memory[keep], src[keep], limits[keep], next_tokens[keep]
+            cache.reorder(keep)
+        last = next_tokens.unsqueeze(1)  # (b, 1)
+    return until_eos(out.t().tolist(), eos_id)
+
+
+
+
+@torch.no_grad()
+def previous_beam(model: Transformer, src: Tensor, beam_size: int, alpha: float,
+                max_len_offset: int, n_best: int = 1, bos_id: int = BOS_ID,
+                eos_id: int = EOS_ID, stop: str = "bound") -> list[list[tuple[list[int], float]]]:
+    """decoding.beam_search before issue 31 (its rule, docstring there); hypotheses as (tokens, score)."""
+    if not 1 <= n_best <= beam_size:
+        raise ValueError(f"n_best ({n_best}) must be between 1 and beam_size ({beam_size})")
+    if stop not in STOP_RULES:
+        raise ValueError(f"stop must be one of {STOP_RULES}, got {stop!r}")
+    k, device = beam_size, src.device
+    B = src.shape[0]
+    limits = max_output_lengths(model, src, max_len_offset)  # (B,) of the sentences still searching
+    max_steps = int(limits.max())
+    out_scores = torch.full((B, k), float("-inf"), device=device)  # finished, of sentences done
+    out_tokens = torch.full((B, k, max_steps), eos_id, dtype=torch.long, device=device)  # eos-filled
+    memory = model.encode(src)  # (B, S, d_model), once per sentence
+    cache = model.new_cache()
+    sentences = torch.arange(B, device=device)  # original index of each sentence still searching
+    # Step 0 has one live beam per sentence (bos); from step 1 on, k. Beam j of sentence i is row i*width + j.
+    alive_scores = torch.zeros(B, 1, device=device)  # (b, width) sums of log-probs
+    alive_tokens = torch.empty(B, 1, 0, dtype=torch.long, device=device)  # (b, width, step)
+    fin_scores = torch.full((B, k), float("-inf"), device=device)  # best k finished, normalised, sorted
+    fin_tokens = torch.empty(B, k, 0, dtype=torch.long, device=device)  # (b, k, step), eos-filled
+    last = torch.full((B, 1), bos_id, dtype=torch.long, device=device)
+    rank = torch.arange(2 * k, device=device)  # (2k,)
+
+    for step in range(max_steps):
+        b, width = alive_scores.shape
+        logits = forbid_special(model.decode(last, memory, src, cache=cache)[:, -1], bos_id, model)  # (b*width, V)
+        log_probs = torch.log_softmax(logits.float(), dim=-1)
+        vocab = log_probs.shape[-1]
+        candidates = (alive_scores.view(b * width, 1) + log_probs).view(b, width * vocab)  # (b, width*V)
+        top_scores, top_ids = candidates.topk(2 * k, dim=1)  # (b, 2k), best first
+        origins, tokens = top_ids // vocab, top_ids % vocab  # beam of origin, new token
+        # Each candidate's tokens: its origin's prefix + the new token. (b, 2k, step+1)
+        prefixes = alive_tokens.gather(1, origins.unsqueeze(-1).expand(b, 2 * k, step))
+        sequences = torch.cat([prefixes, tokens.unsqueeze(-1)], dim=-1)
+
+        # Finished now: eos among the k best (an eos below them ends nothing), or anything at the limit.
+        is_eos = tokens == eos_id  # (b, 2k)
+        at_limit = step + 1 >= limits  # (b,)
+        finishing = (is_eos & (rank < k)) | (at_limit.unsqueeze(1) & ~is_eos)
+        new_fin = torch.where(finishing, top_scores / length_penalty(step + 1, alpha), float("-inf"))
+        fin_tokens = torch.cat([fin_tokens, torch.full((b, k, 1), eos_id, device=device)], dim=-1)
+        fin_scores, best = torch.cat([fin_scores, new_fin], dim=1).topk(k, dim=1)  # (b, k)
+        fin_tokens = torch.cat([fin_tokens, sequences], dim=1).gather(
+            1, best.unsqueeze(-1).expand(b, k, step + 1))  # (b, k, step+1)
+
+        # Alive: the k best that do not end in eos, in rank order.
+        pick = torch.argsort(is_eos.to(torch.uint8), dim=1, stable=True)[:, :k]  # (b, k)
+        alive_scores = top_scores.gather(1, pick)
+        alive_tokens = sequences.gather(1, pick.unsqueeze(-1).expand(b, k, step + 1))
+        beam_rows = (torch.arange(b, device=device) * width).unsqueeze(1) + origins.gather(1, pick)  # (b, k)
+
+        if stop == "bound":
+            best_reachable = alive_scores[:, 0] / length_penalty(limits.float(), alpha)  # (b,)
+            done = at_limit | (fin_scores[:, n_best - 1] >= best_reachable)
+        else:
+            done = at_limit | (fin_scores[:, -1] > float("-inf"))
+        n_done = int(done.sum())  # the one host read per step: who leaves the batch, and when to stop
+        sentence_rows = None
+        if n_done or width == 1:  # sentences leave the batch, or (step 0) each gets k rows
+            keep = torch.arange(b, device=device)
+            if n_done:  # sentences that are done hand in their finished hypotheses and leave
+                keep, gone = first_done_last(done, n_done)
+                out_scores[sentences[gone]] = fin_scores[gone]
+                out_tokens[sentences[gone], :, : step + 1] = fin_tokens[gone]
+                if n_done == b:
+                    break
+                sentences, limits, beam_rows = sentences[keep], limits[keep], beam_rows[keep]
+                alive_scores, alive_tokens = alive_scores[keep], alive_tokens[keep]
+                fin_scores, fin_tokens = fin_scores[keep], fin_tokens[keep]
+            # All beams of a sentence share its memory: any of its rows will do for each new beam.
+            sentence_rows = (keep * width).repeat_interleave(k)  # (b'*k,)
+            memory, src = memory[sentence_rows], src[sentence_rows]
+        reorder_beams(cache, beam_rows.view(-1), sentence_rows)
+        last = alive_tokens[:, :, -1].reshape(-1, 1)  # (b'*k, 1)
+
+    scores, tokens = out_scores.tolist(), out_tokens.tolist()
+    return [[(ids, score) for ids, score in zip(until_eos(tokens[i], eos_id), scores[i])
+             if score > float("-inf")][:n_best] for i in range(B)]
 
 
 # --- the loss before its fused kernels ------------------------------------------------------------------------

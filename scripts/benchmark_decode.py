@@ -16,7 +16,8 @@ a quarter of the pass (read from /proc), so a row that does not use the threads 
 against ``ref``.
 
 ``search`` (the history of our search): the per-sentence search this project had (scripts/baselines.py), the batched
-one of decoding.py (``after``) under both stopping rules, our default on more threads and CTranslate2 against
+one of decoding.py (``after``) under both stopping rules, the batched searches as they were before issue 31
+(ensembles, prefixes, log-probabilities: "before issue 31", against today's), our default on more threads and CTranslate2 against
 our search under its stopping rule (k finished); "x baseline" as "x native" above, against the row named.
 
 With ``ckpt=random`` (the default) a random tiny model is built with tests/tiny_checkpoint.py (speed only: its
@@ -52,7 +53,7 @@ from transformer_nmt.data.tokenizer import Tokenizer
 from transformer_nmt.options import parse_options
 from transformer_nmt.inference.translate import encode_sources, read_lines, token_batches, translate_lines
 
-from baselines import before_beam, before_greedy  # scripts/: the search as it was
+from baselines import before_beam, before_greedy, previous_beam, previous_greedy  # scripts/: the searches as they were
 
 ROOT = Path(__file__).resolve().parent.parent
 DECODE = DecodeConfig()  # the defaults of translate's search
@@ -125,6 +126,12 @@ def engines(model: Transformer, tokenizer: Tokenizer, k: int, threads: list[int]
             model, src, k, bos, eos, DECODE.alpha, DECODE.max_len_offset))),
         same_rule: (before, beam("k_finished")),
         default: (before, beam("bound")),
+        # Issue 31 routed the searches through decoding.next_log_probs (ensembles, prefixes, log-probabilities):
+        # the searches as they were just before, against today's ("x baseline" > 1: the old one was faster).
+        "greedy, before issue 31": ("greedy, after", ours(model, tokenizer, lambda src: previous_greedy(
+            model, src, max_len_offset=DECODE.max_len_offset))),
+        f"beam {k}, before issue 31, stop=bound": (default, ours(model, tokenizer, lambda src: [
+            hyps[0][0] for hyps in previous_beam(model, src, k, DECODE.alpha, DECODE.max_len_offset)])),
     }
     for n in threads:
         if n != 1:

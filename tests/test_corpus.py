@@ -2,6 +2,7 @@
 
 import gzip
 import json
+import re
 
 import datasets
 import numpy as np
@@ -64,6 +65,14 @@ def test_jsonl_flat_and_translation_objects(tmp_path, nested):
     assert de == DE and len(en) == 3
 
 
+@pytest.mark.parametrize("value", [None, 3, ["a"]])
+def test_a_jsonl_sentence_that_is_not_a_string_names_file_line_and_language(tmp_path, value):
+    rows = [{"en": "A dog.", "de": "Ein Hund."}, {"en": value, "de": "Nichts."}]
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(CorpusError, match=rf"train.jsonl:2: 'en' is {re.escape(json.dumps(value))}, not a string"):
+        read(spec("jsonl", tmp_path / "train.jsonl"), tmp_path)
+
+
 def hub_dataset():
     rows = {"translation": [{"de": d, "en": e} for e, d in zip(EN, DE)]}
     return datasets.DatasetDict({"train": datasets.Dataset.from_dict(rows),
@@ -86,6 +95,27 @@ def test_hub_schema_through_load_dataset_on_json_files(tmp_path, monkeypatch):
     sp = CorpusSpec("hub", ("en", "de"), {"train": "train"}, hub_name=str(folder))
     en, de = read(sp, tmp_path)
     assert en == [s.strip() for s in EN] and de == DE
+
+
+def test_a_hub_dataset_never_runs_its_loading_script(tmp_path, monkeypatch):
+    """datasets >= 4 runs none; where load_dataset still takes trust_remote_code (older versions), it is told
+    False, whatever the environment says (a checkpoint's data config may name the dataset)."""
+    calls = []
+
+    def old_load_dataset(path, name=None, split=None, trust_remote_code=None):
+        calls.append(trust_remote_code)
+        return hub_dataset()[split]
+
+    def new_load_dataset(path, name=None, split=None):
+        calls.append("no such option")
+        return hub_dataset()[split]
+
+    monkeypatch.chdir(tmp_path)  # no local directory named like the dataset
+    for fake in (old_load_dataset, new_load_dataset):
+        monkeypatch.setattr(datasets, "load_dataset", fake)
+        en, de = read(CorpusSpec("hub", ("en", "de"), {"train": "train"}, hub_name="someone/scripted"), tmp_path)
+        assert de == DE
+    assert calls == [False, "no such option"]
 
 
 def test_hub_offline_error_says_how_to_use_local_files(tmp_path, monkeypatch):

@@ -159,8 +159,8 @@ def test_translate_keeps_its_guarantees_with_ctranslate2(tmp_path, monkeypatch, 
                         f"output={tmp_path / 'out.txt'}", "beam=3", "n_best=2", "threads=1"])
     rows = [line.split("\t") for line in (tmp_path / "out.txt").read_text(encoding="utf-8").splitlines()]
     assert [r[0] for r in rows] == ["1", "1", "2", "2", "3", "3", "4", "4", "5", "5"]
-    assert rows[2][2] == rows[4][2] == "" and rows[0][2] != ""
-    assert float(rows[0][1]) >= float(rows[1][1])
+    assert rows[2][3] == rows[4][3] == "" and rows[0][3] != ""  # LINE, SCORE, LOG_PROB, TRANSLATION
+    assert float(rows[0][1]) >= float(rows[1][1]) and float(rows[0][2]) < 0
     assert len(list((tmp_path / "cache" / "transformer_nmt" / "ctranslate2").iterdir())) == 1
 
 
@@ -273,6 +273,34 @@ def test_export_refuses_heads_whose_width_is_not_d_model(tmp_path):
         transformer_spec(model, tokenizer)
 
 
+def test_n_best_log_probs_match_native(trained, exported, validation):
+    """Each beam hypothesis's log-probability (CTranslate2's normalised score, restored) equals the native one's
+    (the same search rule, k finished) for the hypotheses both find, and the native one equals the
+    teacher-forced sum of the model's log-probabilities of its tokens and eos."""
+    _, model, tokenizer = trained
+    lines = validation[0][:30]
+    sources = encode_sources(tokenizer, lines, model.config.max_positions)
+    src = torch.nn.utils.rnn.pad_sequence([torch.tensor(ids) for ids in sources], batch_first=True)
+    native = beam_search(model, src, 4, 0.6, 50, n_best=4, stop="k_finished")
+    ct2 = exported[1].translate_hypotheses(sources, beam=4, n_best=4)
+    compared = 0
+    for ours, theirs in zip(native, ct2):
+        by_tokens = {tuple(h.tokens): h.log_prob for h in theirs}
+        for h in ours:
+            if tuple(h.tokens) in by_tokens:
+                assert h.log_prob == pytest.approx(by_tokens[tuple(h.tokens)], abs=2e-3)
+                compared += 1
+    assert compared >= 0.9 * 4 * len(lines)
+    for i in range(3):  # an independent sum: a full forward pass, teacher-forced
+        h = native[i][0]
+        tgt = torch.tensor([[tokenizer.bos_id] + h.tokens + [tokenizer.eos_id]])
+        with torch.no_grad():
+            logits = model(torch.tensor([sources[i]]), tgt[:, :-1])[0].float()
+        logits[:, [0, tokenizer.bos_id]] = float("-inf")
+        expected = torch.log_softmax(logits, -1).gather(1, tgt[0, 1:, None]).sum()
+        assert h.log_prob == pytest.approx(float(expected), abs=1e-3)
+
+
 # --- greedy: one call with the largest length limit, each output cut at its own; beam: a call per limit ------
 
 def per_limit_reference(engine, sources, beam, max_len_offset, n_best):
@@ -287,7 +315,7 @@ def per_limit_reference(engine, sources, beam, max_len_offset, n_best):
             length_penalty=0.6, return_end_token=True, return_scores=True, max_decoding_length=limit,
             min_decoding_length=0, max_input_length=0)
         for i, output in zip(rows, outputs):
-            results[i] = engine._hypotheses(output, beam, 0.6, n_best)
+            results[i] = [(h.tokens, h.score) for h in engine._hypotheses(output, beam, 0.6, n_best)]
     return limits, results
 
 
@@ -335,3 +363,25 @@ def test_default_threads_are_one_per_batch_and_one_batch_per_core(exported):
     for bad in ("threads", "inter_threads"):
         with pytest.raises(SystemExit, match=f"{bad}=-1: give a whole number >= 0"):
             CTranslate2Model(exported[0], **{bad: -1})
+
+
+def test_scoring_and_prefixes_match_native(trained, exported, validation):
+    """score_reference: CTranslate2's score_batch gives each token the native log-probability; prefix: its
+    target_prefix starts every output with the prefix, and beam 4 continues it as the native search does."""
+    from transformer_nmt.inference.scoring import token_log_probs
+    from transformer_nmt.inference.translate import translate_hypotheses
+
+    _, model, tokenizer = trained
+    sources, references = validation[0][:12], validation[1][:12]
+    native = token_log_probs(model, tokenizer, sources, references, 4096)
+    ct2 = token_log_probs(exported[1], tokenizer, sources, references, 4096)
+    assert [len(x) for x in ct2] == [len(x) for x in native]
+    assert all(a == pytest.approx(b, abs=2e-3) for x, y in zip(native, ct2) for a, b in zip(x, y))
+    prefixes = [" ".join(reference.split()[:2]) for reference in references]
+    for beam in (1, 4):
+        ours = translate_hypotheses(model, tokenizer, sources, beam=beam, prefixes=prefixes)[1]
+        theirs = translate_hypotheses(exported[1], tokenizer, sources, beam=beam, prefixes=prefixes)[1]
+        for prefix, h in zip(prefixes, theirs):
+            assert h[0].tokens[: len(tokenizer.encode(prefix))] == tokenizer.encode(prefix)
+        same = sum(a[0].tokens == b[0].tokens for a, b in zip(ours, theirs))
+        assert same >= 0.8 * len(sources)

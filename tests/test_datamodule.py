@@ -276,6 +276,16 @@ def test_given_tokenizer_path_is_used_instead_of_training(data_ready, data_slice
     assert not any(s.tokenized_now for s in dm.splits.values())  # same model bytes: same token cache
 
 
+@pytest.mark.parametrize("content", [b"not a model at all", None])
+def test_a_tokenizer_path_that_is_not_a_sentencepiece_model_names_option_and_file(data_slice, tmp_path, content):
+    path = tmp_path / "spm.model"
+    if content is not None:
+        path.write_bytes(content)
+    problem = "is not a usable SentencePiece model" if content is not None else "no such file"
+    with pytest.raises(ValueError, match=rf"data.tokenizer_path={path}: (.*spm.model )?{problem}"):
+        make(data_slice, tmp_path / "cache", tokenizer_path=str(path)).setup()
+
+
 def test_every_data_option_has_one_default_in_data_config(data_slice):
     """DataConfig holds every option's default and help; conf/data/local.yaml extends it without repeating one,
     the other data configs are diffs over local.yaml, and the datamodule takes a DataConfig."""

@@ -30,15 +30,24 @@ def random_sources(seed, vocab=12, B=4, S=6):
     return src
 
 
+def model_log_probs(model):
+    """next_log_probs(src (1, S), tokens) -> (V,) for one model: its last logits, pad and bos forbidden, log-softmax."""
+    def next_log_probs(src, tokens):
+        logits = model(src, torch.tensor([tokens]))[0, -1]
+        logits[[PAD, BOS]] = float("-inf")
+        return torch.log_softmax(logits, -1)
+    return next_log_probs
+
+
 @torch.no_grad()
-def reference_greedy(model, src_row, max_len):
-    """One sentence, no cache: recompute the whole prefix at every step."""
+def reference_greedy(model, src_row, max_len, next_log_probs=None):
+    """One sentence, no cache: recompute the whole prefix at every step (``next_log_probs``: as
+    ``model_log_probs`` gives, by default the model's)."""
+    next_log_probs = next_log_probs or model_log_probs(model)
     src = src_row[src_row != PAD].unsqueeze(0)
     tokens = [BOS]
     for _ in range(max_len):
-        logits = model(src, torch.tensor([tokens]))[0, -1]
-        logits[[PAD, BOS]] = float("-inf")
-        token = int(logits.argmax())
+        token = int(next_log_probs(src, tokens).argmax())
         if token == EOS:
             break
         tokens.append(token)
@@ -46,18 +55,17 @@ def reference_greedy(model, src_row, max_len):
 
 
 @torch.no_grad()
-def reference_beam(model, src_row, k, alpha, max_len, stop="bound", n_best=1):
+def reference_beam(model, src_row, k, alpha, max_len, stop="bound", n_best=1, next_log_probs=None):
     """One sentence, no cache, no batching: the beam search rule written as plainly as possible.
     Returns the n_best finished (tokens, normalised score), best first."""
+    next_log_probs = next_log_probs or model_log_probs(model)
     src = src_row[src_row != PAD].unsqueeze(0)
     beams = [([], 0.0)]  # (generated tokens, sum of log-probs)
     finished = []
     for step in range(max_len):
         candidates = []
         for tokens, score in beams:
-            logits = model(src, torch.tensor([[BOS] + tokens]))[0, -1]
-            logits[[PAD, BOS]] = float("-inf")
-            log_probs = torch.log_softmax(logits, -1)
+            log_probs = next_log_probs(src, [BOS] + tokens)
             candidates += [(score + log_probs[t].item(), tokens, t) for t in range(log_probs.numel())
                            if t not in (PAD, BOS)]
         candidates.sort(key=lambda c: -c[0])

@@ -129,6 +129,7 @@ def tool_options() -> dict[str, object]:
         if options is not None:
             tools[module.name] = options
     tools["scripts/benchmark_decode.py"] = script_options(ROOT / "scripts" / "benchmark_decode.py")
+    tools["scripts/ensemble_study.py"] = script_options(ROOT / "scripts" / "ensemble_study.py")
     return tools
 
 

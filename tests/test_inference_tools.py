@@ -114,17 +114,22 @@ def test_averaging_identical_checkpoints_returns_them(tmp_path, tokenizer, check
         torch.testing.assert_close(averaged["state_dict"][key], value, atol=0, rtol=0)
 
 
-def test_two_checkpoints_average_to_the_mean_and_load(tmp_path, tokenizer):
+def test_two_seeds_average_to_the_mean_only_when_mixing_is_asked_for(tmp_path, tokenizer):
     a = write_checkpoint(tmp_path / "a.ckpt", tokenizer, seed=1, step=10)
     b = write_checkpoint(tmp_path / "b.ckpt", tokenizer, seed=2, step=20)
-    output = average_main([f"inputs=[{tmp_path / 'a.ckpt'},{tmp_path / 'b.ckpt'}]", f"output={tmp_path / 'avg.ckpt'}"])
+    inputs = [f"inputs=[{tmp_path / 'a.ckpt'},{tmp_path / 'b.ckpt'}]", f"output={tmp_path / 'avg.ckpt'}"]
+    with pytest.raises(SystemExit, match=r"2 different training runs \(run run-of-seed-1 / run run-of-seed-2\): "
+                                         r"a.ckpt; b.ckpt .*allow_mixed=true"):
+        average_main(inputs)
+    assert not (tmp_path / "avg.ckpt").exists()
+    output = average_main([*inputs, "allow_mixed=true"])
     model, _, _ = load_checkpoint(output)
     for (name, p_a), p_b in zip(a.state_dict().items(), b.state_dict().values()):
         torch.testing.assert_close(model.state_dict()[name], (p_a + p_b) / 2, atol=1e-7, rtol=0)
 
 
 def test_average_last_n_picks_the_highest_steps(tmp_path, tokenizer):
-    models = {step: write_checkpoint(tmp_path / f"step={step}.ckpt", tokenizer, seed=step, step=step)
+    models = {step: write_checkpoint(tmp_path / f"step={step}.ckpt", tokenizer, seed=step, step=step, run="one")
               for step in (5, 10, 15)}
     output = average_main([f"dir={tmp_path}", "last=2", f"output={tmp_path / 'out' / 'avg.ckpt'}"])
     model, _, _ = load_checkpoint(output)
@@ -150,6 +155,38 @@ def test_evaluate_scores_match_the_sacrebleu_command_line(tmp_path, checkpoint):
         assert float(cli.stdout.strip()) == pytest.approx(result[key], abs=1e-4)
     assert result["bleu_signature"].startswith("nrefs:1|case:mixed")
     assert "case:lc" in result["bleu_lowercase_signature"]
+
+
+def test_evaluates_written_files_reproduce_its_score_exactly_with_line_breaks_inside_references(tmp_path, checkpoint):
+    """References with a lone CR (kept by read_lines) or U+2028 inside a line: NAME.ref and NAME.hyp hold one line
+    per sentence for any reader (str.splitlines, universal newlines, sacrebleu reading stdin), and the sacrebleu
+    command line gives evaluate's scores exactly, from -i and from stdin."""
+    sources = ["A dog runs.", "Two men talk.", "A child plays in the snow."]
+    (tmp_path / "src.en").write_text("\n".join(sources) + "\n", encoding="utf-8")
+    (tmp_path / "ref.de").write_text("x\ny\nz\n", encoding="utf-8")
+    evaluate_main([f"ckpt={checkpoint}", f"src={tmp_path / 'src.en'}", f"ref={tmp_path / 'ref.de'}",
+                   f"out={tmp_path / 'eval'}", "beam=1", "name=first"])
+    hypotheses = (tmp_path / "eval" / "first.hyp").read_text(encoding="utf-8").split("\n")[:3]
+
+    def broken(text, separator):  # the output with a line break inside: n-grams shared with it, BLEU > 0
+        middle = len(text) // 2
+        return f"{text[:middle]}{separator}{text[middle:]} extra"
+    references = [broken(hypotheses[0], "\r"), broken(hypotheses[1], " \u2028"), broken(hypotheses[2], "\r")]
+    (tmp_path / "ref.de").write_bytes("".join(r + "\n" for r in references).encode())
+    result = evaluate_main([f"ckpt={checkpoint}", f"src={tmp_path / 'src.en'}", f"ref={tmp_path / 'ref.de'}",
+                            f"out={tmp_path / 'eval'}", "beam=1", "name=test"])
+    assert result["bleu"] > 0
+    ref, hyp = tmp_path / "eval" / "test.ref", tmp_path / "eval" / "test.hyp"
+    for path in (ref, hyp):
+        assert len(path.read_text(encoding="utf-8").splitlines()) == 3
+        with open(path, encoding="utf-8") as f:  # universal newlines, as Python reads by default
+            assert len(f.readlines()) == 3
+    for metric, key in (("bleu", "bleu"), ("chrf", "chrf")):
+        cli = [sys.executable, "-m", "sacrebleu", str(ref), "-m", metric, "-b", "-w", "4"]
+        from_file = subprocess.run([*cli, "-i", str(hyp)], capture_output=True, text=True, check=True)
+        with open(hyp, "rb") as stdin:
+            from_stdin = subprocess.run(cli, stdin=stdin, capture_output=True, text=True, check=True)
+        assert float(from_file.stdout) == float(from_stdin.stdout) == result[key], metric
 
 
 def test_evaluate_reports_length_ratio_and_brevity_penalty():

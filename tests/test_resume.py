@@ -21,7 +21,7 @@ import transformer_nmt.checkpoint as checkpoint_module
 from test_multinode import free_port
 from test_train_app import compose_train, one_thread, tiny_config, tiny_overrides, write_tiny_corpus  # noqa: F401 (fixture)
 from transformer_nmt.inference.average import last_checkpoints
-from transformer_nmt.checkpoint import checkpoint_step, read_checkpoint
+from transformer_nmt.checkpoint import CKPT_RUN, checkpoint_step, read_checkpoint
 from transformer_nmt.training.checkpoint_io import AtomicCheckpointIO
 from transformer_nmt.training import app
 from transformer_nmt.training.app import build_callbacks, build_trainer, train, with_run_dir
@@ -58,6 +58,7 @@ def test_resumed_run_ends_with_the_weights_of_an_uninterrupted_one(corpus, unint
     last = tmp_path / "checkpoints" / "last.ckpt"
     checkpoint = read_checkpoint(last)  # weights_only=True
     assert checkpoint["global_step"] == stop
+    run_identity = checkpoint[CKPT_RUN]
     assert not torch.equal(checkpoint["state_dict"]["model.src_embed.weight"],
                            uninterrupted["model.src_embed.weight"])
 
@@ -69,6 +70,7 @@ def test_resumed_run_ends_with_the_weights_of_an_uninterrupted_one(corpus, unint
     assert difference <= 1e-6, f"resumed at step {stop}: max abs weight difference {difference}"
     scheduler = resumed.lr_scheduler_configs[0].scheduler
     assert scheduler.last_epoch == TOTAL_STEPS  # the lr schedule resumed where it stopped
+    assert read_checkpoint(last)[CKPT_RUN] == run_identity  # one training run, through the resume (averaging)
 
 
 # --- atomic writes ----------------------------------------------------------------------------

@@ -12,8 +12,9 @@ from lightning.pytorch.callbacks import Timer
 
 from test_train_app import one_thread, tiny_config, write_tiny_corpus  # noqa: F401 (fixture)
 from transformer_nmt.training.callbacks import TokenProgressBar
-from transformer_nmt.checkpoint import (CKPT_DATA_CONFIG, CKPT_MODEL_CONFIG, CKPT_TOKENIZER, load_checkpoint,
-                                        read_checkpoint)
+import transformer_nmt
+from transformer_nmt.checkpoint import (CKPT_DATA_CONFIG, CKPT_MODEL_CONFIG, CKPT_RUN, CKPT_TOKENIZER, CKPT_VERSION,
+                                        load_checkpoint, read_checkpoint)
 from transformer_nmt.data.config import DataConfig
 from transformer_nmt.model.transformer import Transformer
 from transformer_nmt.training.app import train
@@ -229,6 +230,7 @@ def test_checkpoints_are_self_contained_and_load_with_weights_only(accumulated_r
     assert DataConfig.from_record(raw[CKPT_DATA_CONFIG], str(path)).corpus_spec().locations["train"].endswith("train")
     assert "_target_" not in raw[CKPT_DATA_CONFIG]  # data options only: nothing a reader would instantiate
     assert type(raw["hyper_parameters"]["model_config"]) is dict
+    assert raw[CKPT_VERSION] == transformer_nmt.__version__ and raw[CKPT_RUN] == trainer.lightning_module.training_run
     assert read_checkpoint(path)["global_step"] == 3
 
     model, tokenizer, meta = load_checkpoint(path)

@@ -8,10 +8,11 @@ from pathlib import Path
 
 import torch
 
+from transformer_nmt import __version__
 from transformer_nmt.checkpoint import atomic_torch_save
 from transformer_nmt.model.transformer import Transformer, TransformerConfig
 from transformer_nmt.data.tokenizer import train_sentencepiece
-from transformer_nmt.checkpoint import CKPT_MODEL_CONFIG, CKPT_TOKENIZER
+from transformer_nmt.checkpoint import CKPT_FINGERPRINT, CKPT_MODEL_CONFIG, CKPT_RUN, CKPT_TOKENIZER, CKPT_VERSION
 
 MULTI30K = Path(__file__).resolve().parent.parent / "data" / "multi30k"
 
@@ -26,9 +27,10 @@ def tiny_tokenizer(vocab_size=200):
     return train_sentencepiece(iter(sentences), vocab_size=vocab_size)
 
 
-def write_checkpoint(path, tokenizer, seed=0, step=10, max_positions=64, **config):
-    """Write a loadable checkpoint of a random model (1+1 layers unless ``config`` overrides TransformerConfig);
-    returns the model."""
+def write_checkpoint(path, tokenizer, seed=0, step=10, max_positions=64, run=None, **config):
+    """Write a loadable checkpoint of a random model (1+1 layers unless ``config`` overrides TransformerConfig),
+    recording what a training run's checkpoint records besides: the version, the run identity (``run``; None: one
+    run per seed) and a run fingerprint (the seed); returns the model."""
     torch.manual_seed(seed)
     config = TransformerConfig(**{"vocab_size": tokenizer.vocab_size, "d_model": 16, "n_heads": 2,
                                   "n_encoder_layers": 1, "n_decoder_layers": 1, "d_ff": 32, "dropout": 0.0,
@@ -36,7 +38,8 @@ def write_checkpoint(path, tokenizer, seed=0, step=10, max_positions=64, **confi
     model = Transformer(config)
     checkpoint = {"state_dict": {f"model.{k}": v for k, v in model.state_dict().items()},
                   CKPT_MODEL_CONFIG: config.to_dict(), CKPT_TOKENIZER: tokenizer.model_proto,
-                  "global_step": step, "epoch": 0}
+                  "global_step": step, "epoch": 0, CKPT_VERSION: __version__,
+                  CKPT_RUN: run or f"run-of-seed-{seed}", CKPT_FINGERPRINT: {"seed": seed}}
     atomic_torch_save(checkpoint, path)
     return model
 

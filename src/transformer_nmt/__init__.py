@@ -3,11 +3,14 @@
 The layers, bottom up (a module imports only from its own layer or those below):
 
     hardware.py, options.py     the machine's CPU flags and cores; key=value options over a dataclass
-    model/                      attention, the Transformer, dropout, decoding (plain torch)
+    durable.py                  files and directories published atomically and durably (mkstemp, fsync, rename)
+    records.py                  settings dataclasses rebuilt from what a checkpoint or export records (checked)
+    model/                      attention, the Transformer, dropout, decoding, ensembles, sampling (plain torch)
     data/                       corpus, tokenizer, batching, the datamodule
     checkpoint.py               the checkpoint format: atomic writes, reading one into a model and tokenizer
     training/                   Lightning: the module, callbacks, launch, fingerprints, precision, the run
-    inference/                  translate, evaluate, average, export, CTranslate2, alignment (no Lightning)
+    inference/                  translate, evaluate, average, export, CTranslate2, alignment, ensembles, scoring
+                                (no Lightning)
     analysis/                   attention maps, head importance, the explorer, alignment AER; the studies
                                 (Table 3's summary and plan, the Multi30k reproduction)
     conf/                       the Hydra configs (train.yaml, prepare.yaml and their groups)

@@ -5,26 +5,38 @@ what a later ``evaluate``/``translate`` needs and nothing else: the TransformerC
 dict and the serialized SentencePiece model (training/module.py adds both). Everything in it is a plain
 Python container, tensor or bytes, so ``torch.load(path, weights_only=True)`` reads it.
 
-Writing goes to ``PATH.tmp-<pid>`` in the same directory, is flushed to disk, then renamed over
-``PATH`` with ``os.replace`` (atomic on POSIX): a process killed mid-write leaves the previous
-``PATH`` untouched, never a truncated one.
+Writing goes to a fresh temporary file ``PATH.tmp-XXXXXXXX`` in the same directory (``durable.atomic_write``:
+``mkstemp``), is flushed to disk, then renamed over ``PATH`` with ``os.replace`` (atomic on POSIX): a process
+killed mid-write leaves the previous ``PATH`` untouched, never a truncated one.
+
+Reading is ``torch.load(weights_only=True)`` (``read_checkpoint``): tensors and plain containers, no object of
+any other class is built and no code the file names runs; the configs inside are rebuilt as dataclasses with
+their keys and types checked (records.from_record), never instantiated. Lightning's own loads (resume,
+``trainer.test(ckpt_path=...)``) go through the same reader (training/checkpoint_io.py).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import torch
 
+from transformer_nmt import __version__
+from transformer_nmt.durable import atomic_write  # noqa: F401 (the checkpoint writer's home until 2026-12)
 from transformer_nmt.model.transformer import Transformer, TransformerConfig
 from transformer_nmt.data.tokenizer import Tokenizer
+from transformer_nmt.records import RecordError, from_record
+
 # Keys this project adds to a Lightning checkpoint, so that it is self-contained (training/module.py writes them).
 CKPT_MODEL_CONFIG = "transformer_config"
 CKPT_TOKENIZER = "tokenizer_model_proto"
 CKPT_DATA_CONFIG = "data_config"  # the data config (plain dict) the model was trained on
+CKPT_VERSION = "transformer_nmt_version"  # the package version that wrote the checkpoint (absent before 2026-12)
+CKPT_RUN = "training_run"  # the training run (one id from its fresh start through every resume): what averaging checks
+CKPT_FINGERPRINT = "run_fingerprint"  # the settings that define the run (training/fingerprint.py)
+CKPT_OVERRIDES = "run_overrides"  # the command line's overrides (a sweep job's: Hydra's overrides.task)
 MODEL_PREFIX = "model."  # TranslationModule holds the Transformer as ``self.model``
 
 
@@ -35,28 +47,6 @@ class CheckpointError(ValueError):
 def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
     """``torch.save`` to a temporary file next to ``path``, fsync, then rename it over ``path``."""
     atomic_write(path, lambda f: torch.save(obj, f))
-
-
-def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], Any]) -> None:
-    """``write(file)`` into a temporary file next to ``path``, fsync, then rename it over ``path``: a process
-    killed meanwhile leaves the previous file, or none, never a partial one."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-    directory = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(directory)  # make the rename itself durable
-    finally:
-        os.close(directory)
 
 
 def read_checkpoint(path: str | os.PathLike, mmap: bool = False) -> dict:
@@ -78,6 +68,10 @@ def read_checkpoint(path: str | os.PathLike, mmap: bool = False) -> dict:
     if missing:
         raise CheckpointError(f"checkpoint {path} is not a transformer_nmt training checkpoint: it lacks {missing} "
                               f"(write checkpoints with python -m transformer_nmt.train)")
+    for key, kind in (("state_dict", dict), (CKPT_MODEL_CONFIG, dict), (CKPT_TOKENIZER, bytes)):
+        if not isinstance(checkpoint[key], kind):
+            raise CheckpointError(f"checkpoint {path}: {key} is a {type(checkpoint[key]).__name__}, not a "
+                                  f"{kind.__name__}: the file is damaged or was not written by transformer_nmt")
     return checkpoint
 
 
@@ -90,11 +84,17 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
                     ) -> tuple[Transformer, Tokenizer, dict]:
     """A checkpoint -> (Transformer in eval mode, its Tokenizer, meta).
 
-    ``meta``: path, epoch, global_step, the training hyper-parameters (plain dict), the model config
-    and the data config (None if not recorded); nothing else is needed to translate with the checkpoint.
+    ``meta``: path, epoch, global_step, the training hyper-parameters (plain dict), the model config,
+    the data config (None if not recorded; a plain record, read with ``DataConfig.from_record``) and the
+    version that wrote the checkpoint (None if not recorded); nothing else is needed to translate with it.
     """
     checkpoint = read_checkpoint(path)
-    config = TransformerConfig(**checkpoint[CKPT_MODEL_CONFIG])
+    version = checkpoint.get(CKPT_VERSION)
+    try:
+        config = from_record(TransformerConfig, checkpoint[CKPT_MODEL_CONFIG], f"checkpoint {path}",
+                             CKPT_MODEL_CONFIG, version)
+    except RecordError as error:
+        raise CheckpointError(str(error)) from None
     model = Transformer(config)
     weights = {key[len(MODEL_PREFIX):]: value for key, value in checkpoint["state_dict"].items()
                if key.startswith(MODEL_PREFIX)}
@@ -102,11 +102,15 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
         model.load_state_dict(weights)
     except RuntimeError as error:
         raise CheckpointError(f"checkpoint {path}: weights do not match its own model config: {error}") from error
-    tokenizer = Tokenizer.from_proto(checkpoint[CKPT_TOKENIZER])
+    try:
+        tokenizer = Tokenizer.from_proto(checkpoint[CKPT_TOKENIZER])
+    except (TypeError, RuntimeError, ValueError) as error:  # not bytes, or not a SentencePiece model
+        raise CheckpointError(f"checkpoint {path}: {CKPT_TOKENIZER} is not a usable SentencePiece model "
+                              f"({str(error).strip().splitlines()[0][:200]})") from None
     if tokenizer.vocab_size != config.vocab_size:
         raise CheckpointError(f"checkpoint {path}: tokenizer has {tokenizer.vocab_size} pieces but the model "
                               f"{config.vocab_size}")
     meta = {"path": str(path), "epoch": checkpoint.get("epoch"), "global_step": checkpoint.get("global_step"),
             "hyper_parameters": checkpoint.get("hyper_parameters", {}), "model_config": config.to_dict(),
-            "data_config": checkpoint.get(CKPT_DATA_CONFIG)}
+            "data_config": checkpoint.get(CKPT_DATA_CONFIG), "version": version}
     return model.to(map_location).eval(), tokenizer, meta

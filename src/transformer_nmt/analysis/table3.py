@@ -13,6 +13,12 @@ at the start) and val_hypotheses.txt are copied to docs/table3/CELL/seedK/, and 
 to docs/table3/val_references.txt.
 Commit docs/table3/ after a session: runs may be spread over days and machines; ``run`` does only those whose
 docs/table3 files are missing (finished runs still under outputs/table3 are collected without rerunning).
+A finished run is collected only when it is the plan's: the overrides its results.json records must be the plan's
+command (``planned_overrides``) and its config.yaml must have the settings the plan composes to now
+(fingerprint.run_fingerprint: model, data, train, seed and what else defines a run); a kept run's overrides are
+compared on every ``status``. Anything else stops with the directory and the difference named. The kept
+results.json, whose presence marks a run done, is written atomically (durable.atomic_write): a killed ``status``
+leaves it complete or absent, and an unreadable one (from an older, non-atomic writer) counts as missing.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from transformer_nmt import run_files
+from transformer_nmt.durable import atomic_write
 from transformer_nmt.hardware import reported_cpu_flags  # the flags every report names
 
 RESULTS, HYPOTHESES, REFERENCES = run_files.RESULTS, run_files.HYPOTHESES, run_files.REFERENCES
@@ -70,6 +77,64 @@ def runs(cells: list[str] | None = None) -> list[tuple[str, list[str], int]]:
             for seed in (BASE_SEEDS if cell == "base" else SEEDS)]
 
 
+def planned_overrides(overrides: list[str], seed: int) -> list[str]:
+    """The train command's overrides for a run of the plan, in the order its results.json records them (the
+    ``hydra.*`` ones, such as its run dir, are not recorded)."""
+    return ["experiment=ablation_base", *overrides, f"seed={seed}",
+            f"checkpoint.every_n_train_steps={CHECKPOINT_EVERY}"]
+
+
+def planned_fingerprint(overrides: list[str], seed: int) -> dict:
+    """fingerprint.run_fingerprint of the config the plan's command composes to, now."""
+    from hydra import compose, initialize_config_dir
+
+    from transformer_nmt.conf import CONF_DIR
+    from transformer_nmt.training.config import register_configs
+    from transformer_nmt.training.fingerprint import run_fingerprint
+    from transformer_nmt.training.resolvers import register_resolvers
+
+    register_configs()
+    register_resolvers()
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        return run_fingerprint(compose("train", overrides=planned_overrides(overrides, seed)))
+
+
+def read_results(path: Path) -> dict | None:
+    """A results.json, or None (with a warning) when it is not complete JSON: a writer killed mid-write."""
+    try:
+        results = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as error:
+        print(f"warning: {path} is not readable JSON ({error}): counted as missing", file=sys.stderr)
+        return None
+    return results if isinstance(results, dict) else None
+
+
+def check_overrides(results: dict, path: Path, overrides: list[str], seed: int, fix: str) -> None:
+    """Stop when ``results`` (read from ``path``) records other overrides than the plan's for (cell, seed)."""
+    planned = planned_overrides(overrides, seed)
+    if results.get("overrides") != planned:
+        raise SystemExit(f"{path} is not the plan's run: it ran with the overrides\n  "
+                         f"{' '.join(results.get('overrides') or ['(none recorded)'])}\nbut the plan's command for "
+                         f"this directory gives\n  {' '.join(planned)}\n{fix}")
+
+
+def check_config(run_dir: Path, overrides: list[str], seed: int) -> None:
+    """Stop when the run's config.yaml has other settings (fingerprint) than the plan composes to now."""
+    from omegaconf import OmegaConf
+
+    from transformer_nmt.training.fingerprint import differences, run_fingerprint
+
+    config = run_dir / run_files.CONFIG
+    if not config.is_file():
+        raise SystemExit(f"{run_dir} holds {RESULTS} but no {run_files.CONFIG}: its settings cannot be compared with "
+                         f"the plan's; delete {run_dir} to run it again")
+    changed = differences(run_fingerprint(OmegaConf.load(config)), planned_fingerprint(overrides, seed))
+    if changed:
+        lines = "\n".join(f"  {key}: {old} there, {new} in the plan" for key, (old, new) in changed.items())
+        raise SystemExit(f"{run_dir} ran with other settings than the plan composes to now:\n{lines}\nIts results "
+                         f"are not the plan's: delete {run_dir} to run it under the plan (or restore the plan)")
+
+
 def machine() -> dict:
     """Where a run ran: CPU model, cores, and the load average as it started (a loaded machine runs slower)."""
     model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
@@ -77,36 +142,56 @@ def machine() -> dict:
     return {"cpu_model": model, "cpus": os.cpu_count(), "load_average_1min": round(os.getloadavg()[0], 2)}
 
 
-def collect(study: Study, cell: str, seed: int, started_on: dict | None = None) -> bool:
-    """Copy a finished run's small files from outputs/ to docs/table3; True if the run is (now) in docs."""
+def collect(study: Study, cell: str, seed: int, started_on: dict | None = None,
+            overrides: list[str] | None = None) -> bool:
+    """Copy a finished run's small files from outputs/ to docs/table3 once it is checked to be the plan's
+    (``overrides``: the cell's, None: the plan's for ``cell``); True if the run is (now) in docs."""
+    if overrides is None:
+        overrides = next(o for c, _, o in PLAN if c == cell)
     docs = study.docs
     run_dir, kept = study.outputs / cell / f"seed{seed}", docs / cell / f"seed{seed}"
     if (kept / RESULTS).is_file():
-        return True
+        results = read_results(kept / RESULTS)
+        if results is not None:
+            check_overrides(results, kept / RESULTS, overrides, seed,
+                            f"The study's kept run is not the plan's: restore the plan, or delete {kept} to run it")
+            return True
     if not (run_dir / RESULTS).is_file():
         return False
+    results = read_results(run_dir / RESULTS)
+    if results is None:
+        return False
+    check_overrides(results, run_dir / RESULTS, overrides, seed,
+                    f"Its results are not the plan's: delete {run_dir} to run it under the plan")
+    check_config(run_dir, overrides, seed)
     kept.mkdir(parents=True, exist_ok=True)
-    results = json.loads((run_dir / RESULTS).read_text())
     results["machine"] = started_on or {**machine(), "load_average_1min": None}  # collected later: load unknown
     if (run_dir / HYPOTHESES).is_file():
-        shutil.copyfile(run_dir / HYPOTHESES, kept / HYPOTHESES)
+        copy_atomically(run_dir / HYPOTHESES, kept / HYPOTHESES)
     references = run_dir / REFERENCES
     if references.is_file():
         if not (docs / REFERENCES).is_file():
-            shutil.copyfile(references, docs / REFERENCES)
+            copy_atomically(references, docs / REFERENCES)
         elif (docs / REFERENCES).read_bytes() != references.read_bytes():
             raise SystemExit(f"{references} differs from {docs / REFERENCES}: the study needs one validation set")
-    (kept / RESULTS).write_text(json.dumps(results, indent=2) + "\n")  # last: its presence means "done"
+    text = json.dumps(results, indent=2) + "\n"
+    atomic_write(kept / RESULTS, lambda f: f.write(text.encode()))  # last, and whole: its presence means "done"
     return True
 
 
+def copy_atomically(source: Path, destination: Path) -> None:
+    data = source.read_bytes()
+    atomic_write(destination, lambda f: f.write(data))
+
+
 def done_minutes(study: Study) -> list[float]:
-    return [json.loads(p.read_text())["wall_seconds"] / 60 for p in study.docs.glob(f"*/seed*/{RESULTS}")]
+    return [r["wall_seconds"] / 60 for r in map(read_results, study.docs.glob(f"*/seed*/{RESULTS}")) if r]
 
 
 def status(study: Study, cells: list[str] | None = None) -> list[tuple[str, list[str], int]]:
     """Print the plan, done and missing; returns the missing runs."""
-    missing = [(cell, overrides, seed) for cell, overrides, seed in runs(cells) if not collect(study, cell, seed)]
+    missing = [(cell, overrides, seed) for cell, overrides, seed in runs(cells)
+               if not collect(study, cell, seed, overrides=overrides)]
     minutes = done_minutes(study)
     per_run = statistics.median(minutes) if minutes else None  # the median: runs on a loaded machine are outliers
     for cell, row, overrides in PLAN:
@@ -128,12 +213,12 @@ def run(study: Study, cells: list[str] | None, max_runs: int | None) -> None:
             break
         run_dir = study.outputs / cell / f"seed{seed}"
         started_on = machine()
-        command = [sys.executable, "-m", "transformer_nmt.train", "experiment=ablation_base", *overrides,
-                   f"seed={seed}", f"hydra.run.dir={run_dir}", f"checkpoint.every_n_train_steps={CHECKPOINT_EVERY}"]
+        command = [sys.executable, "-m", "transformer_nmt.train", *planned_overrides(overrides, seed),
+                   f"hydra.run.dir={run_dir}"]
         print(f"\n[{time.strftime('%H:%M:%S')}] {cell} seed {seed}: {' '.join(command[1:])}", flush=True)
         start = time.perf_counter()
         subprocess.run(command, cwd=study.root, check=True)
-        collect(study, cell, seed, started_on)
+        collect(study, cell, seed, started_on, overrides)
         print(f"[{time.strftime('%H:%M:%S')}] {cell} seed {seed} done in {(time.perf_counter() - start) / 60:.1f} "
               f"min (load average at start {started_on['load_average_1min']})", flush=True)
 

@@ -7,13 +7,16 @@ split of a checkpoint's data through ``DataConfig.from_record(...).corpus_spec()
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
+from pathlib import PurePath
 from typing import Any
 
 from omegaconf import MISSING
 
 from transformer_nmt.options import option
+from transformer_nmt.records import RecordError, from_record
 from transformer_nmt.data.corpus import CorpusSpec
 
 # What ``_target_`` a checkpoint's data config may name: the datamodule, before and after the layout of
@@ -31,7 +34,9 @@ class DataConfig:
     tgt_lang: str = option("de", "target language")
     train: str | None = option(MISSING, "required: prefix (text: PREFIX.{src_lang}[.gz], PREFIX.{tgt_lang}[.gz]), "
                                          "file (tsv, jsonl) or hub split name")
-    val: str | None = option(MISSING, "required: the validation split, as train")
+    val: Any = option(MISSING, "required: the validation split, as train; [A,B,...]: several, each validated and "
+                               "logged under its own name (val/ the first, which checkpoints and early stopping "
+                               "monitor; val_NAME/ the others, NAME from the file name)")
     test: str | None = option(MISSING, "required: the test split, as train; null: no test split")
     columns: list[str] | None = option(None, "tsv only: language of each column; null: [src_lang, tgt_lang]")
     hub_name: str | None = option(None, "format=hub: a Hub dataset name or a save_to_disk directory")
@@ -60,22 +65,43 @@ class DataConfig:
     def corpus_spec(self) -> CorpusSpec:
         """Where each split's pairs live and how to read them (``corpus.read_pairs`` takes it)."""
         return CorpusSpec(format=self.format, langs=(self.src_lang, self.tgt_lang),
-                          locations={"train": self.train, "val": self.val, "test": self.test},
+                          locations={"train": self.train, **dict(zip(self.val_splits(), self.val_locations())),
+                                     "test": self.test},
                           columns=tuple(self.columns) if self.columns else None, hub_name=self.hub_name,
                           hub_config=self.hub_config, utf8_errors=self.utf8_errors, control_chars=self.control_chars)
 
+    def val_locations(self) -> list[str]:
+        """The validation sets' locations, first the monitored one (``val`` as one location or a list)."""
+        if self.val is None or self.val is MISSING:
+            return []
+        locations = list(self.val) if isinstance(self.val, (list, tuple)) else [self.val]
+        if not locations or not all(isinstance(v, str) and v for v in locations):
+            raise ValueError(f"data.val={self.val!r}: give a location, or a list [A,B,...] of them")
+        return locations
+
+    def val_splits(self) -> list[str]:
+        """The split names of the validation sets, as logged: ``val`` for the first, ``val_NAME`` for each other
+        (NAME: its file or prefix name, letters, digits and _; a number added where two would clash)."""
+        names = ["val"]
+        for location in self.val_locations()[1:]:
+            stem = re.sub(r"\W+", "_", PurePath(location).name.removesuffix(".gz")).strip("_") or "set"
+            name, n = f"val_{stem}", 2
+            while name in names:
+                name, n = f"val_{stem}_{n}", n + 1
+            names.append(name)
+        return names[: len(self.val_locations())]
+
     @classmethod
-    def from_record(cls, record: Mapping[str, Any], source: str) -> DataConfig:
-        """The data config a checkpoint recorded (``source``: its file, named in errors), never instantiated: a
-        ``_target_`` naming the datamodule (what configs held until 2026-12) is dropped, any other ``_target_``
-        and any key that is not a data option is refused."""
+    def from_record(cls, record: Mapping[str, Any], source: str, version: str | None = None) -> DataConfig:
+        """The data config a checkpoint recorded (``source``: its file, named in errors; ``version``: the
+        transformer_nmt version that wrote it), never instantiated: a ``_target_`` naming the datamodule (what
+        configs held until 2026-12) is dropped, any other ``_target_``, any key that is not a data option and any
+        value that is not of its option's type (records.from_record) is refused with a ``RecordError``."""
+        if not isinstance(record, Mapping):
+            raise RecordError(f"{source}: data_config is a {type(record).__name__}, not a mapping of data options")
         record = dict(record)
         target = record.pop("_target_", None)
         if target is not None and target not in DATAMODULE_TARGETS:
-            raise ValueError(f"{source}: data_config._target_={target!r} is not the datamodule "
-                             f"({DATAMODULE_TARGETS[-1]}); refusing to read a checkpoint that names other code")
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(record) - known)
-        if unknown:
-            raise ValueError(f"{source}: data_config has unknown keys {unknown}; data options: {sorted(known)}")
-        return cls(**record)
+            raise RecordError(f"{source}: data_config._target_={target!r:.120} is not the datamodule "
+                              f"({DATAMODULE_TARGETS[-1]}); refusing to read a checkpoint that names other code")
+        return from_record(cls, record, source, "data_config", version)

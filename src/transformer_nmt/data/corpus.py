@@ -20,6 +20,7 @@ Filtering (``filter_pairs``) works on token lengths and reports what it dropped 
 from __future__ import annotations
 
 import gzip
+import inspect
 import io
 import json
 import os
@@ -226,8 +227,12 @@ def _read_jsonl(path: Path, spec: CorpusSpec, stats: ReadStats):
                     f"{path}:{line_no}: expected {{{spec.langs[0]!r}: ..., {spec.langs[1]!r}: ...}} "
                     f"or {{'translation': {{...}}}}, found {text[:80]!r}"
                 )
-            yield (_clean(str(pair[spec.langs[0]]).strip(), spec, stats, path, line_no),
-                   _clean(str(pair[spec.langs[1]]).strip(), spec, stats, path, line_no))
+            for lang in spec.langs:
+                if not isinstance(pair[lang], str):  # null, a number, a list: str() would make a sentence of it
+                    raise CorpusError(f"{path}:{line_no}: {lang!r} is {json.dumps(pair[lang])[:80]}, not a string; "
+                                      f"give the sentence as a JSON string (an empty one is \"\")")
+            yield (_clean(pair[spec.langs[0]].strip(), spec, stats, path, line_no),
+                   _clean(pair[spec.langs[1]].strip(), spec, stats, path, line_no))
 
 
 def load_hub_split(spec: CorpusSpec, split: str):
@@ -240,7 +245,10 @@ def load_hub_split(spec: CorpusSpec, split: str):
         if (local / "dataset_dict.json").is_file() or (local / "dataset_info.json").is_file():
             loaded = datasets.load_from_disk(str(local))
             return loaded[location] if isinstance(loaded, datasets.DatasetDict) else loaded
-        return datasets.load_dataset(spec.hub_name, spec.hub_config, split=location)
+        # Never a dataset's loading script: datasets >= 4 runs none; older versions are told not to
+        no_scripts = ({"trust_remote_code": False}
+                      if "trust_remote_code" in inspect.signature(datasets.load_dataset).parameters else {})
+        return datasets.load_dataset(spec.hub_name, spec.hub_config, split=location, **no_scripts)
     except (ConnectionError, OSError, KeyError, ValueError) as e:
         offline = "offline" in str(e).lower() or "reach" in str(e).lower() or isinstance(e, ConnectionError)
         hint = (

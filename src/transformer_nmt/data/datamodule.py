@@ -23,9 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import shutil
-import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -39,6 +37,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import DataLoader
 
 from transformer_nmt.data.config import DataConfig
+from transformer_nmt.durable import publish_directory, temporary_directory
 from transformer_nmt.data.batching import TokenBucketBatchSampler, pad_pairs, pair_widths
 from transformer_nmt.data.corpus import (FilterReport, both_sides, file_fingerprint, filter_pairs, split_inputs,
                                          write_split)
@@ -62,7 +61,8 @@ def cached_dir(path: Path, build: Callable[[Path], None]) -> bool:
     """Make sure directory ``path`` exists, building it with ``build(tmp_dir)`` if not. True if built.
 
     A file lock serializes builders (other processes wait, then find the result); the build writes into
-    a temporary directory beside ``path`` that is renamed into place only once complete.
+    a fresh temporary directory beside ``path`` (``mkdtemp``) whose files are fsynced before it is renamed into
+    place: after a crash an entry is complete or absent.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.is_dir():
@@ -70,10 +70,10 @@ def cached_dir(path: Path, build: Callable[[Path], None]) -> bool:
     with FileLock(str(path) + ".lock"):
         if path.is_dir():
             return False
-        tmp = Path(tempfile.mkdtemp(prefix=path.name + ".tmp-", dir=path.parent))
+        tmp = temporary_directory(path)
         try:
             build(tmp)
-            os.replace(tmp, path)
+            publish_directory(tmp, path)  # every file fsynced, then the rename: never a half-written entry
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return True
@@ -205,7 +205,7 @@ class TranslationDataModule(L.LightningDataModule):
         """Build or reuse the vocabulary and the tokenized splits; filter them and log what was dropped."""
         if self.splits:
             return
-        configured = [s for s in SPLITS if self.spec.locations.get(s)]
+        configured = [s for s in self.spec.locations if self.spec.locations.get(s)]  # train, val(s), test
         if "train" not in configured and self.tokenizer_path is None:
             raise ValueError("data.train is not set: the vocabulary is trained on it (or set data.tokenizer_path)")
         raw = {split: self._raw_split(split) for split in configured}
@@ -238,7 +238,7 @@ class TranslationDataModule(L.LightningDataModule):
     def _tokenizer(self, train: tuple[datasets.Dataset, str, dict] | None) -> Tokenizer:
         if self.tokenizer_path is not None:
             self.tokenizer_path_used = Path(self.tokenizer_path)
-            return Tokenizer.load(self.tokenizer_path)
+            return self._given_tokenizer(self.tokenizer_path_used)
         raw, raw_key, _ = train
         path = self.cache_dir / f"spm-{cache_key('spm', raw_key, self.vocab_options)}"
 
@@ -255,6 +255,20 @@ class TranslationDataModule(L.LightningDataModule):
         if not self.tokenizer_trained_now:
             log.info("reusing vocabulary %s", self.tokenizer_path_used)
         return Tokenizer.load(self.tokenizer_path_used)
+
+    def _given_tokenizer(self, path: Path) -> Tokenizer:
+        """The SentencePiece model ``data.tokenizer_path`` names, or an error naming the option and the file."""
+        option = f"data.tokenizer_path={self.tokenizer_path}"
+        if not path.is_file():
+            raise ValueError(f"{option}: no such file (resolved to {path.absolute()}); give a SentencePiece model "
+                             f"file, or data.tokenizer_path=null to train one on data.train")
+        try:
+            return Tokenizer.load(path)
+        except (RuntimeError, ValueError) as error:  # SentencePiece's parser, or the special ids
+            raise ValueError(f"{option}: {path} is not a usable SentencePiece model "
+                             f"({str(error).strip().splitlines()[0][:200]}); give a .model file written by "
+                             f"SentencePiece with ids pad 0, unk 1, bos 2, eos 3, or data.tokenizer_path=null to "
+                             f"train one on data.train") from None
 
     def _tokenized_split(self, split: str, raw: datasets.Dataset, raw_key: str, cleaned: dict) -> Split:
         model_hash = hashlib.sha256(self.tokenizer.model_proto).hexdigest()
@@ -337,8 +351,14 @@ class TranslationDataModule(L.LightningDataModule):
     def train_dataloader(self) -> ResumableDataLoader:
         return self.dataloader("train")
 
-    def val_dataloader(self) -> ResumableDataLoader:
-        return self.dataloader("val")
+    def val_dataloader(self) -> ResumableDataLoader | list[ResumableDataLoader]:
+        """The validation set's loader; with several (data.val=[A,B]), one each, in ``val_splits`` order."""
+        splits = self.val_splits()
+        return self.dataloader("val") if len(splits) == 1 else [self.dataloader(split) for split in splits]
+
+    def val_splits(self) -> list[str]:
+        """The names of the validation sets (``DataConfig.val_splits``): val, val_NAME, ..."""
+        return self.config.val_splits()
 
     def test_dataloader(self) -> ResumableDataLoader:
         return self.dataloader("test")

@@ -19,6 +19,10 @@ other things differ, and are bridged here:
   completes k finishes several, ours keeps them in rank order, CTranslate2 by its score: rarely, the sets
   differ.)
 - it refuses eos on the first step unless min_decoding_length is 0; an empty translation is allowed here.
+
+Each beam hypothesis also carries its log-probability (the sum CTranslate2 normalised, restored), as the native
+searches' do (greedy: 0.0, as its score: asking CTranslate2 for greedy scores would cost a log-softmax a step); a ``prefix`` per source goes to CTranslate2's ``target_prefix`` (greedy output limits then count
+the prefix, as ours do), and ``score_ids`` scores given translations with ``score_batch``.
 """
 
 from __future__ import annotations
@@ -32,9 +36,10 @@ import torch
 from torch.nn.utils.rnn import pad_sequence
 
 from transformer_nmt.inference.decode_config import DecodeConfig, decode_settings
-from transformer_nmt.model.decoding import length_penalty, max_output_lengths
-from transformer_nmt.inference.export import EXPORT_INFO, SENTENCEPIECE_MODEL, import_ctranslate2
+from transformer_nmt.model.decoding import Hypothesis, length_penalty, max_output_lengths
+from transformer_nmt.inference.export import EXPORT_INFO, SENTENCEPIECE_MODEL, check_export, import_ctranslate2
 from transformer_nmt.model.transformer import TransformerConfig
+from transformer_nmt.records import RecordError, from_record
 from transformer_nmt.hardware import available_cpus
 from transformer_nmt.data.tokenizer import Tokenizer
 
@@ -58,9 +63,22 @@ class CTranslate2Model:
         if not (model_dir / EXPORT_INFO).is_file() or not ctranslate2.contains_model(str(model_dir)):
             raise SystemExit(f"model_dir={model_dir} is not a model directory written by python -m "
                              f"transformer_nmt.export (no model.bin or {EXPORT_INFO})")
-        self.info = json.loads((model_dir / EXPORT_INFO).read_text(encoding="utf-8"))
-        self.config = TransformerConfig(**self.info["model_config"])
-        self.tokenizer = Tokenizer.load(model_dir / SENTENCEPIECE_MODEL)
+        problem = check_export(model_dir)
+        if problem is not None:
+            raise SystemExit(f"model_dir={model_dir} is not a complete export ({problem}): a writer or a copy was cut "
+                             f"short; export the checkpoint again (python -m transformer_nmt.export)")
+        self.info_path = model_dir / EXPORT_INFO
+        self.info = json.loads(self.info_path.read_text(encoding="utf-8"))
+        try:  # read as settings, never instantiated (records.from_record)
+            self.config = from_record(TransformerConfig, self.info.get("model_config"),
+                                      f"export {model_dir / EXPORT_INFO}", "model_config", self.info.get("version"))
+        except RecordError as error:
+            raise SystemExit(str(error)) from None
+        try:
+            self.tokenizer = Tokenizer.load(model_dir / SENTENCEPIECE_MODEL)
+        except (OSError, RuntimeError, ValueError) as error:
+            raise SystemExit(f"model_dir={model_dir}: {SENTENCEPIECE_MODEL} is not a usable SentencePiece model "
+                             f"({str(error).strip().splitlines()[0][:200]})") from None
         self.pieces = [self.tokenizer.id_to_piece(i) for i in range(self.tokenizer.vocab_size)]
         self.ids = {piece: i for i, piece in enumerate(self.pieces)}
         for name, value in (("threads", threads), ("inter_threads", inter_threads)):
@@ -81,6 +99,12 @@ class CTranslate2Model:
         """Source ids (each ending in eos) -> per source its ``n_best`` (token ids, score), best first;
         as ``greedy_decode`` (score 0.0) when ``beam`` is 1, else as ``beam_search``. The search: ``decode``
         with ``changes`` (``decode_settings``)."""
+        return [[(h.tokens, h.score) for h in hyps] for hyps in self.translate_hypotheses(sources, decode, **changes)]
+
+    def translate_hypotheses(self, sources: list[list[int]], decode: DecodeConfig | None = None,
+                             prefixes: list[list[int]] | None = None, **changes) -> list[list[Hypothesis]]:
+        """As ``translate_ids``, each hypothesis a ``Hypothesis`` with its log-probability; ``prefixes``: per
+        source the target ids its output starts with."""
         decode = decode_settings(decode, **changes)
         beam, alpha, max_len_offset, max_tokens, n_best = (decode.beam, decode.alpha, decode.max_len_offset,
                                                            decode.max_tokens, decode.n_best)
@@ -89,37 +113,50 @@ class CTranslate2Model:
         padded = pad_sequence([torch.tensor(ids) for ids in sources], batch_first=True,
                               padding_value=self.config.pad_id)  # (N, S)
         limits = max_output_lengths(self, padded, max_len_offset).tolist()  # the native rule, per sentence
+        if prefixes is not None:  # raised to the prefix's length, as decoding.prefix_limits does
+            limits = [min(max(limit, len(p)), self.config.max_positions - 1) for limit, p in zip(limits, prefixes)]
         if beam == 1:  # greedy: the first `limit` tokens are the output of a search stopped at `limit`
-            outputs = self._translate(sources, range(len(sources)), max(limits), beam, alpha, max_tokens)
-            return [[(ids[:limit], 0.0) for ids, _ in self._hypotheses(output, beam, alpha, n_best)]
+            outputs = self._translate(sources, range(len(sources)), max(limits), beam, alpha, max_tokens, prefixes)
+            return [[Hypothesis(h.tokens[:limit], 0.0) for h in self._hypotheses(output, beam, alpha, n_best)]
                     for output, limit in zip(outputs, limits)]
         groups: dict[int, list[int]] = defaultdict(list)
         for i, limit in enumerate(limits):
             groups[limit].append(i)
-        pending = [(rows, self._translate(sources, rows, limit, beam, alpha, max_tokens))
+        pending = [(rows, self._translate(sources, rows, limit, beam, alpha, max_tokens, prefixes))
                    for limit, rows in groups.items()]  # all posted before any is awaited
-        results: list[list[tuple[list[int], float]]] = [[] for _ in sources]
+        results: list[list[Hypothesis]] = [[] for _ in sources]
         for rows, outputs in pending:
             for i, output in zip(rows, outputs):
                 results[i] = self._hypotheses(output.result(), beam, alpha, n_best)
         return results
 
-    def _translate(self, sources: list[list[int]], rows, limit: int, beam: int, alpha: float, max_tokens: int):
+    def _translate(self, sources: list[list[int]], rows, limit: int, beam: int, alpha: float, max_tokens: int,
+                   prefixes: list[list[int]] | None = None):
         """``translate_batch`` for ``sources[i]``, i in ``rows``, at most ``limit`` tokens out, all ``beam``
         hypotheses with the eos kept; greedy: the outputs, beam: (posted, not waited for) async results."""
+        prefix = {} if prefixes is None else {"target_prefix": [[self.pieces[t] for t in prefixes[i]] or None
+                                                                for i in rows]}
         return self.translator.translate_batch(
             [[self.pieces[t] for t in sources[i][:-1]] for i in rows],  # the model appends eos itself
             max_batch_size=max_tokens, batch_type="tokens", beam_size=beam,
             num_hypotheses=beam, length_penalty=alpha, return_end_token=True,
             return_scores=beam > 1,  # greedy scores 0.0: no log-softmax per step
-            max_decoding_length=limit, min_decoding_length=0, max_input_length=0, asynchronous=beam > 1)
+            max_decoding_length=limit, min_decoding_length=0, max_input_length=0, asynchronous=beam > 1, **prefix)
 
-    def _hypotheses(self, output, beam: int, alpha: float, n_best: int) -> list[tuple[list[int], float]]:
+    def _hypotheses(self, output, beam: int, alpha: float, n_best: int) -> list[Hypothesis]:
         eos = self.pieces[self.tokenizer.eos_id]
         hypotheses = []
         for tokens, score in zip(output.hypotheses, output.scores or [0.0] * len(output.hypotheses)):
             length = len(tokens)  # generated tokens, eos included, as our length penalty counts them
             ids = [self.ids[t] for t in (tokens[:-1] if tokens and tokens[-1] == eos else tokens)]
             total = score * length ** alpha  # CTranslate2 divided the summed log-probability by length ** alpha
-            hypotheses.append((ids, 0.0 if beam == 1 else total / length_penalty(length, alpha)))
-        return sorted(hypotheses, key=lambda h: h[1], reverse=True)[:n_best]
+            hypotheses.append(Hypothesis(ids, 0.0, 0.0) if beam == 1 else
+                              Hypothesis(ids, total / length_penalty(length, alpha), total))
+        return sorted(hypotheses, key=lambda h: h.score, reverse=True)[:n_best]
+
+    def score_ids(self, sources: list[list[int]], targets: list[list[int]], max_tokens: int) -> list[list[float]]:
+        """Per pair (source ids + eos, target ids + eos) the log-probability of each target token and the eos."""
+        results = self.translator.score_batch(
+            [[self.pieces[t] for t in s[:-1]] for s in sources], [[self.pieces[t] for t in t_[:-1]] for t_ in targets],
+            max_batch_size=max_tokens, batch_type="tokens")
+        return [list(r.log_probs) for r in results]

@@ -1,5 +1,5 @@
 """How to decode: the one home of the search's settings (paper section 6.1: beam 4, length penalty 0.6, at most
-source length + 50 tokens) and of the engine that runs it. translate, evaluate, analyze_heads, explore, the
+source length + 50 tokens), of sampling's (off by default) and of the engine that runs it. translate, evaluate, analyze_heads, explore, the
 validation BLEU of training, the CTranslate2 engine and the benchmarks all read their defaults from here."""
 
 from __future__ import annotations
@@ -14,6 +14,14 @@ class DecodeConfig:
     max_len_offset: int = field(default=50, metadata={"help": "at most source length + this many tokens out"})
     max_tokens: int = field(default=4096, metadata={"help": "source tokens per batch, padding counted"})
     n_best: int = field(default=1, metadata={"help": "hypotheses per input, best first (<= beam)"})
+    sampling: bool = field(default=False, metadata={
+        "help": "true: sample each output token by token (temperature, top_k, top_p, seed) instead of searching"})
+    temperature: float = field(default=1.0, metadata={"help": "sampling: divides the log-probabilities (< 1: "
+                                                              "sharper)"})
+    top_k: int = field(default=0, metadata={"help": "sampling: only from the k most likely tokens; 0: all"})
+    top_p: float = field(default=1.0, metadata={
+        "help": "sampling: only from the most likely tokens whose probability sums to top_p (nucleus); 1.0: all"})
+    seed: int = field(default=0, metadata={"help": "sampling: with the line number, seeds each line's sample"})
     engine: str = field(default="native", metadata={"help": "native (torch) | ctranslate2 (pip install -e .[serve])"})
     device: str = field(default="cpu", metadata={"help": "cpu, cuda, cuda:1, ..."})
     compute_type: str = field(default="default", metadata={

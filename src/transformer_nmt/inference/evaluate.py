@@ -5,11 +5,14 @@
 
 ``split=val|test`` reads that split of the data the checkpoint was trained on (its data config travels
 in the checkpoint), every pair, unfiltered; ``src=FILE ref=FILE`` scores any pair of plain-text files
-(``.gz`` too). Beam and engine options as in ``translate`` (``--help`` lists them with their defaults;
+(``.gz`` too). ``ckpt=[A,B,...]`` scores the ensemble of those checkpoints (its first one's data and
+directory are used). Beam and engine options as in ``translate`` (``--help`` lists them with their defaults;
 ``engine=ctranslate2`` with ``ckpt`` or ``model_dir``). Writes to
 ``out=DIR`` (default: ``eval/`` beside the checkpoint) ``NAME.hyp`` (one line per source line),
 ``NAME.ref`` and ``NAME.json`` with sacreBLEU's BLEU (cased and lowercased, with the length ratio and
-brevity penalty) and chrF and their signatures, so ``sacrebleu NAME.ref -i NAME.hyp`` reproduces the score.
+brevity penalty) and chrF and their signatures, so ``sacrebleu NAME.ref -i NAME.hyp`` reproduces the score
+exactly: both are scored as written, one line each (``one_line``: a line break inside a sentence, a lone CR
+included, is written as a space).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 from sacrebleu.metrics import BLEU, CHRF
@@ -35,7 +38,7 @@ USAGE = "python -m transformer_nmt.evaluate ckpt=PATH (split=val|test | src=FILE
 
 @dataclass
 class EvaluateOptions:
-    ckpt: Optional[str] = option(None, CKPT_HELP + " (or model_dir=, with engine=ctranslate2)")
+    ckpt: Optional[Any] = option(None, CKPT_HELP + " (or model_dir=, with engine=ctranslate2)")
     split: Optional[str] = option(None, "val | test: that split of the checkpoint's own data (or src= and ref=)")
     src: Optional[str] = option(None, "source file, one sentence a line (.gz too), with ref=")
     ref: Optional[str] = option(None, "reference file, one translation a line, with src=")
@@ -62,7 +65,8 @@ def split_pairs(meta: dict, split: str) -> tuple[list[str], list[str]]:
     if meta.get("data_config") is None:
         raise SystemExit(f"checkpoint {meta['path']} does not record its data config; give src=FILE ref=FILE instead")
     try:  # read as data options, never instantiated: a checkpoint must not name code to run
-        spec = DataConfig.from_record(meta["data_config"], f"checkpoint {meta['path']}").corpus_spec()
+        source = meta.get("source") or f"checkpoint {meta['path']}"
+        spec = DataConfig.from_record(meta["data_config"], source, meta.get("version")).corpus_spec()
     except ValueError as error:
         raise SystemExit(str(error)) from None
     sources, references = [], []
@@ -91,6 +95,14 @@ def evaluation_pairs(options, meta: dict) -> tuple[list[str], list[str], str]:
     return sources, references, name
 
 
+def one_line(text: str) -> str:
+    """``text`` as one line of a file that any reader splits as we do: every line boundary ``str.splitlines``
+    knows (a lone CR, LF, VT, FF, U+001C-U+001E, NEL, U+2028, U+2029) becomes a space, and trailing whitespace,
+    which sacrebleu's command line strips, goes. The score is computed on these lines (sacreBLEU's tokenizers
+split words at whitespace, and a line break is whitespace to them too)."""
+    return " ".join(text.splitlines()).rstrip()
+
+
 def score(hypotheses: list[str], references: list[str]) -> dict:
     """sacreBLEU BLEU (cased and lowercased) and chrF, with their signatures; beside the cased BLEU its
     length ratio (hypothesis / reference tokens) and brevity penalty."""
@@ -107,8 +119,9 @@ def score(hypotheses: list[str], references: list[str]) -> dict:
 def main(argv: list[str] | None = None) -> dict:
     options = parse_options(command_argv(argv), EvaluateOptions, __doc__, USAGE)
     require_checkpoint(options)
-    ckpt = options.ckpt or options.model_dir
     model, tokenizer, meta = load_model(options)
+    ckpt = options.ckpt or options.model_dir
+    first = ckpt[0] if isinstance(ckpt, list) else ckpt
     sources, references, default_name = evaluation_pairs(options, meta)
     name = options.name or default_name
 
@@ -116,12 +129,14 @@ def main(argv: list[str] | None = None) -> dict:
     started = time.perf_counter()
     hypotheses = [hyps[0][0] for hyps in translate_lines(model, tokenizer, sources, decode)]
     seconds = time.perf_counter() - started
+    # What is scored is what is written: sacrebleu NAME.ref -i NAME.hyp reads the same lines, the same count
+    hypotheses, references = [one_line(h) for h in hypotheses], [one_line(r) for r in references]
 
-    out_dir = Path(options.out or Path(ckpt).parent / run_files.EVAL)
+    out_dir = Path(options.out or Path(first).parent / run_files.EVAL)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / f"{name}.hyp").write_text("".join(h + "\n" for h in hypotheses), encoding="utf-8")
     (out_dir / f"{name}.ref").write_text("".join(r + "\n" for r in references), encoding="utf-8")
-    result = {"checkpoint": str(ckpt), "sentences": len(sources), **score(hypotheses, references),
+    result = {"checkpoint": ckpt if isinstance(ckpt, list) else str(ckpt), "sentences": len(sources), **score(hypotheses, references),
               "engine": options.engine, "compute_type": options.compute_type,
               "threads": getattr(model, "threads", torch.get_num_threads()),
               "inter_threads": getattr(model, "inter_threads", None),

@@ -7,7 +7,10 @@
 ``int8_float32``, ``float16``, ...). A float32 export can also be quantized when it is loaded (the
 ``compute_type`` option of ``translate``). The directory holds CTranslate2's ``model.bin``,
 ``config.json`` and ``shared_vocabulary.json``, plus ``sentencepiece.model`` and ``transformer_nmt.json``
-(our model and data config, so ``translate``/``evaluate`` need nothing else).
+(our model and data config, so ``translate``/``evaluate`` need nothing else, the version that wrote it, and
+every other file of the directory with its size: ``check_export`` compares them on every load, so a truncated
+``model.bin`` is refused, and in the cache exported again). The directory is built under a fresh temporary name
+beside ``output`` (``mkdtemp``), fsynced, then renamed into place.
 
 How our model maps onto CTranslate2's ``TransformerSpec``:
 - post-LN or pre-LN (``pre_norm``; pre-LN's final LayerNorms are the stacks' ``layer_norm``), LayerNorm eps 1e-5;
@@ -28,6 +31,8 @@ import hashlib
 import json
 import os
 import shutil
+import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -36,13 +41,15 @@ import numpy as np
 import torch
 from filelock import FileLock
 
+from transformer_nmt import __version__
 from transformer_nmt.checkpoint import load_checkpoint
+from transformer_nmt.durable import fsync_directory, publish_directory, temporary_directory
 from transformer_nmt.model.transformer import Transformer
 from transformer_nmt.options import command_argv, option, parse_options, require_checkpoint
 from transformer_nmt.data.tokenizer import Tokenizer
 
 EXPORT_INFO = "transformer_nmt.json"  # our configs, beside CTranslate2's files
-EXPORT_FORMAT = 1  # part of the cache key: bump when the export of a given checkpoint changes
+EXPORT_FORMAT = 2  # part of the cache key: bump when the export of a given checkpoint changes (2: files listed)
 SENTENCEPIECE_MODEL = "sentencepiece.model"
 FORBIDDEN_LOGIT_BIAS = -1e4  # on pad and bos; finite so float16 and int8 exports keep it
 LAYER_NORM_EPS = 1e-5  # torch.nn.LayerNorm's default, which the model uses
@@ -169,14 +176,46 @@ def transformer_spec(model: Transformer, tokenizer: Tokenizer):
     return spec
 
 
+def export_files(directory: Path) -> dict[str, int]:
+    """{name: size in bytes} of every file of export ``directory`` but EXPORT_INFO (what EXPORT_INFO lists)."""
+    return {path.name: path.stat().st_size for path in sorted(directory.iterdir())
+            if path.is_file() and path.name != EXPORT_INFO}
+
+
+def check_export(directory: str | os.PathLike) -> str | None:
+    """What is wrong with export ``directory`` (None: nothing): EXPORT_INFO missing or unreadable, or a file it
+    lists missing or of another size (a writer or machine that crashed, a copy cut short). An export written
+    before EXPORT_INFO listed its files (format 1) cannot be checked and passes."""
+    directory = Path(directory)
+    info_path = directory / EXPORT_INFO
+    if not info_path.is_file():
+        return f"no {EXPORT_INFO}"
+    try:
+        info = json.loads(info_path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as error:
+        return f"{EXPORT_INFO} is not readable JSON ({error})"
+    files = info.get("files") if isinstance(info, dict) else None
+    if files is None:
+        return None if isinstance(info, dict) else f"{EXPORT_INFO} holds no settings"
+    if not isinstance(files, dict):
+        return f"{EXPORT_INFO}'s files is not a mapping of names to sizes"
+    for name, size in files.items():
+        path = directory / str(name)
+        if Path(str(name)).name != name or not path.is_file():
+            return f"{name}, which {EXPORT_INFO} lists, is missing"
+        if path.stat().st_size != size:
+            return f"{name} has {path.stat().st_size} bytes, {EXPORT_INFO} records {size}"
+    return None
+
+
 def export_model(model: Transformer, tokenizer: Tokenizer, output: str | os.PathLike, quantization: str = "none",
                  meta: dict | None = None, force: bool = False, exist_ok: bool = False) -> Path:
     """Write ``model`` as a CTranslate2 model directory ``output``; returns its path.
 
-    The directory is written under a temporary name and renamed into place, so ``output`` is either
-    absent or complete. ``meta`` (as from ``load_checkpoint``) records where the model came from.
-    ``force``: replace an existing ``output``. ``exist_ok``: keep an ``output`` that another process completed
-    meanwhile (the cache, where the same key is the same export) and discard this one."""
+    The directory is written under a fresh temporary name (``mkdtemp``), fsynced and renamed into place, so
+    ``output`` is either absent or complete. ``meta`` (as from ``load_checkpoint``) records where the model
+    came from. ``force``: replace an existing ``output``. ``exist_ok``: keep an ``output`` that another process
+    completed meanwhile (the cache, where the same key is the same export) and discard this one."""
     ctranslate2 = import_ctranslate2()
     weight_type = check_quantization(quantization)
     output = Path(output)
@@ -185,43 +224,43 @@ def export_model(model: Transformer, tokenizer: Tokenizer, output: str | os.Path
     spec = transformer_spec(model, tokenizer)
     spec.validate()
     spec.optimize(quantization=weight_type)
-    tmp = output.with_name(f"{output.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    tmp = temporary_directory(output)  # this process's alone: no other writer has its name
     try:
         spec.save(str(tmp))
         tokenizer.save(tmp / SENTENCEPIECE_MODEL)
         meta = meta or {}
         info = {"model_config": model.config.to_dict(), "data_config": meta.get("data_config"),
                 "checkpoint": meta.get("path"), "global_step": meta.get("global_step"),
-                "quantization": quantization or "none", "ctranslate2_version": ctranslate2.__version__}
+                "quantization": quantization or "none", "ctranslate2_version": ctranslate2.__version__,
+                "version": __version__, "files": export_files(tmp)}
         (tmp / EXPORT_INFO).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
         if force and output.exists():
             shutil.rmtree(output)
         try:
-            os.replace(tmp, output)  # atomic; fails when output is a directory that is not empty
+            publish_directory(tmp, output)  # atomic; fails when output is a directory that is not empty
         except OSError:
             if not exist_ok:
                 raise
-            if not (output / EXPORT_INFO).is_file():
-                replace_unfinished(output, tmp)
+            if check_export(output) is not None:
+                replace_broken(output, tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return output
 
 
-def replace_unfinished(output: Path, export: Path) -> None:
-    """Put the complete ``export`` where ``output``, a directory without EXPORT_INFO (an export that never
-    finished, left by a writer before exports were atomic), stands; no reader uses such a directory. Under a
-    lock, so that a racing process's complete export is never moved aside; one completed meanwhile is kept."""
+def replace_broken(output: Path, export: Path) -> None:
+    """Put the complete ``export`` where ``output``, a directory ``check_export`` refuses (an export that never
+    finished, or whose files a crash cut short), stands; no reader uses such a directory. Under a lock, so that
+    a racing process's complete export is never moved aside; one completed meanwhile is kept."""
     with FileLock(f"{output}.lock"):
-        if (output / EXPORT_INFO).is_file():
+        if check_export(output) is None:
             return
-        stale = output.with_name(f"{output.name}.unfinished-{os.getpid()}")
+        stale = Path(tempfile.mkdtemp(prefix=f"{output.name}.broken-", dir=output.parent))  # empty: replaceable
         try:
             if output.exists():
                 os.replace(output, stale)
             os.replace(export, output)
+            fsync_directory(output.parent)
         finally:
             shutil.rmtree(stale, ignore_errors=True)
 
@@ -230,10 +269,11 @@ def cached_export(ckpt: str | os.PathLike) -> Path:
     """The float32 CTranslate2 export of checkpoint ``ckpt``, written on first use to
     ``$XDG_CACHE_HOME/transformer_nmt/ctranslate2/`` (default ``~/.cache/...``) under a hash of its path, size and
     modification time (checkpoints are replaced atomically, never edited: a new file is a new key; hashing the
-    bytes would read gigabytes of optimizer state on every call). Concurrent first uses (two ``translate``
-    processes) each write their own temporary export; the first rename wins and the others keep it: an entry,
-    once there, is never removed or replaced under a reader. A directory without EXPORT_INFO, which no reader
-    uses, is replaced by a complete export (``replace_unfinished``)."""
+    bytes would read gigabytes of optimizer state on every call). Every use checks the entry (``check_export``:
+    each file at the size the export recorded); one that fails is exported again and replaced
+    (``replace_broken``). Concurrent first uses (two ``translate`` processes) each write their own temporary
+    export; the first rename wins and the others keep it: a complete entry, once there, is never removed or
+    replaced under a reader."""
     path = Path(ckpt)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {path} does not exist")
@@ -241,7 +281,11 @@ def cached_export(ckpt: str | os.PathLike) -> Path:
     digest = hashlib.sha256(f"{path.resolve()}\0{stat.st_size}\0{stat.st_mtime_ns}".encode())
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "transformer_nmt" / "ctranslate2"
     output = cache / f"{digest.hexdigest()[:20]}-v{EXPORT_FORMAT}"
-    if not (output / EXPORT_INFO).is_file():
+    problem = check_export(output)
+    if problem is not None:
+        if output.exists():
+            print(f"warning: the cached export {output} is incomplete ({problem}): exporting {path} again",
+                  file=sys.stderr)
         model, tokenizer, meta = load_checkpoint(path)
         export_model(model, tokenizer, output, meta=meta, exist_ok=True)
     return output

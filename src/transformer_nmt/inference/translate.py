@@ -4,7 +4,15 @@
     python -m transformer_nmt.translate ckpt=model.ckpt input=in.en output=out.de beam=1
 
 ``--help`` lists every option with its default (the search's defaults live in ``DecodeConfig``); with
-``n_best`` n > 1 each input line gives n lines ``LINE_NUMBER<TAB>SCORE<TAB>TRANSLATION``.
+``n_best`` n > 1 each input line gives n lines ``LINE_NUMBER<TAB>SCORE<TAB>LOG_PROB<TAB>TRANSLATION`` (SCORE: the
+length-normalised score the beam ranks by; LOG_PROB: the sum of the log-probabilities of the tokens and the eos).
+
+Researchers' modes (docs/evaluation.md shows each): ``ckpt=[A,B,C]`` decodes with an ensemble (the mean of the
+models' log-probabilities at each step; the models must share a tokenizer); ``sampling=true`` samples each line
+(``temperature``, ``top_k``, ``top_p``; ``seed`` and the line number seed it, so a line's sample does not depend
+on the batch); ``prefix=FILE`` forces each output to start with that file's line (a blank line: no prefix);
+``score_reference=FILE`` decodes nothing and writes, per input line, ``LOG_PROB<TAB>PER_TOKEN<TAB>TOKENS``: the
+log-probability of that file's line as the translation (its tokens and the eos), per token, and how many.
 
 ``engine=ctranslate2`` translates with CTranslate2 (``pip install -e ".[serve]"``), from ``model_dir=DIR``
 (written by ``python -m transformer_nmt.export``) or from ``ckpt``, exported once to a cache
@@ -35,29 +43,33 @@ import warnings
 from contextlib import nullcontext
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import List, Optional
+from typing import Any, List, Optional
 
 import torch
 
-from transformer_nmt.checkpoint import load_checkpoint
 from transformer_nmt.data.tokenizer import Tokenizer
 from transformer_nmt.inference.alignment import (ALIGNMENT_MODES, AlignmentOptions, align, alignment_line,
                                                  check_alignment_options)
 from transformer_nmt.inference.ctranslate2_engine import CTranslate2Model
 from transformer_nmt.inference.decode_config import DecodeConfig, decode_settings
+from transformer_nmt.inference.ensemble import checkpoint_paths, load_ensemble
 from transformer_nmt.inference.export import cached_export
-from transformer_nmt.model.decoding import beam_search, greedy_decode
+from transformer_nmt.inference.scoring import token_log_probs
+from transformer_nmt.model.decoding import Hypothesis, beam_search, greedy_search
+from transformer_nmt.model.ensemble import Ensemble
+from transformer_nmt.model.sampling import Sampler, check_sampling
 from transformer_nmt.model.transformer import Transformer
 from transformer_nmt.options import (command_argv, option, option_of, parse_options, require_checkpoint, show,
                                      values_of)
 
 USAGE = "python -m transformer_nmt.translate ckpt=PATH [key=value ...] < input > output"
-CKPT_HELP = "a checkpoint written by python -m transformer_nmt.train"
+CKPT_HELP = "a checkpoint written by python -m transformer_nmt.train; [A,B,...]: an ensemble (engine=native)"
+SAMPLING_OPTIONS = ("temperature", "top_k", "top_p", "seed")
 
 
 @dataclass
 class TranslateOptions:
-    ckpt: Optional[str] = option(None, CKPT_HELP + " (or model_dir=, with engine=ctranslate2)")
+    ckpt: Optional[Any] = option(None, CKPT_HELP + " (or model_dir=, with engine=ctranslate2)")
     input: Optional[str] = option(None, "the text to translate, one sentence a line (.gz too); null: stdin")
     output: Optional[str] = option(None, "where the translations go, one line per input line; null: stdout")
     beam: int = option_of(DecodeConfig, "beam")
@@ -65,7 +77,18 @@ class TranslateOptions:
     max_len_offset: int = option_of(DecodeConfig, "max_len_offset")
     max_tokens: int = option_of(DecodeConfig, "max_tokens")
     n_best: int = option_of(DecodeConfig, "n_best", help="hypotheses per input, best first (<= beam); n > 1: "
-                                                           "n lines LINE_NUMBER<TAB>SCORE<TAB>TRANSLATION each")
+                                                           "n lines LINE_NUMBER<TAB>SCORE<TAB>LOG_PROB<TAB>"
+                                                           "TRANSLATION each")
+    sampling: bool = option_of(DecodeConfig, "sampling")
+    temperature: float = option_of(DecodeConfig, "temperature")
+    top_k: int = option_of(DecodeConfig, "top_k")
+    top_p: float = option_of(DecodeConfig, "top_p")
+    seed: int = option_of(DecodeConfig, "seed")
+    prefix: Optional[str] = option(None, "a file, one line per input line: each output starts with that line "
+                                         "(a blank line: no prefix)")
+    score_reference: Optional[str] = option(None, "a file, one translation per input line: write each one's "
+                                                  "log-probability (LOG_PROB<TAB>PER_TOKEN<TAB>TOKENS), decode "
+                                                  "nothing")
     device: str = option_of(DecodeConfig, "device")
     engine: str = option_of(DecodeConfig, "engine")
     model_dir: Optional[str] = option(None, "engine=ctranslate2: a directory written by python -m "
@@ -110,23 +133,53 @@ def token_batches(lengths: list[int], max_tokens: int) -> list[list[int]]:
     return batches + ([current] if current else [])
 
 
+def check_decode(decode: DecodeConfig) -> None:
+    """A ValueError naming the option for settings that cannot decode together."""
+    if decode.beam < 1 or not 1 <= decode.n_best <= decode.beam:
+        raise ValueError(f"need beam >= 1 and 1 <= n_best <= beam, got beam={decode.beam}, n_best={decode.n_best}")
+    if decode.sampling:
+        check_sampling(decode.temperature, decode.top_k, decode.top_p)
+        if decode.beam not in (1, DecodeConfig.beam) or decode.n_best != 1:
+            raise ValueError(f"sampling=true draws one output per line: drop beam={decode.beam} and "
+                             f"n_best={decode.n_best}")
+    else:
+        given = [f"{name}={getattr(decode, name)}" for name in SAMPLING_OPTIONS
+                 if getattr(decode, name) != getattr(DecodeConfig, name)]
+        if given:
+            raise ValueError(f"{' '.join(given)} set(s) how to sample: add sampling=true, or drop it")
+
+
+def encode_prefixes(tokenizer: Tokenizer, prefixes: list[str] | None, n_lines: int) -> list[list[int]] | None:
+    """Each line's forced target ids (blank: none); None without prefixes. The count must match the input's."""
+    if prefixes is None:
+        return None
+    if len(prefixes) != n_lines:
+        raise ValueError(f"prefix file has {len(prefixes)} lines but the input {n_lines}: give one per input line")
+    return [ids if line.strip() else [] for line, ids in zip(prefixes, tokenizer.encode_batch(
+        [line.strip() for line in prefixes]))]
+
+
 @torch.no_grad()
-def translate_ids(model: Transformer | CTranslate2Model, tokenizer: Tokenizer, lines: list[str],
-                  decode: DecodeConfig | None = None, **changes
-                  ) -> tuple[list[list[int] | None], list[list[tuple[list[int], float]]]]:
+def translate_hypotheses(model: Transformer | Ensemble | CTranslate2Model, tokenizer: Tokenizer, lines: list[str],
+                         decode: DecodeConfig | None = None, prefixes: list[str] | None = None, **changes
+                         ) -> tuple[list[list[int] | None], list[list[Hypothesis]]]:
     """Translate ``lines``: (source ids as ``encode_sources`` gives them, and for each line its ``n_best``
-    (target ids without bos/eos, score) pairs, best first, in input order). The search: ``decode`` with
-    ``changes`` (``beam=1``, ...; ``decode_settings``). Greedy decoding (``beam`` 1) scores 0.0; a blank line
-    gives empty hypotheses."""
+    hypotheses (target ids without bos/eos, score, log_prob), best first, in input order). The search: ``decode``
+    with ``changes`` (``beam=1``, ``sampling=True``, ...; ``decode_settings``); ``prefixes``: one target text per
+    line that its output starts with. Greedy decoding and sampling score 0.0; a blank line gives empty hypotheses."""
     decode = decode_settings(decode, **changes)
+    check_decode(decode)
     beam, n_best, max_len_offset = decode.beam, decode.n_best, decode.max_len_offset
-    if beam < 1 or not 1 <= n_best <= beam:
-        raise ValueError(f"need beam >= 1 and 1 <= n_best <= beam, got beam={beam}, n_best={n_best}")
+    greedy = beam == 1 or decode.sampling
     sources = encode_sources(tokenizer, lines, model.config.max_positions)
-    results: list[list[tuple[list[int], float]]] = [[([], 0.0)] * n_best for _ in lines]
+    forced = encode_prefixes(tokenizer, prefixes, len(lines))
+    results: list[list[Hypothesis]] = [[Hypothesis([], 0.0)] * (1 if greedy else n_best) for _ in lines]
     todo = [i for i, ids in enumerate(sources) if ids is not None]
     if isinstance(model, CTranslate2Model):  # batches and searches on its own
-        outputs = model.translate_ids([sources[i] for i in todo], decode)
+        if decode.sampling:
+            raise ValueError("sampling=true needs engine=native")
+        outputs = model.translate_hypotheses([sources[i] for i in todo], decode,
+                                             prefixes=None if forced is None else [forced[i] for i in todo])
         for i, hyps in zip(todo, outputs):
             results[i] = hyps
         return sources, results
@@ -138,15 +191,32 @@ def translate_ids(model: Transformer | CTranslate2Model, tokenizer: Tokenizer, l
         for r, i in enumerate(rows):
             src[r, : len(sources[i])] = torch.tensor(sources[i])
         src = src.to(device)
-        if beam == 1:
-            outputs = [[(ids, 0.0)] for ids in greedy_decode(model, src, max_len_offset=max_len_offset,
-                                                              bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id)]
+        prefix = None
+        if forced is not None and any(forced[i] for i in rows):
+            prefix = torch.full((len(rows), max(len(forced[i]) for i in rows)), -1, dtype=torch.long)  # (b, P)
+            for r, i in enumerate(rows):
+                prefix[r, : len(forced[i])] = torch.tensor(forced[i], dtype=torch.long)
+            prefix = prefix.to(device)
+        if greedy:
+            choose = {}
+            if decode.sampling:
+                choose["choose"] = Sampler(rows, decode.seed, decode.temperature, decode.top_k, decode.top_p, device)
+            outputs = [[h] for h in greedy_search(model, src, tokenizer.bos_id, tokenizer.eos_id,
+                                                  max_len_offset=max_len_offset, prefix=prefix, **choose)]
         else:
-            outputs = [[(h.tokens, h.score) for h in hyps] for hyps in beam_search(
-                model, src, beam, decode.alpha, max_len_offset, n_best, tokenizer.bos_id, tokenizer.eos_id)]
+            outputs = beam_search(model, src, beam, decode.alpha, max_len_offset, n_best, tokenizer.bos_id,
+                                  tokenizer.eos_id, prefix=prefix)
         for i, hyps in zip(rows, outputs):
             results[i] = hyps
     return sources, results
+
+
+def translate_ids(model: Transformer | Ensemble | CTranslate2Model, tokenizer: Tokenizer, lines: list[str],
+                  decode: DecodeConfig | None = None, **changes
+                  ) -> tuple[list[list[int] | None], list[list[tuple[list[int], float]]]]:
+    """As ``translate_hypotheses``, each hypothesis as a (target ids, score) pair."""
+    sources, results = translate_hypotheses(model, tokenizer, lines, decode, **changes)
+    return sources, [[(h.tokens, h.score) for h in hyps] for hyps in results]
 
 
 def translate_lines(model: Transformer | CTranslate2Model, tokenizer: Tokenizer, lines: list[str],
@@ -180,10 +250,11 @@ def read_lines(path: str | Path | None) -> list[str]:
     return decoded
 
 
-def load_model(options) -> tuple[Transformer | CTranslate2Model, Tokenizer, dict]:
+def load_model(options) -> tuple[Transformer | Ensemble | CTranslate2Model, Tokenizer, dict]:
     """(model, tokenizer, meta) for ``options.engine`` (options as translate's or evaluate's): the checkpoint's
-    Transformer (native), or its CTranslate2 export (``model_dir``, else ``ckpt`` exported to the cache).
-    ``meta`` as ``load_checkpoint``'s."""
+    Transformer, or the Ensemble of several (native), or its CTranslate2 export (``model_dir``, else ``ckpt``
+    exported to the cache). ``meta`` as ``load_checkpoint``'s (an ensemble's: its first checkpoint's); from an
+    export, also ``source``: its transformer_nmt.json, for messages."""
     if options.engine == "native":
         for name in ("model_dir", "compute_type"):
             if getattr(options, name) not in (None, DecodeConfig.compute_type):
@@ -192,14 +263,18 @@ def load_model(options) -> tuple[Transformer | CTranslate2Model, Tokenizer, dict
             raise SystemExit("inter_threads= is an option of engine=ctranslate2 (the native engine: threads=N)")
         if options.threads:
             torch.set_num_threads(options.threads)
-        return load_checkpoint(options.ckpt, map_location=options.device)
+        return load_ensemble(checkpoint_paths(options.ckpt), map_location=options.device)
     if options.engine == "ctranslate2":
+        if options.ckpt is not None and len(checkpoint_paths(options.ckpt)) > 1:
+            raise SystemExit("engine=ctranslate2 decodes one model: an ensemble (ckpt=[A,B,...]) needs engine=native")
+        if isinstance(options.ckpt, list):
+            options.ckpt = options.ckpt[0]
         if options.ckpt and options.model_dir:
             raise SystemExit("give ckpt=PATH (exported to a cache) or model_dir=DIR (an export), not both")
         model_dir = options.model_dir or cached_export(options.ckpt)
         model = CTranslate2Model(model_dir, options.device, options.compute_type, options.threads,
                                  options.inter_threads)
-        meta = {**model.info, "path": options.ckpt or str(model_dir)}
+        meta = {**model.info, "path": options.ckpt or str(model_dir), "source": f"export {model.info_path}"}
         return model, model.tokenizer, meta
     raise SystemExit(f"engine={options.engine!r}: use native or ctranslate2")
 
@@ -220,6 +295,16 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"print_alignment={mode!r}: use hard or soft")
     elif options.engine != "native":
         raise SystemExit("print_alignment= needs engine=native (it reads the model's cross-attention)")
+    if mode and isinstance(options.ckpt, list) and len(options.ckpt) > 1:
+        raise SystemExit("print_alignment= reads one model's cross-attention: give ckpt=PATH, not an ensemble")
+    if options.score_reference and (options.prefix or mode or options.n_best != 1 or options.sampling):
+        raise SystemExit("score_reference= scores given translations and decodes nothing: drop prefix=, "
+                         "print_alignment=, n_best= and sampling=")
+    decode = values_of(DecodeConfig, options)
+    try:
+        check_decode(decode)
+    except ValueError as error:
+        raise SystemExit(str(error)) from None
     model, tokenizer, _ = load_model(options)
     if mode:
         try:
@@ -227,17 +312,31 @@ def main(argv: list[str] | None = None) -> None:
         except ValueError as error:
             raise SystemExit(str(error)) from None
     lines = read_lines(options.input)
-    sources, results = translate_ids(model, tokenizer, lines, values_of(DecodeConfig, options))
-    with (open(options.output, "w", encoding="utf-8") if options.output else nullcontext(sys.stdout)) as out:
+    out_file = open(options.output, "w", encoding="utf-8") if options.output else nullcontext(sys.stdout)
+    if options.score_reference:
+        try:
+            scores = token_log_probs(model, tokenizer, lines, read_lines(options.score_reference), decode.max_tokens)
+        except ValueError as error:
+            raise SystemExit(f"score_reference={options.score_reference}: {error}") from None
+        with out_file as out:
+            for token_scores in scores:
+                total = sum(token_scores)
+                out.write(f"{total:.4f}\t{total / len(token_scores):.4f}\t{len(token_scores)}\n")
+        return
+    prefixes = read_lines(options.prefix) if options.prefix else None
+    try:
+        sources, results = translate_hypotheses(model, tokenizer, lines, decode, prefixes=prefixes)
+    except ValueError as error:
+        raise SystemExit(f"prefix={options.prefix}: {error}" if prefixes is not None else str(error)) from None
+    with out_file as out:
         for number, (src, hyps) in enumerate(zip(sources, results), start=1):
-            for ids, score in hyps:
-                fields_ = [tokenizer.decode(ids)] if options.n_best == 1 else [str(number), f"{score:.4f}",
-                                                                               tokenizer.decode(ids)]
+            for h in hyps:
+                text = tokenizer.decode(h.tokens)
+                fields_ = [text] if options.n_best == 1 else [str(number), f"{h.score:.4f}", f"{h.log_prob:.4f}", text]
                 if mode:
-                    fields_.append(alignment_line(align(model, tokenizer, src, ids, *alignment), mode)
-                                   if src is not None and ids else "")
+                    fields_.append(alignment_line(align(model, tokenizer, src, h.tokens, *alignment), mode)
+                                   if src is not None and h.tokens else "")
                 out.write("\t".join(fields_) + "\n")
-
 
 if __name__ == "__main__":
     main()

@@ -5,6 +5,12 @@ the generated tokens and the eos that ends them) and maximum output length (sour
 defaults of ``inference.decode_config.DecodeConfig``, their one home: the searches here take them as required
 arguments. Both searches are batched and keep their bookkeeping in tensors: per step one host read (how many
 sentences are done), and a sentence that is done leaves the batch, so it costs nothing while the others go on.
+
+``model`` is a ``Transformer`` or anything with its decoding interface (``config``, ``encode``, ``new_cache`` and
+``next_log_probs``: an ensemble, model/ensemble.py). ``prefix`` (B, P) forces each sentence's first tokens
+(-1 past a sentence's own prefix: free): every other token gets probability 0 at those steps, and the forced
+tokens are scored as the model scores them. ``greedy_search`` takes a ``choose`` rule (``argmax`` by default; a
+sampler of model/sampling.py) and reports each output's log-probability.
 """
 
 from __future__ import annotations
@@ -37,6 +43,34 @@ def forbid_special(logits: Tensor, bos_id: int, model: Transformer) -> Tensor:
     return logits
 
 
+def next_log_probs(model, last: Tensor, memory: Tensor, src: Tensor, cache, bos_id: int) -> Tensor:
+    """(b, V) float32 log-probabilities of the next token after ``last`` (b, 1), pad and bos forbidden. A model
+    with its own ``next_log_probs`` (an ensemble) computes them itself."""
+    if hasattr(model, "next_log_probs"):
+        return model.next_log_probs(last, memory, src, cache, bos_id)
+    logits = forbid_special(model.decode(last, memory, src, cache=cache)[:, -1], bos_id, model)  # (b, V)
+    return torch.log_softmax(logits.float(), dim=-1)
+
+
+def force_tokens(log_probs: Tensor, forced: Tensor) -> Tensor:
+    """Rows whose ``forced`` (b,) token is >= 0 may only emit it (at its own log-probability); rows at -1 are free."""
+    token = forced.clamp(min=0).unsqueeze(1)  # (b, 1)
+    only = torch.full_like(log_probs, float("-inf")).scatter_(1, token, log_probs.gather(1, token))
+    return torch.where((forced >= 0).unsqueeze(1), only, log_probs)
+
+
+def prefix_limits(limits: Tensor, prefix: Tensor | None, max_positions: int) -> Tensor:
+    """Length limits (B,) raised to each sentence's prefix length, within max_positions."""
+    if prefix is None:
+        return limits
+    return torch.maximum(limits, (prefix >= 0).sum(dim=1)).clamp(max=max_positions - 1)
+
+
+def argmax(log_probs: Tensor, rows: Tensor, step: int) -> Tensor:
+    """Greedy decoding's choice: the most likely token of each row. (b, V) -> (b,)"""
+    return log_probs.argmax(dim=-1)
+
+
 def until_eos(rows: list[list[int]], eos_id: int) -> list[list[int]]:
     """Cut each token row before its first eos (rows are eos-filled past their end)."""
     return [row[: row.index(eos_id)] if eos_id in row else row for row in rows]
@@ -48,21 +82,40 @@ def first_done_last(done: Tensor, n_done: int) -> tuple[Tensor, Tensor]:
     return order[: done.numel() - n_done], order[done.numel() - n_done:]
 
 
-@torch.no_grad()
+@dataclass
+class Hypothesis:
+    tokens: list[int]  # generated ids, without bos and eos
+    score: float  # sum of log-probabilities divided by the length penalty (greedy and sampling: 0.0)
+    log_prob: float = 0.0  # sum of log-probabilities of the tokens and of the eos that ends them (if one does)
+
+
 def greedy_decode(model: Transformer, src: Tensor, bos_id: int = BOS_ID, eos_id: int = EOS_ID, *,
                   max_len_offset: int) -> list[list[int]]:
     """Pick the most likely token at each step. src (B, S) -> token ids per sentence (no bos/eos)."""
+    return [h.tokens for h in greedy_search(model, src, bos_id, eos_id, max_len_offset=max_len_offset)]
+
+
+@torch.no_grad()
+def greedy_search(model: Transformer, src: Tensor, bos_id: int = BOS_ID, eos_id: int = EOS_ID, *,
+                  max_len_offset: int, choose=argmax, prefix: Tensor | None = None) -> list[Hypothesis]:
+    """One token per step, picked by ``choose(log_probs (b, V), rows (b,), step) -> (b,)`` (``rows``: each row's
+    sentence in ``src``); src (B, S) -> per sentence a Hypothesis: its tokens (no bos/eos), score 0.0 and
+    log_prob, the sum of the log-probabilities of its tokens and of the eos that ends it (if one does)."""
     B, device = src.shape[0], src.device
-    limits = max_output_lengths(model, src, max_len_offset)  # (B,)
+    limits = prefix_limits(max_output_lengths(model, src, max_len_offset), prefix, model.config.max_positions)
     out = torch.full((int(limits.max()), B), eos_id, dtype=torch.long, device=device)  # (T, B)
+    log_prob = torch.zeros(B, device=device)  # (B,)
     memory = model.encode(src)  # (B, S, d_model)
     cache = model.new_cache()
     rows = torch.arange(B, device=device)  # original index of each row still decoding
     last = torch.full((B, 1), bos_id, dtype=torch.long, device=device)
     for step in range(out.shape[0]):
-        logits = forbid_special(model.decode(last, memory, src, cache=cache)[:, -1], bos_id, model)  # (b, V)
-        next_tokens = logits.argmax(dim=-1)  # (b,)
+        log_probs = next_log_probs(model, last, memory, src, cache, bos_id)  # (b, V)
+        if prefix is not None and step < prefix.shape[1]:
+            log_probs = force_tokens(log_probs, prefix[rows, step])
+        next_tokens = choose(log_probs, rows, step)  # (b,)
         out[step].index_copy_(0, rows, next_tokens)
+        log_prob.index_add_(0, rows, log_probs.gather(1, next_tokens.unsqueeze(1)).squeeze(1))
         done = (next_tokens == eos_id) | (step + 1 >= limits)  # (b,)
         n_done = int(done.sum())  # the one host read per step
         if n_done == done.numel():
@@ -72,13 +125,9 @@ def greedy_decode(model: Transformer, src: Tensor, bos_id: int = BOS_ID, eos_id:
             rows, memory, src, limits, next_tokens = rows[keep], memory[keep], src[keep], limits[keep], next_tokens[keep]
             cache.reorder(keep)
         last = next_tokens.unsqueeze(1)  # (b, 1)
-    return until_eos(out.t().tolist(), eos_id)
+    return [Hypothesis(tokens, 0.0, lp) for tokens, lp in zip(until_eos(out.t().tolist(), eos_id), log_prob.tolist())]
 
 
-@dataclass
-class Hypothesis:
-    tokens: list[int]  # generated ids, without bos and eos
-    score: float  # sum of log-probabilities divided by the length penalty
 
 
 def reorder_beams(cache: DecoderCache, beam_rows: Tensor, sentence_rows: Tensor | None) -> None:
@@ -94,7 +143,7 @@ def reorder_beams(cache: DecoderCache, beam_rows: Tensor, sentence_rows: Tensor 
 @torch.no_grad()
 def beam_search(model: Transformer, src: Tensor, beam_size: int, alpha: float,
                 max_len_offset: int, n_best: int = 1, bos_id: int = BOS_ID,
-                eos_id: int = EOS_ID, stop: str = "bound") -> list[list[Hypothesis]]:
+                eos_id: int = EOS_ID, stop: str = "bound", prefix: Tensor | None = None) -> list[list[Hypothesis]]:
     """Batched beam search. src (B, S) -> for each sentence its ``n_best`` hypotheses, best first.
 
     Each step expands the k live beams of every sentence and takes its 2k best continuations (one
@@ -109,6 +158,8 @@ def beam_search(model: Transformer, src: Tensor, beam_size: int, alpha: float,
       s / lp(limit), with the longest length (the largest penalty) allowed.
     - ``k_finished`` (the rule before; kept to compare against): as soon as k hypotheses have
       finished. Short hypotheses finish first, so it stops before longer, better ones can end.
+
+    Each hypothesis's ``log_prob`` is its score times the length penalty of its length.
     """
     if not 1 <= n_best <= beam_size:
         raise ValueError(f"n_best ({n_best}) must be between 1 and beam_size ({beam_size})")
@@ -116,7 +167,8 @@ def beam_search(model: Transformer, src: Tensor, beam_size: int, alpha: float,
         raise ValueError(f"stop must be one of {STOP_RULES}, got {stop!r}")
     k, device = beam_size, src.device
     B = src.shape[0]
-    limits = max_output_lengths(model, src, max_len_offset)  # (B,) of the sentences still searching
+    limits = prefix_limits(max_output_lengths(model, src, max_len_offset), prefix, model.config.max_positions)  # (B,)
+    all_limits = limits.tolist()  # of every sentence, for the log-probabilities at the end
     max_steps = int(limits.max())
     out_scores = torch.full((B, k), float("-inf"), device=device)  # finished, of sentences done
     out_tokens = torch.full((B, k, max_steps), eos_id, dtype=torch.long, device=device)  # eos-filled
@@ -133,8 +185,9 @@ def beam_search(model: Transformer, src: Tensor, beam_size: int, alpha: float,
 
     for step in range(max_steps):
         b, width = alive_scores.shape
-        logits = forbid_special(model.decode(last, memory, src, cache=cache)[:, -1], bos_id, model)  # (b*width, V)
-        log_probs = torch.log_softmax(logits.float(), dim=-1)
+        log_probs = next_log_probs(model, last, memory, src, cache, bos_id)  # (b*width, V)
+        if prefix is not None and step < prefix.shape[1]:  # every beam of a sentence is forced alike
+            log_probs = force_tokens(log_probs, prefix[sentences, step].repeat_interleave(width))
         vocab = log_probs.shape[-1]
         candidates = (alive_scores.view(b * width, 1) + log_probs).view(b, width * vocab)  # (b, width*V)
         top_scores, top_ids = candidates.topk(2 * k, dim=1)  # (b, 2k), best first
@@ -184,5 +237,12 @@ def beam_search(model: Transformer, src: Tensor, beam_size: int, alpha: float,
         last = alive_tokens[:, :, -1].reshape(-1, 1)  # (b'*k, 1)
 
     scores, tokens = out_scores.tolist(), out_tokens.tolist()
-    return [[Hypothesis(ids, score) for ids, score in zip(until_eos(tokens[i], eos_id), scores[i])
+    return [[Hypothesis(ids, score, score * length_penalty(output_length(ids, all_limits[i]), alpha))
+             for ids, score in zip(until_eos(tokens[i], eos_id), scores[i])
              if score > float("-inf")][:n_best] for i in range(B)]
+
+
+def output_length(tokens: list[int], limit: int) -> int:
+    """|Y| of the length penalty: the tokens and the eos that ends them; a hypothesis stopped at the length limit
+    has none (an eos fits only within the limit)."""
+    return len(tokens) if len(tokens) >= limit else len(tokens) + 1

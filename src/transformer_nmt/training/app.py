@@ -30,7 +30,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from transformer_nmt import run_files
 from transformer_nmt.model.attention import auto_kernel, check_attention
-from transformer_nmt.training.callbacks import LastCheckpoint, StepBoundaryTimer
+from transformer_nmt.training.callbacks import LastCheckpoint, StepBoundaryTimer, early_stopping
 from transformer_nmt.checkpoint import atomic_write
 from transformer_nmt.training.checkpoint_io import AtomicCheckpointIO
 from transformer_nmt.training.fingerprint import (RESULTS_FINGERPRINT, RecordFingerprint, check_finished_run,
@@ -88,6 +88,10 @@ def validate_config(cfg: DictConfig) -> None:
         raise ConfigError("trainer.gradient_clip_val: the module clips the gradients itself, after unscaling them "
                           "by the step's target tokens; set train.clip_grad_norm instead and drop "
                           "trainer.gradient_clip_val")
+    try:  # checkpoint.monitor and checkpoint.patience, before the data is prepared
+        early_stopping(cfg.checkpoint.patience, cfg.checkpoint.monitor, cfg.train.val_bleu_max_sentences)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
     recent = cfg.checkpoint.recent
     if recent.every_n_train_steps and recent.every_n_minutes:
         raise ConfigError("checkpoint.recent: set every_n_train_steps or every_n_minutes, not both")

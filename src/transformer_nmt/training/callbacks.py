@@ -1,5 +1,5 @@
-"""Callbacks: per-head attention maps in TensorBoard, ``last.ckpt`` after every validation, and a
-progress bar with tokens/s and ETA.
+"""Callbacks: per-head attention maps in TensorBoard, ``last.ckpt`` after every validation, the best-k
+checkpoints and early stopping on the monitored metric (val BLEU or loss), and a progress bar with tokens/s and ETA.
 
 (Atomic checkpoint writing is a CheckpointIO plugin, in checkpoint_io.py; the maps themselves are drawn by
 analysis/attention_maps.py.)
@@ -15,7 +15,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import torch
-from lightning.pytorch.callbacks import Callback, Checkpoint, ModelCheckpoint, Timer, TQDMProgressBar
+from lightning.pytorch.callbacks import Callback, Checkpoint, EarlyStopping, ModelCheckpoint, Timer, TQDMProgressBar
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_warn
 from tensorboard.compat.proto import types_pb2
@@ -332,14 +332,41 @@ class TokenProgressBar(TQDMProgressBar):
 # --- what conf/callbacks/default.yaml builds: each from the options it interpolates, None where that option is off
 
 
-def best_checkpoint(dirpath, save_top_k: int, val_bleu_max_sentences: int | None) -> ModelCheckpoint:
-    """The best-k checkpoints by validation BLEU, or by loss when BLEU is off (``val_bleu_max_sentences`` 0). The
-    first ModelCheckpoint of the run: ``trainer.test(ckpt_path="best")`` tests its best."""
-    bleu = val_bleu_max_sentences != 0
+MONITORS = ("auto", "val_bleu", "val_loss")
+
+
+def monitored(monitor: str, val_bleu_max_sentences: int | None) -> tuple[str, str]:
+    """(logged metric, mode) that ``checkpoint.monitor`` names: val_bleu -> ("val/bleu", "max"), val_loss ->
+    ("val/loss", "min"), auto -> val_bleu unless val BLEU is off (``val_bleu_max_sentences`` 0)."""
+    if monitor not in MONITORS:
+        raise ValueError(f"checkpoint.monitor={monitor!r}: use one of {MONITORS}")
+    if monitor == "val_bleu" and val_bleu_max_sentences == 0:
+        raise ValueError("checkpoint.monitor=val_bleu needs val BLEU: train.val_bleu_max_sentences is 0 (set N, or "
+                         "null for the whole validation set)")
+    bleu = monitor == "val_bleu" or (monitor == "auto" and val_bleu_max_sentences != 0)
+    return ("val/bleu", "max") if bleu else ("val/loss", "min")
+
+
+def best_checkpoint(dirpath, save_top_k: int, val_bleu_max_sentences: int | None,
+                    monitor: str = "auto") -> ModelCheckpoint:
+    """The best-k checkpoints by the ``monitor``ed metric (``monitored``). The first ModelCheckpoint of the run:
+    ``trainer.test(ckpt_path="best")`` tests its best."""
+    metric, mode = monitored(monitor, val_bleu_max_sentences)
+    bleu = metric == "val/bleu"
     return ModelCheckpoint(
         dirpath=dirpath, filename="step{step:07d}-bleu{val/bleu:.2f}" if bleu else "step{step:07d}-loss{val/loss:.3f}",
-        auto_insert_metric_name=False, monitor="val/bleu" if bleu else "val/loss", mode="max" if bleu else "min",
-        save_top_k=save_top_k, save_last=False)
+        auto_insert_metric_name=False, monitor=metric, mode=mode, save_top_k=save_top_k, save_last=False)
+
+
+def early_stopping(patience: int | None, monitor: str, val_bleu_max_sentences: int | None) -> EarlyStopping | None:
+    """Lightning's EarlyStopping on the ``monitor``ed metric: stop after ``patience`` validations without a better
+    value; None when ``patience`` is null."""
+    metric, mode = monitored(monitor, val_bleu_max_sentences)  # checked even when off: the best-k use it too
+    if patience is None:
+        return None
+    if patience < 1:
+        raise ValueError(f"checkpoint.patience={patience}: give validations >= 1, or null (never stop early)")
+    return EarlyStopping(monitor=metric, mode=mode, patience=patience, check_on_train_epoch_end=False)
 
 
 def recent_checkpoints(dirpath, keep: int, every_n_train_steps: int | None = None,

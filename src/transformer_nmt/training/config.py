@@ -70,7 +70,12 @@ class RecentCheckpointConfig:
 class CheckpointConfig:
     """What checkpoints/ keeps (``checkpoint.*``)."""
 
-    save_top_k: int = option(3, "best-k by val/bleu (val/loss when val BLEU is off), plus last.ckpt")
+    save_top_k: int = option(3, "best-k by the monitored metric (checkpoint.monitor), plus last.ckpt")
+    monitor: str = option("auto", "what best-k and early stopping rank by: val_bleu (greedy, detokenized sacreBLEU "
+                                  "over train.val_bleu_max_sentences of the first validation set) | val_loss | "
+                                  "auto: val_bleu, or val_loss when val BLEU is off")
+    patience: int | None = option(None, "stop after this many validations without a better monitored value "
+                                         "(Lightning's EarlyStopping); null: never")
     every_n_train_steps: int | None = option(None, "last.ckpt after every validation, and also every N optimizer "
                                                     "steps (mid-epoch resume)")
     recent: RecentCheckpointConfig = option(help="the averaging window", factory=RecentCheckpointConfig)

@@ -45,13 +45,11 @@ from lightning.pytorch.accelerators import CPUAccelerator, CUDAAccelerator
 from lightning.pytorch.callbacks import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from transformer_nmt.checkpoint import read_checkpoint
+from transformer_nmt.checkpoint import CKPT_FINGERPRINT, CKPT_OVERRIDES, read_checkpoint  # noqa: F401 (the keys)
 from transformer_nmt.training.precision import resolve_precision, uses_cuda
 
 log = logging.getLogger(__name__)
 
-CKPT_FINGERPRINT = "run_fingerprint"  # the checkpoint key
-CKPT_OVERRIDES = "run_overrides"  # the command line's overrides (a sweep job's: Hydra's overrides.task)
 RESULTS_FINGERPRINT = "fingerprint"  # results.json's key: the results fingerprint of the finished run
 GROUPS = ("model", "data", "train")
 PRECISION = "trainer.precision"  # as resolved: trainer.precision=auto is bf16-mixed on one machine, 32-true on another

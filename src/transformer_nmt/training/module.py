@@ -4,13 +4,15 @@ LightningModule that ties them to a ``Transformer``.
 The ``Transformer`` it wraps is a plain ``nn.Module``; everything Lightning-specific lives here:
 one training step is teacher-forced cross-entropy with label smoothing over the non-padding target
 tokens; validation adds greedy-decoded corpus BLEU (sacreBLEU) over the first
-``val_bleu_max_sentences`` sentences of the split, gathered from every DDP rank.
+``val_bleu_max_sentences`` sentences of the split, gathered from every DDP rank. With several validation sets
+(``data.val=[A,B]``) each is scored and logged under its own name (``val/``, ``val_NAME/``: DataConfig.val_splits).
 """
 
 from __future__ import annotations
 
 import math
 import time
+import uuid
 from dataclasses import asdict
 from functools import partial
 
@@ -19,7 +21,9 @@ import sacrebleu
 import torch
 from torch import Tensor
 
-from transformer_nmt.checkpoint import CKPT_DATA_CONFIG, CKPT_MODEL_CONFIG, CKPT_TOKENIZER
+from transformer_nmt import __version__
+from transformer_nmt.checkpoint import CKPT_DATA_CONFIG, CKPT_MODEL_CONFIG, CKPT_RUN, CKPT_TOKENIZER, CKPT_VERSION
+from transformer_nmt.data.config import DataConfig
 from transformer_nmt.inference.decode_config import DecodeConfig
 from transformer_nmt.model.decoding import greedy_decode
 from transformer_nmt.model.transformer import Transformer, TransformerConfig
@@ -169,13 +173,18 @@ class TranslationModule(pl.LightningModule):
             self.model.compile()  # compiles forward in place: parameter names and checkpoints stay as they are
         self.seed = seed
         self.bleu_limits = {"val": self.optim["val_bleu_max_sentences"], "test": self.optim["test_bleu_max_sentences"]}
+        # The validation sets' names, in the order of the datamodule's loaders (dataloader_idx).
+        self.val_splits = (DataConfig.from_record(data_config, "data config").val_splits()
+                           if data_config and data_config.get("val") else ["val"])
         self._step_sums = None  # (4,) float64 on the device: source tokens, target tokens, loss sum, nll sum
         self._step_started = None  # time.perf_counter() at the last optimizer step
         self._timed = {"tokens": 0, "seconds": 0.0}  # (source, target) tokens and seconds over the timed steps
         self._interval = {"tokens": 0, "seconds": 0.0}  # the same since the last logging step
-        self._eval = {}  # per evaluation: loss sums and decoded sentences
+        self._eval = {}  # per evaluation: split -> loss sums and decoded sentences
         self.hypotheses = {}  # split -> {sentence index: detokenized greedy hypothesis} of its last evaluation
         self.validated_at_step = None  # the optimizer step of the last validation
+        # This training run's identity: new at a fresh start, the checkpoint's own when one is restored (resume)
+        self.training_run = f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{uuid.uuid4().hex[:8]}"
 
     # --- optimisation ------------------------------------------------------------------------
     def configure_optimizers(self):
@@ -261,21 +270,26 @@ class TranslationModule(pl.LightningModule):
         return float(self._timed["tokens"][1]) / self._timed["seconds"]
 
     # --- evaluation --------------------------------------------------------------------------
-    def validation_step(self, batch, batch_idx):
-        self._eval_step(batch, "val")
+    def validation_step(self, batch, batch_idx, dataloader_idx=0):
+        self._eval_step(batch, self.val_splits[dataloader_idx])
 
     def test_step(self, batch, batch_idx):
         self._eval_step(batch, "test")
 
     def on_validation_epoch_start(self):
-        self._eval = {"sums": torch.zeros(3, dtype=torch.float64), "hypotheses": {}}
+        self._eval = {split: self._new_eval() for split in self.val_splits}
         self._step_started = None  # do not count validation time against training throughput
 
     def on_test_epoch_start(self):
-        self._eval = {"sums": torch.zeros(3, dtype=torch.float64), "hypotheses": {}}
+        self._eval = {"test": self._new_eval()}
+
+    @staticmethod
+    def _new_eval() -> dict:
+        return {"sums": torch.zeros(3, dtype=torch.float64), "hypotheses": {}}
 
     def on_validation_epoch_end(self):
-        self._log_evaluation("val")
+        for split in self.val_splits:
+            self._log_evaluation(split)
         self.validated_at_step = self.global_step
 
     def on_test_epoch_end(self):
@@ -287,8 +301,9 @@ class TranslationModule(pl.LightningModule):
         logits = self.model(src, tgt[:, :-1])
         loss_sum, nll_sum, n_tokens = label_smoothed_cross_entropy(
             logits, tgt[:, 1:], self.optim["label_smoothing"], pad)
-        self._eval["sums"] += torch.tensor([float(loss_sum), float(nll_sum), float(n_tokens)], dtype=torch.float64)
-        limit = self.bleu_limits[split]  # BLEU over the sentences with index < limit: the split's first ones
+        state = self._eval[split]
+        state["sums"] += torch.tensor([float(loss_sum), float(nll_sum), float(n_tokens)], dtype=torch.float64)
+        limit = self._bleu_limit(split)  # BLEU over the sentences with index < limit: the split's first ones
         if self.tokenizer is None or limit == 0:
             return
         rows = torch.arange(len(src), device=src.device)
@@ -299,10 +314,10 @@ class TranslationModule(pl.LightningModule):
             hypotheses = greedy_decode(self.model, src[rows], bos_id=tok.bos_id, eos_id=tok.eos_id,
                                        max_len_offset=DecodeConfig().max_len_offset)
             for index, ids in zip(batch["index"][rows].tolist(), hypotheses):
-                self._eval["hypotheses"][index] = tok.decode(ids)
+                state["hypotheses"][index] = tok.decode(ids)
 
     def _log_evaluation(self, split: str) -> None:
-        sums = self.trainer.strategy.reduce(self._eval["sums"].to(self.device), reduce_op="sum")
+        sums = self.trainer.strategy.reduce(self._eval[split]["sums"].to(self.device), reduce_op="sum")
         n = sums[2].clamp(min=1)
         metrics = {f"{split}/loss": (sums[0] / n).float(), f"{split}/ppl": torch.exp(sums[1] / n).float()}
         bleu = self._corpus_bleu(split)
@@ -310,16 +325,16 @@ class TranslationModule(pl.LightningModule):
             metrics[f"{split}/bleu"] = torch.tensor(bleu[0], device=self.device)
             metrics[f"{split}/bleu_sentences"] = torch.tensor(float(bleu[1]), device=self.device)
         # Every rank holds the same values already; sync_dist only keeps Lightning's bookkeeping uniform.
-        self.log_dict(metrics, prog_bar=True, sync_dist=True)
-        self._eval = {}
+        self.log_dict(metrics, prog_bar=split in ("val", "test"), sync_dist=True, add_dataloader_idx=False)
+        self._eval[split] = {}
 
     def _corpus_bleu(self, split: str) -> tuple[float, int] | None:
         """(sacreBLEU, number of sentences) over the hypotheses of all ranks against the datamodule's raw
         references; None when BLEU is off (limit 0, or no tokenizer or references to decode against)."""
         datamodule = getattr(self.trainer, "datamodule", None)
-        if self.bleu_limits[split] == 0 or self.tokenizer is None or not hasattr(datamodule, "references"):
+        if self._bleu_limit(split) == 0 or self.tokenizer is None or not hasattr(datamodule, "references"):
             return None
-        hypotheses = self._eval["hypotheses"]
+        hypotheses = self._eval[split]["hypotheses"]
         if self.trainer.world_size > 1:
             gathered = [None] * self.trainer.world_size
             torch.distributed.all_gather_object(gathered, hypotheses)
@@ -332,10 +347,17 @@ class TranslationModule(pl.LightningModule):
         bleu = sacrebleu.corpus_bleu([hypotheses[i] for i in indices], [[references[i] for i in indices]])
         return bleu.score, len(indices)
 
+    def _bleu_limit(self, split: str) -> int | None:
+        """train.val_bleu_max_sentences for every validation set, train.test_bleu_max_sentences for test."""
+        return self.bleu_limits["test" if split == "test" else "val"]
+
     # --- checkpoints -------------------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict) -> None:
-        """Make the checkpoint self-contained: model config, SentencePiece model and data config ride along."""
+        """Make the checkpoint self-contained: model config, SentencePiece model and data config ride along, with
+        the package version that wrote them and the training run's identity (what averaging compares)."""
         checkpoint[CKPT_MODEL_CONFIG] = self.model.config.to_dict()
+        checkpoint[CKPT_VERSION] = __version__
+        checkpoint[CKPT_RUN] = self.training_run
         if self.data_config is not None:
             checkpoint[CKPT_DATA_CONFIG] = self.data_config
         if self.tokenizer is not None:
@@ -365,3 +387,5 @@ class TranslationModule(pl.LightningModule):
                              "evaluate, translate and average, but its optimizer state cannot resume training")
         if self.data_config is None:
             self.data_config = checkpoint.get(CKPT_DATA_CONFIG)
+        if isinstance(checkpoint.get(CKPT_RUN), str):  # the run this one continues (absent in older checkpoints)
+            self.training_run = checkpoint[CKPT_RUN]

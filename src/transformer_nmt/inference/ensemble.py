@@ -1,0 +1,44 @@
+"""Loading an ensemble: ``ckpt=[A,B,C]`` (translate, evaluate) reads each checkpoint into one ``model.ensemble.Ensemble``.
+
+The models must share the tokenizer (the same SentencePiece model, byte for byte): their token ids must mean
+the same pieces, or the mean of their log-probabilities means nothing. Another tokenizer is refused, naming
+both files.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from transformer_nmt.checkpoint import load_checkpoint
+from transformer_nmt.data.tokenizer import Tokenizer
+from transformer_nmt.model.ensemble import Ensemble
+from transformer_nmt.model.transformer import Transformer
+
+
+def checkpoint_paths(ckpt: Any) -> list[str]:
+    """``ckpt=PATH`` or ``ckpt=[A,B,...]`` as a list of paths; anything else is an error saying what to give."""
+    paths = list(ckpt) if isinstance(ckpt, (list, tuple)) else [ckpt]
+    if not paths or not all(isinstance(p, str) and p for p in paths):
+        raise SystemExit(f"ckpt={ckpt!r}: give ckpt=PATH, or ckpt=[A,B,...] for an ensemble")
+    return paths
+
+
+def load_ensemble(paths: list[str], map_location: str | torch.device = "cpu"
+                  ) -> tuple[Transformer | Ensemble, Tokenizer, dict]:
+    """(model, tokenizer, meta): one checkpoint's Transformer, or for several their Ensemble; ``meta`` is the
+    first checkpoint's (``load_checkpoint``), its ``path`` the list of paths when there are several."""
+    models = []
+    first_tokenizer, first_meta = None, None
+    for path in paths:
+        model, tokenizer, meta = load_checkpoint(path, map_location=map_location)
+        if first_tokenizer is None:
+            first_tokenizer, first_meta = tokenizer, meta
+        elif tokenizer.model_proto != first_tokenizer.model_proto:
+            raise SystemExit(f"ensemble: checkpoint {path} has another tokenizer than {paths[0]} (their "
+                             f"SentencePiece models differ): an ensemble's models must share one")
+        models.append(model)
+    if len(models) == 1:
+        return models[0], first_tokenizer, first_meta
+    return Ensemble(models).eval(), first_tokenizer, {**first_meta, "path": list(paths)}
