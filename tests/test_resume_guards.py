@@ -230,6 +230,12 @@ def test_a_finished_run_is_skipped_extended_or_refused_by_what_shapes_its_result
     base = tiny_config(corpus, "trainer.max_steps=40", "trainer.max_epochs=4", "trainer.max_time=00:01:00:00")
     finished(tmp_path, base, job, fingerprint, precision="32-true")
     assert finished_already(base, tmp_path, job)  # the same: skipped
+    if not fingerprint:  # a run from before checkpoint.monitor and checkpoint.patience existed: not refused for them
+        old = OmegaConf.load(tmp_path / "config.yaml")
+        del old.checkpoint["monitor"], old.checkpoint["patience"]
+        OmegaConf.save(old, tmp_path / "config.yaml")
+        assert finished_already(base, tmp_path, job)
+        finished(tmp_path, base, job, fingerprint, precision="32-true")
     for longer in (["trainer.max_epochs=6"], ["trainer.max_steps=-1"], ["trainer.max_time=00:02:00:00"],
                    ["trainer.max_time=null", "trainer.max_steps=80"]):
         assert not finished_already(changed(base, longer), tmp_path, job), longer  # resumed
@@ -239,12 +245,15 @@ def test_a_finished_run_is_skipped_extended_or_refused_by_what_shapes_its_result
                         (["trainer.limit_val_batches=2"], "trainer.limit_val_batches: null there, 2 now"),
                         (["trainer.val_check_interval=5"], "trainer.val_check_interval: null there, 5 now"),
                         (["data.val=other/val"], "data.val: "),
+                        (["data.val=[a,b]"], 'data.val: '),  # several validation sets: a list
+                        (["checkpoint.patience=2"], "checkpoint.patience: null there, 2 now"),
                         (["train.val_bleu_max_sentences=4"], "train.val_bleu_max_sentences: 8 there, 4 now"),
                         (["trainer.precision=bf16-mixed"], "trainer.precision: 32-true there, bf16-mixed now")):
         with pytest.raises(ResumeError) as refused:
             finished_already(changed(base, other), tmp_path, job)
         assert f"\n  {line}" in str(refused.value), (other, str(refused.value))
         assert "only more steps, epochs or time would resume it" in str(refused.value)
+    assert json.loads(json.dumps(results_fingerprint(changed(base, ["data.val=[a,b]"]))))["data.val"] == ["a", "b"]
 
 
 def test_a_sweeps_extended_overrides_are_the_same_job(corpus, tmp_path):
@@ -270,7 +279,8 @@ def test_a_finished_sweep_run_extended_resumes_and_ends_with_the_weights_of_the_
     assert extended.global_step == 8
     a, b = reference.lightning_module.state_dict(), extended.lightning_module.state_dict()
     assert max((a[k].float() - b[k].float()).abs().max().item() for k in a) == 0.0
-    assert json.loads((run_dir / "results.json").read_text())[RESULTS_FINGERPRINT]["trainer.max_steps"] == 8
+    recorded = json.loads((run_dir / "results.json").read_text())[RESULTS_FINGERPRINT]
+    assert recorded == results_fingerprint(longer) and recorded["trainer.max_steps"] == 8
     assert finished_already(longer, run_dir, job)
 
 

@@ -23,7 +23,8 @@ anyway; an explicit ``ckpt_path=FILE`` (fine-tuning from another run) is never c
 A finished run's results depend on more: the results fingerprint (``results_fingerprint``, kept in its
 results.json) adds the trainer settings but those of ``TRAINER_NOT_RESULTS`` (the steps, epochs and time limit,
 validation intervals and batch limits: any key of the free ``trainer`` group counts unless listed there), the
-evaluation settings of ``MAY_CHANGE``, ``run_test`` and ``validate_at_end``. A sweep run again compares it
+evaluation settings of ``MAY_CHANGE``, and ``RESULT_KEYS`` (``run_test``, ``validate_at_end``, the monitored metric
+and early stopping's patience). A sweep run again compares it
 (``check_finished_run``): the same, the run is skipped; only ``EXTENDS`` changed and each to a longer run (more
 steps, epochs or time), the run resumes from its last checkpoint; anything else is refused, naming each key.
 """
@@ -70,7 +71,8 @@ RETIRED = ("data._target_",)
 TRAINER_NOT_RESULTS = ("accelerator", "devices", "num_nodes", "strategy", "precision", "accumulate_grad_batches",
                        "log_every_n_steps", "enable_progress_bar", "enable_model_summary", "num_sanity_val_steps",
                        "enable_checkpointing", "default_root_dir", "profiler", "logger")
-RESULT_KEYS = ("run_test", "validate_at_end")  # top-level options that change what results.json reports
+RESULT_KEYS = ("run_test", "validate_at_end",  # options outside the groups that change what results.json reports
+               "checkpoint.monitor", "checkpoint.patience")  # which checkpoint is tested; early stopping
 EXTENDS = ("trainer.max_steps", "trainer.max_epochs", "trainer.max_time")  # a larger value trains longer
 
 
@@ -130,8 +132,9 @@ def results_fingerprint(cfg: DictConfig, trainer=None) -> dict[str, Any]:
     found = run_fingerprint(cfg, trainer)
     trainer_group = OmegaConf.to_container(cfg.get("trainer") or {}, resolve=True)
     found.update({f"trainer.{key}": value for key, value in trainer_group.items() if key not in TRAINER_NOT_RESULTS})
-    found.update({key: OmegaConf.select(cfg, key) for key in EVALUATION})
-    found.update({key: cfg.get(key) for key in RESULT_KEYS})
+    for key in EVALUATION + RESULT_KEYS:
+        value = OmegaConf.select(cfg, key)
+        found[key] = OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
     return dict(sorted(found.items()))
 
 
@@ -165,8 +168,9 @@ def _override(value: Any) -> str:
 def _ignored(saved: dict[str, Any], current: dict[str, Any]) -> set[str]:
     """The keys not compared: ``RETIRED``; the factors of tokens_per_step where both sides hold the product; the
     keys added since an older ``saved`` fingerprint was written that it lacks (it is then compared as it was:
-    data.max_tokens and accumulation, without the world size)."""
-    ignored = set(RETIRED) | {key for key in ADDED if key not in saved}
+    data.max_tokens and accumulation, without the world size; a finished run's config without an option of
+    ``RESULT_KEYS``, which did not exist then)."""
+    ignored = set(RETIRED) | {key for key in ADDED + RESULT_KEYS if key not in saved}
     if PRODUCT in saved and PRODUCT in current:
         ignored |= set(FACTORS)
     return ignored
@@ -235,7 +239,13 @@ def saved_results_fingerprint(results: dict, config_file: Path) -> dict[str, Any
     saved.pop(PRODUCT), saved.pop("world_size")
     if "precision" not in results:
         saved.pop(PRECISION)
+    for key in RESULT_KEYS:  # options younger than the run
+        if OmegaConf.select(old, key, default=_ABSENT) is _ABSENT:
+            saved.pop(key)
     return saved
+
+
+_ABSENT = object()
 
 
 def check_finished_run(cfg: DictConfig, run_dir: Path, results: dict, overrides: list[str]) -> bool:
