@@ -2,13 +2,16 @@
 and agree on the validation BLEU computed over the hypotheses of both."""
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import torch
 
-from test_train_app import write_tiny_corpus
+import transformer_nmt
+from test_train_app import tiny_overrides, write_tiny_corpus
 from transformer_nmt.data.config import DataConfig
 from transformer_nmt.data.datamodule import TranslationDataModule
 
@@ -89,3 +92,35 @@ def test_two_cpu_processes_in_bf16_see_different_batches_and_end_with_identical_
     # BLEU is over the hypotheses of both ranks: all 24 sentences below the limit, not one rank's share.
     assert metrics[0]["val/bleu_sentences"] == metrics[1]["val/bleu_sentences"] == 24
     assert metrics[0]["val/loss"] == metrics[1]["val/loss"]
+
+
+def test_trainer_ddp_through_the_app_runs_in_one_run_dir_and_resumes_when_run_again(tmp_path):
+    """The documented launch, ``python -m transformer_nmt.train ... trainer=ddp trainer.devices=2`` (on CPU):
+    Lightning's own launcher starts the second process with the first's run dir (the time-stamped one: no job
+    id), only the first writes .hydra/ and train.log; run again into that dir, both processes resume the
+    checkpoint the first chose."""
+    corpus = write_tiny_corpus(tmp_path / "corpus")
+    src = Path(transformer_nmt.__file__).resolve().parents[1]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{src}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    command = [sys.executable, "-m", "transformer_nmt.train", *[a for a in tiny_overrides(corpus) if a != "trainer=cpu"],
+               "trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "trainer.precision=32-true",
+               "train.val_bleu_max_sentences=0", "checkpoint.save_top_k=0", "name=ddp"]
+    first = subprocess.run([*command, "trainer.max_steps=2"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                           timeout=240)
+    assert first.returncode == 0, first.stderr[-4000:]
+    runs = list((tmp_path / "outputs" / "ddp").iterdir())
+    assert len(runs) == 1, runs  # one run dir for both processes
+    run_dir = runs[0]
+    assert (run_dir / ".hydra" / "config.yaml").is_file() and (run_dir / "train_ddp_process_1.log").is_file()
+    assert "GLOBAL_RANK: 1" not in (run_dir / "train.log").read_text()  # rank 1 logs to its own file
+    last = run_dir / "checkpoints" / "last.ckpt"
+    assert torch.load(last, weights_only=True)["global_step"] == 2
+
+    again = subprocess.run([*command, "trainer.max_steps=3", f"hydra.run.dir={run_dir}"], cwd=tmp_path, env=env,
+                           capture_output=True, text=True, timeout=240)
+    assert again.returncode == 0, again.stderr[-4000:]
+    assert list((tmp_path / "outputs" / "ddp").iterdir()) == [run_dir]
+    resumed = f"from {last}, step 2 (ckpt_path=auto)"
+    assert f"resume      {resumed}" in (run_dir / "train.log").read_text()
+    assert f"rank 1 resumes as global rank 0 chose: {resumed}" in (run_dir / "train_ddp_process_1.log").read_text()
+    assert torch.load(last, weights_only=True)["global_step"] == 3

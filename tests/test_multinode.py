@@ -112,7 +112,12 @@ def test_two_nodes_end_with_the_weights_of_two_processes_on_one_node_in_one_run_
     step, multi = final_weights(runs["multi"])
     assert step == STEPS
     assert_same_weights(multi, final_weights(runs["single"])[1])
-    checkpoints = run_dir(runs["multi"]) / "checkpoints"
+    run = run_dir(runs["multi"])
+    # Only global rank 0 writes .hydra/ and train.log; rank 1 logs to its own file beside it.
+    assert (run / ".hydra" / "config.yaml").is_file() and (run / "train_rank_1.log").is_file()
+    assert "GLOBAL_RANK: 1" in (run / "train_rank_1.log").read_text()
+    assert "GLOBAL_RANK: 1" not in (run / "train.log").read_text()
+    checkpoints = run / "checkpoints"
     files = sorted(str(p.relative_to(checkpoints)) for p in checkpoints.rglob("*") if p.is_file())
     # one set, nothing per rank: last, the best of the one validation (step 4), the window of the last 2
     assert files[:3] == ["last.ckpt", "recent/step0000006.ckpt", "recent/step0000008.ckpt"], files

@@ -11,6 +11,8 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
+import lightning.pytorch as pl
+import lightning.pytorch.callbacks.timer
 import pytest
 import torch
 
@@ -21,6 +23,7 @@ from test_train_app import compose_train, one_thread, tiny_config, tiny_override
 from transformer_nmt.inference.average import last_checkpoints
 from transformer_nmt.checkpoint import CKPT_RUN, checkpoint_step, read_checkpoint
 from transformer_nmt.training.checkpoint_io import AtomicCheckpointIO
+from transformer_nmt.training import app
 from transformer_nmt.training.app import build_callbacks, build_trainer, train, with_run_dir
 
 TOTAL_STEPS = 14  # the tiny corpus makes 10 batches per epoch: the runs cross an epoch boundary
@@ -196,3 +199,52 @@ def test_the_papers_recipe_keeps_the_last_5_checkpoints_at_10_minute_intervals(t
     window = [c for c in build_callbacks(with_run_dir(cfg, tmp_path)) if getattr(c, "dirpath", None) == recent]
     assert len(window) == 1 and window[0].save_top_k == 5
     assert window[0]._train_time_interval == timedelta(minutes=10) and not window[0]._every_n_train_steps
+
+
+# --- max_time inside gradient accumulation ------------------------------------------------------
+
+class LightningClock:
+    """Stands in for the ``time`` module in Lightning's Timer (``max_time``), whose clock it is alone: training
+    time passes only when ``jump_at`` says, so the limit falls inside a given micro-batch on any machine."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+class JumpAt(pl.Callback):
+    """An hour passes during training batch ``batch`` (counted over the whole run, from 0)."""
+
+    def __init__(self, clock: LightningClock, batch: int):
+        self.clock, self.batch = clock, batch
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if trainer.fit_loop.total_batch_idx == self.batch:
+            self.clock.now += 3600.0
+
+
+def test_max_time_inside_gradient_accumulation_stops_on_the_step_and_resumes_exactly(corpus, tmp_path, monkeypatch):
+    """accumulate_grad_batches=3 and trainer.max_time reached in micro-batch 4 (the second of optimizer step 2):
+    training stops after that step's third micro-batch, last.ckpt holds step 2, and the run resumed from it ends
+    with the weights of an uninterrupted one. (Lightning's own Timer stops after micro-batch 4: last.ckpt, at step
+    1, counted micro-batches 3 and 4 as trained and the resume skipped them.)"""
+    steps = ["trainer.accumulate_grad_batches=3", "trainer.max_steps=5", "train.val_bleu_max_sentences=0"]
+    reference = weights(train(tiny_config(corpus, *steps), tmp_path / "uninterrupted"))  # 15 micro-batches, 2 epochs
+    clock = LightningClock()
+    monkeypatch.setattr(lightning.pytorch.callbacks.timer, "time", clock)
+    build = app.build_callbacks
+    monkeypatch.setattr(app, "build_callbacks", lambda *args: build(*args) + [JumpAt(clock, batch=4)])
+    run_dir = tmp_path / "stopped"
+    stopped = train(tiny_config(corpus, *steps, "trainer.max_time=00:00:30:00"), run_dir)
+    assert stopped.global_step == 2 and stopped.fit_loop.total_batch_idx == 5  # micro-batches 0-5 trained
+    last = read_checkpoint(run_dir / "checkpoints" / "last.ckpt")
+    assert last["global_step"] == 2
+    assert last["loops"]["fit_loop"]["epoch_loop.batch_progress"]["total"]["ready"] == 6
+    monkeypatch.setattr(app, "build_callbacks", build)
+    resumed = train(tiny_config(corpus, *steps), run_dir)  # the same run, no time limit: ckpt_path=auto
+    assert resumed.global_step == 5
+    final = weights(resumed)
+    difference = max((final[k].float() - reference[k].float()).abs().max().item() for k in reference)
+    assert difference == 0.0, f"max abs weight difference {difference}"

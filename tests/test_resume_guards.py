@@ -2,6 +2,7 @@
 command's model, data, train and seed settings (the run fingerprint), and says which keys differ and how to
 force it."""
 
+import copy
 import json
 import os
 import subprocess
@@ -10,13 +11,17 @@ import textwrap
 
 import pytest
 import torch
+import yaml
 from omegaconf import OmegaConf
 
 from test_multinode import free_port
 from test_resume import fake_scontrol
 from test_train_app import one_thread, tiny_config, write_tiny_corpus  # noqa: F401 (fixture)
 from transformer_nmt.checkpoint import read_checkpoint
-from transformer_nmt.training.fingerprint import CKPT_FINGERPRINT, ResumeError, differences, run_fingerprint
+from transformer_nmt.hardware import CPU_BF16_ENV
+from transformer_nmt.training.fingerprint import (CKPT_FINGERPRINT, PRECISION, PRODUCT, RESULTS_FINGERPRINT,
+                                                  ResumeError, check_same_run, differences,
+                                                  results_fingerprint, run_fingerprint)
 from transformer_nmt.training.launch import LaggedAgreement
 from transformer_nmt.training.app import ConfigError, finished_already, train
 
@@ -57,18 +62,66 @@ def test_auto_refuses_the_checkpoint_of_a_run_with_other_settings(corpus, tmp_pa
 
 @pytest.mark.parametrize("override", ["data.cache_dir=elsewhere", "data.val=other/val", "data.test=null",
                                       "train.fused_adam=false", "model.attention=fused",
-                                      "model.attention_block_size=64",
-                                      "trainer.devices=2", "trainer.max_time=00:01:00:00"])
+                                      "model.attention_block_size=64", "trainer.max_time=00:01:00:00",
+                                      "trainer.max_steps=99 trainer.log_every_n_steps=7"])
 def test_what_may_change_leaves_the_fingerprint_alone(corpus, override):
-    assert run_fingerprint(tiny_config(corpus, override)) == run_fingerprint(tiny_config(corpus))
+    assert run_fingerprint(tiny_config(corpus, *override.split())) == run_fingerprint(tiny_config(corpus))
 
 
-@pytest.mark.parametrize("override, key", [("trainer.accumulate_grad_batches=2", "trainer.accumulate_grad_batches"),
+@pytest.mark.parametrize("override, key", [("trainer.accumulate_grad_batches=2", PRODUCT),
+                                           ("trainer.devices=2", PRODUCT), ("data.max_tokens=600", PRODUCT),
+                                           ("trainer.precision=bf16-mixed", PRECISION),
                                            ("train.clip_grad_norm=1.0", "train.clip_grad_norm"),
                                            ("data.seed=7", "data.seed"), ("model.dropout=0.3", "model.dropout")])
 def test_what_changes_training_changes_the_fingerprint(corpus, override, key):
     changed = differences(run_fingerprint(tiny_config(corpus)), run_fingerprint(tiny_config(corpus, override)))
     assert list(changed) == [key]
+
+
+# --- tokens per step and precision ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("factors", ["trainer.devices=2 trainer.accumulate_grad_batches=2",
+                                     "trainer.accumulate_grad_batches=4", "trainer.devices=2 data.max_tokens=1024",
+                                     "trainer.num_nodes=2 trainer.devices=2"])
+def test_the_tokens_per_step_may_change_their_factors_but_not_their_product(corpus, factors):
+    """A run of 4 processes x accumulation 1 (2,048 tokens per optimizer step) requeued on fewer processes resumes
+    when the accumulation makes up for them, and is refused, with the accumulation that would, when not."""
+    saved = run_fingerprint(tiny_config(corpus, "trainer.devices=4"))
+    assert saved[PRODUCT] == 512 * 4 and saved["world_size"] == 4
+    compensated = tiny_config(corpus, *factors.split())
+    assert differences(saved, run_fingerprint(compensated)) == {}
+    check_same_run(compensated, saved, "found", "Resuming it")  # no error
+    with pytest.raises(ResumeError) as refused:
+        check_same_run(tiny_config(corpus, "trainer.devices=2"), saved, "found", "Resuming it")
+    message = str(refused.value)
+    assert ("  tokens_per_step: 2048 there (data.max_tokens 512 x accumulate 1 x 4 processes), 1024 now "
+            "(data.max_tokens 512 x accumulate 1 x 2 processes)\n") in message
+    assert "pass trainer.accumulate_grad_batches=2;" in message
+
+
+def test_a_resume_under_another_resolved_precision_is_refused_naming_both(corpus, monkeypatch):
+    """trainer.precision=auto on a machine with native bf16 trains in bf16-mixed; requeued onto one without, auto
+    gives 32-true: the resume must not switch precision without a word."""
+    monkeypatch.setenv(CPU_BF16_ENV, "native")
+    saved = run_fingerprint(tiny_config(corpus, "trainer.precision=auto"))
+    assert saved[PRECISION] == "bf16-mixed"
+    monkeypatch.setenv(CPU_BF16_ENV, "emulated")
+    with pytest.raises(ResumeError) as refused:
+        check_same_run(tiny_config(corpus, "trainer.precision=auto"), saved, "found", "Resuming it")
+    message = str(refused.value)
+    assert "  trainer.precision: bf16-mixed there, 32-true now (trainer.precision=auto: auto: the CPU has no " in message
+    assert "pass trainer.precision=bf16-mixed;" in message
+    check_same_run(tiny_config(corpus, "trainer.precision=bf16-mixed"), saved, "found", "Resuming it")  # no error
+
+
+def test_a_fingerprint_from_before_tokens_per_step_is_compared_as_it_was(corpus):
+    """Checkpoints written before 2026-12 hold data.max_tokens and the accumulation, but neither the world size
+    nor the precision: they resume as before (their factors compared), not refused for keys they cannot hold."""
+    old = {k: v for k, v in run_fingerprint(tiny_config(corpus)).items() if k not in (PRODUCT, "world_size", PRECISION)}
+    assert differences(old, run_fingerprint(tiny_config(corpus, "trainer.devices=2"))) == {}
+    assert list(differences(old, run_fingerprint(tiny_config(corpus, "trainer.accumulate_grad_batches=2")))) == [
+        "trainer.accumulate_grad_batches"]
 
 
 def test_clipping_is_set_in_train_not_in_the_trainer(corpus, tmp_path):
@@ -111,7 +164,8 @@ def test_a_sweep_run_again_skips_a_finished_run_only_if_it_ran_with_these_settin
     assert not finished_already(cfg, tmp_path, job)  # no results.json: run (or resume) it
     (tmp_path / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     (tmp_path / "results.json").write_text(json.dumps({"overrides": job}))
-    assert finished_already(tiny_config(corpus, "trainer.devices=1", "trainer.max_time=00:02:00:00"), tmp_path, job)
+    assert finished_already(tiny_config(corpus, "trainer.devices=1", "trainer.log_every_n_steps=3",
+                                        "data.num_workers=1"), tmp_path, job)
     (tmp_path / "results.json").write_text('{"overrides": ["train.lr_f')  # a writer killed mid-write (before
     assert not finished_already(cfg, tmp_path, job)  # results.json was atomic): not finished, it runs again
     (tmp_path / "results.json").write_text(json.dumps({"overrides": job}))
@@ -140,10 +194,94 @@ def test_a_sweep_whose_values_were_reordered_does_not_take_job_n_for_the_old_job
     assert "new sweep_id=NAME" in str(refused.value) and "force_resume=true" in str(refused.value)
     assert read_checkpoint(last)["global_step"] == 2  # nothing was trained
     (tmp_path / "finished.json").rename(tmp_path / "results.json")  # then as a finished one
-    assert finished_already(tiny_config(corpus, *old), tmp_path, old)
+    assert finished_already(tiny_config(corpus, "trainer.max_steps=2", *old), tmp_path, old)
     with pytest.raises(ResumeError, match=r"finished; it ran with the overrides\n  trainer.log_every_n_steps=2\n"
                                           r"but .*\n  trainer.log_every_n_steps=3\n.*delete .*results.json"):
         finished_already(tiny_config(corpus, *new), tmp_path, new)
+
+
+# --- a sweep run again: what shapes the results ----------------------------------------------------------------
+
+
+def finished(run_dir, cfg, job, fingerprint=True, **results):
+    """RUN_DIR as a finished run of ``cfg`` leaves it: config.yaml, results.json (with its results fingerprint,
+    or as runs before 2026-12 wrote it)."""
+    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    record = {"overrides": job, **results, **({RESULTS_FINGERPRINT: results_fingerprint(cfg)} if fingerprint else {})}
+    (run_dir / "results.json").write_text(json.dumps(record))
+
+
+def changed(cfg, overrides: list[str]):
+    """A copy of ``cfg`` with dotted KEY=VALUE ``overrides`` (YAML values): composing again for each costs more."""
+    cfg = copy.deepcopy(cfg)
+    for override in overrides:
+        key, value = override.split("=", 1)
+        OmegaConf.update(cfg, key, yaml.safe_load(value), force_add=True)
+    return cfg
+
+
+@pytest.mark.parametrize("fingerprint", [True, False], ids=["results-fingerprint", "before-2026-12"])
+def test_a_finished_run_is_skipped_extended_or_refused_by_what_shapes_its_results(corpus, tmp_path, fingerprint):
+    """The issue's case: the experiment file's max_epochs (or max_steps, max_time) edited and the same sweep command
+    run again. Skipping would report the shorter run's results as the longer one's: it resumes instead. Any other
+    change of what shapes the results (a shorter run, the trainer's validation and batch limits, the evaluation
+    sets, the precision) is refused, each key named old -> new."""
+    job = ["seed=1234"]
+    base = tiny_config(corpus, "trainer.max_steps=40", "trainer.max_epochs=4", "trainer.max_time=00:01:00:00")
+    finished(tmp_path, base, job, fingerprint, precision="32-true")
+    assert finished_already(base, tmp_path, job)  # the same: skipped
+    if not fingerprint:  # a run from before checkpoint.monitor and checkpoint.patience existed: not refused for them
+        old = OmegaConf.load(tmp_path / "config.yaml")
+        del old.checkpoint["monitor"], old.checkpoint["patience"]
+        OmegaConf.save(old, tmp_path / "config.yaml")
+        assert finished_already(base, tmp_path, job)
+        finished(tmp_path, base, job, fingerprint, precision="32-true")
+    for longer in (["trainer.max_epochs=6"], ["trainer.max_steps=-1"], ["trainer.max_time=00:02:00:00"],
+                   ["trainer.max_time=null", "trainer.max_steps=80"]):
+        assert not finished_already(changed(base, longer), tmp_path, job), longer  # resumed
+    for other, line in ((["trainer.max_steps=20"], "trainer.max_steps: 40 there, 20 now"),
+                        (["trainer.max_epochs=6", "trainer.max_steps=20"], "trainer.max_steps: 40 there, 20 now"),
+                        (["trainer.max_time=00:00:30:00"], "trainer.max_time: 00:01:00:00 there, 00:00:30:00 now"),
+                        (["trainer.limit_val_batches=2"], "trainer.limit_val_batches: null there, 2 now"),
+                        (["trainer.val_check_interval=5"], "trainer.val_check_interval: null there, 5 now"),
+                        (["data.val=other/val"], "data.val: "),
+                        (["data.val=[a,b]"], 'data.val: '),  # several validation sets: a list
+                        (["checkpoint.patience=2"], "checkpoint.patience: null there, 2 now"),
+                        (["train.val_bleu_max_sentences=4"], "train.val_bleu_max_sentences: 8 there, 4 now"),
+                        (["trainer.precision=bf16-mixed"], "trainer.precision: 32-true there, bf16-mixed now")):
+        with pytest.raises(ResumeError) as refused:
+            finished_already(changed(base, other), tmp_path, job)
+        assert f"\n  {line}" in str(refused.value), (other, str(refused.value))
+        assert "only more steps, epochs or time would resume it" in str(refused.value)
+    assert json.loads(json.dumps(results_fingerprint(changed(base, ["data.val=[a,b]"]))))["data.val"] == ["a", "b"]
+
+
+def test_a_sweeps_extended_overrides_are_the_same_job(corpus, tmp_path):
+    """A longer max_steps on the command line is the same job run longer; other overrides are another job."""
+    finished(tmp_path, tiny_config(corpus, "trainer.max_steps=40"), ["trainer.max_steps=40", "seed=1234"])
+    assert not finished_already(tiny_config(corpus, "trainer.max_steps=60"), tmp_path,
+                                ["trainer.max_steps=60", "seed=1234"])
+    with pytest.raises(ResumeError, match="ran with the overrides\n  trainer.max_steps=40 seed=1234\n"):
+        finished_already(tiny_config(corpus, "trainer.max_steps=60", "seed=7"), tmp_path,
+                         ["trainer.max_steps=60", "seed=7"])
+
+
+def test_a_finished_sweep_run_extended_resumes_and_ends_with_the_weights_of_the_longer_run(corpus, tmp_path):
+    """The same sweep job run again with max_steps 4 -> 8: it is not skipped, resumes from step 4 (where the first
+    run stopped mid-epoch) and ends with the weights of an 8-step run; run again once more, it is skipped."""
+    common, job = ["train.val_bleu_max_sentences=0"], ["seed=1234"]
+    reference = train(tiny_config(corpus, "trainer.max_steps=8", *common), tmp_path / "reference")
+    run_dir = tmp_path / "job"
+    train(tiny_config(corpus, "trainer.max_steps=4", *common), run_dir, overrides=job, sweep=True)
+    longer = tiny_config(corpus, "trainer.max_steps=8", *common)
+    assert not finished_already(longer, run_dir, job)
+    extended = train(longer, run_dir, overrides=job, sweep=True)
+    assert extended.global_step == 8
+    a, b = reference.lightning_module.state_dict(), extended.lightning_module.state_dict()
+    assert max((a[k].float() - b[k].float()).abs().max().item() for k in a) == 0.0
+    recorded = json.loads((run_dir / "results.json").read_text())[RESULTS_FINGERPRINT]
+    assert recorded == results_fingerprint(longer) and recorded["trainer.max_steps"] == 8
+    assert finished_already(longer, run_dir, job)
 
 
 # --- the requeue signal under DDP -------------------------------------------------------------

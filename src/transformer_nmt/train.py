@@ -8,6 +8,8 @@ config. The run itself: training/app.py.
 from __future__ import annotations
 
 import logging
+import os
+import sys
 from pathlib import Path
 
 import hydra
@@ -17,6 +19,7 @@ from omegaconf import DictConfig
 
 from transformer_nmt.training.app import finished_already, train
 from transformer_nmt.training.config import register_configs
+from transformer_nmt.training.launch import run_dir_lock
 from transformer_nmt.training.resolvers import register_resolvers
 
 register_configs()  # conf/train.yaml composes over the schemas (training/config.py)
@@ -24,16 +27,38 @@ register_resolvers()  # before Hydra composes (hydra.run.dir: ${run_name:}); her
 
 
 @hydra.main(config_path="conf", config_name="train", version_base="1.3")
-def main(cfg: DictConfig) -> None:
+def app(cfg: DictConfig) -> None:
     # Lightning logs through its own handler; send its messages to Hydra's (console and RUN_DIR/train.log).
     for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
         logging.getLogger(name).handlers.clear()
         logging.getLogger(name).propagate = True
     hydra_config = HydraConfig.get()
     overrides, sweep = list(hydra_config.overrides.task), hydra_config.mode == RunMode.MULTIRUN
-    if sweep and finished_already(cfg, Path(hydra_config.runtime.output_dir), overrides):
-        return
-    train(cfg, hydra_config.runtime.output_dir, overrides=overrides, sweep=sweep)
+    run_dir = Path(hydra_config.runtime.output_dir)
+    with run_dir_lock(run_dir, wait=cfg.wait_for_run_dir):  # the skip decision too: no other launch writes there
+        if sweep and finished_already(cfg, run_dir, overrides):
+            return
+        train(cfg, run_dir, overrides=overrides, sweep=sweep)
+
+
+def rank_overrides(environ=os.environ) -> list[str]:
+    """Hydra overrides for a rank other than global rank 0 of processes that torchrun or srun started, every one
+    running this command into the same run dir: no ``.hydra/`` (rank 0 writes it) and its own log,
+    ``train_rank_N.log``, beside rank 0's train.log (as Lightning's own launcher does for its child processes,
+    which it starts with its own overrides)."""
+    rank = environ.get("RANK")  # torchrun's
+    if rank is None and int(environ.get("SLURM_NTASKS", "1") or 1) > 1 and "SLURM_STEP_ID" in environ:
+        rank = environ.get("SLURM_PROCID")  # a task of srun
+    if rank in (None, "", "0"):
+        return []
+    return ["hydra.output_subdir=null", f"hydra.job.name=train_rank_{rank}"]
+
+
+def main() -> None:
+    """The command (``python -m transformer_nmt.train``, ``transformer-nmt-train``): Hydra's app, with
+    ``rank_overrides`` after the command line's."""
+    sys.argv += rank_overrides()
+    app()
 
 
 if __name__ == "__main__":

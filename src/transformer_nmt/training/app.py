@@ -17,6 +17,7 @@ import logging
 import math
 import time
 from collections.abc import Sequence
+from contextlib import nullcontext
 from pathlib import Path
 
 import hydra
@@ -29,12 +30,13 @@ from omegaconf import DictConfig, OmegaConf
 
 from transformer_nmt import run_files
 from transformer_nmt.model.attention import auto_kernel, check_attention
-from transformer_nmt.training.callbacks import LastCheckpoint, early_stopping
+from transformer_nmt.training.callbacks import LastCheckpoint, StepBoundaryTimer, early_stopping
 from transformer_nmt.checkpoint import (CKPT_MODEL_CONFIG, MODEL_PREFIX, atomic_write, checkpoint_tokenizer,
                                       read_checkpoint)
 from transformer_nmt.training.checkpoint_io import AtomicCheckpointIO
-from transformer_nmt.training.fingerprint import RecordFingerprint, check_finished_run, check_resume, run_fingerprint
-from transformer_nmt.training.launch import resume_checkpoint
+from transformer_nmt.training.fingerprint import (RESULTS_FINGERPRINT, RecordFingerprint, check_finished_run,
+                                                  check_resume, results_fingerprint)
+from transformer_nmt.training.launch import SlurmRequeue, agree_on_resume, resume_checkpoint, run_dir_lock
 from transformer_nmt.data.datamodule import TranslationDataModule
 from transformer_nmt.hardware import reported_cpu_flags
 from transformer_nmt.training.precision import compute_dtype, precision_dependent, resolve_precision
@@ -132,7 +134,7 @@ def build_callbacks(cfg: DictConfig, overrides: Sequence[str] = ()) -> list[pl.C
     """The ``callbacks`` entries (conf/callbacks/default.yaml), built in order (an entry set to null, or whose
     factory returns None, is left out), after ``RecordFingerprint``, which writes the run's fingerprint and
     ``overrides`` into every checkpoint."""
-    callbacks = [RecordFingerprint(run_fingerprint(cfg), list(overrides))]
+    callbacks = [RecordFingerprint(cfg, list(overrides))]
     for name, node in cfg.callbacks.items():
         callback = hydra.utils.instantiate(node, _convert_="all") if node is not None else None
         if callback is not None:
@@ -156,9 +158,14 @@ def with_run_dir(cfg: DictConfig, run_dir: Path) -> DictConfig:
 
 
 def build_trainer(cfg: DictConfig, run_dir: Path, callbacks: list[pl.Callback]) -> pl.Trainer:
+    """The Trainer of ``cfg.trainer``, with ``callbacks``; ``trainer.max_time`` becomes a StepBoundaryTimer (it
+    stops on an optimizer step's boundary, not inside gradient accumulation)."""
     cfg = with_run_dir(cfg, run_dir)
     trainer_args = OmegaConf.to_container(cfg.trainer, resolve=True)
     trainer_args["precision"] = trainer_precision(cfg)[0]
+    max_time = trainer_args.pop("max_time", None)
+    if max_time is not None:
+        callbacks = [*callbacks, StepBoundaryTimer(duration=max_time)]
     if trainer_args.get("strategy") == "ddp":  # the model's only buffer, the position table, is never trained
         trainer_args["strategy"] = DDPStrategy(broadcast_buffers=False)
     logger = hydra.utils.instantiate(cfg.logger, _convert_="all") if cfg.get("logger") else False
@@ -186,7 +193,8 @@ def summary(cfg: DictConfig, datamodule, module: TranslationModule, trainer: pl.
         f"layers {c.n_encoder_layers}+{c.n_decoder_layers}, d_ff {c.d_ff}, dropout {c.dropout}, vocab {c.vocab_size})",
         f"corpus      {datamodule.src_lang}->{datamodule.tgt_lang} pairs after filtering: {sizes}",
         f"batch       <= {per_step:,} padded tokens per side per optimizer step (data.max_tokens "
-        f"{datamodule.max_tokens} x accumulate {trainer.accumulate_grad_batches} x {trainer.world_size} ranks)",
+        f"{datamodule.max_tokens} x accumulate {trainer.accumulate_grad_batches} x {trainer.world_size} ranks; a "
+        f"resume may change the factors, not the product)",
         f"devices     {trainer.num_nodes} node(s) x {trainer.num_devices} {type(trainer.accelerator).__name__}, "
         f"strategy {type(trainer.strategy).__name__}, precision {trainer.precision} ({trainer_precision(cfg)[1]})",
         f"attention   {attention_kernel(c.attention, trainer)}",
@@ -255,13 +263,27 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: Sequence[str] = (), s
     """Fit and test one configuration, write ``run_dir/results.json`` (see ``run_results``; ``overrides``:
     the command line's, recorded there and in the checkpoints; ``sweep``: a job of a multirun, which resumes
     only a checkpoint written with the same overrides); returns the trainer (metrics in
-    ``trainer.callback_metrics``)."""
+    ``trainer.callback_metrics``). The run holds its directory's lock throughout (launch.run_dir_lock), and
+    under SLURM a requeue signal requeues it wherever it is (launch.SlurmRequeue.whole_run)."""
     started = time.perf_counter()
     run_dir = Path(run_dir)
     cfg = with_run_dir(cfg, run_dir)
     validate_config(cfg)
-    ckpt_path, resume = resume_checkpoint(cfg.ckpt_path, run_dir)
-    check_resume(cfg, ckpt_path, list(overrides) if sweep else None)  # the run dir's checkpoint must be this run's
+    callbacks = build_callbacks(cfg, overrides)
+    requeue = next((c for c in callbacks if isinstance(c, SlurmRequeue)), None)
+    with run_dir_lock(run_dir, wait=cfg.wait_for_run_dir), requeue.whole_run() if requeue else nullcontext():
+        return _fit_and_test(cfg, run_dir, overrides, sweep, callbacks, started)
+
+
+def _fit_and_test(cfg: DictConfig, run_dir: Path, overrides: Sequence[str], sweep: bool,
+                  callbacks: list[pl.Callback], started: float) -> pl.Trainer:
+    """``train``'s run, inside its lock and signal handling."""
+    trainer = build_trainer(cfg, run_dir, callbacks)
+    ckpt_path, resume = agree_on_resume(resume_checkpoint(cfg.ckpt_path, run_dir), trainer)  # rank 0's choice
+    if not trainer.is_global_zero:
+        log.info("rank %d resumes as global rank 0 chose: %s", trainer.global_rank, resume)
+    # the run dir's checkpoint must be this run's: its fingerprint, with this trainer's world size and precision
+    check_resume(cfg, ckpt_path, list(overrides) if sweep else None, trainer=trainer)
     if rank_zero_only.rank == 0:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / run_files.CONFIG).write_text(OmegaConf.to_yaml(cfg, resolve=True))
@@ -273,8 +295,6 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: Sequence[str] = (), s
                                        tokenizer=checkpoint_tokenizer(init, cfg.init_from) if init else None)
     datamodule.setup("fit")  # builds or reuses the vocabulary: the model's vocab_size comes from it
     module = build_module(cfg, datamodule.tokenizer, init)
-    callbacks = build_callbacks(cfg, overrides)
-    trainer = build_trainer(cfg, run_dir, callbacks)
     if rank_zero_only.rank == 0:
         log.info("\n%s", summary(cfg, datamodule, module, trainer, resume))
     trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
@@ -287,6 +307,7 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: Sequence[str] = (), s
         metrics.update(trainer.callback_metrics)
     if rank_zero_only.rank == 0:
         results = run_results(module, trainer, metrics, overrides, time.perf_counter() - started, cfg.seed)
+        results[RESULTS_FINGERPRINT] = results_fingerprint(cfg, trainer)  # what a sweep run again compares
         write_hypotheses(module, datamodule, run_dir)  # before results.json, which marks the run finished
         text = json.dumps(results, indent=2) + "\n"
         atomic_write(run_dir / run_files.RESULTS, lambda f: f.write(text.encode()))  # complete, or not there
@@ -294,9 +315,10 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: Sequence[str] = (), s
 
 
 def finished_already(cfg: DictConfig, run_dir: Path, overrides: Sequence[str]) -> bool:
-    """A sweep run again (same command, same sweep_id) skips the runs that wrote results.json; the others resume.
-    A finished run with other settings or overrides (``overrides``: this job's) than this command's is an error
-    (fingerprint.check_finished_run)."""
+    """A sweep run again (same command, same sweep_id) skips the runs that wrote results.json with this command's
+    settings (``overrides``: this job's); a run this command only extends (more steps, epochs or time) is not
+    skipped: ckpt_path=auto resumes it from its last checkpoint; a finished run with other settings or overrides
+    is an error (fingerprint.check_finished_run)."""
     path = run_dir / run_files.RESULTS
     if not path.is_file():
         return False
@@ -305,7 +327,9 @@ def finished_already(cfg: DictConfig, run_dir: Path, overrides: Sequence[str]) -
     except ValueError as error:  # written atomically since; an older run may have been killed mid-write
         log.warning("%s is not readable JSON (%s): the run is taken as unfinished and runs (or resumes)", path, error)
         return False
-    check_finished_run(cfg, run_dir / run_files.CONFIG, results.get("overrides"), list(overrides))
+    if not isinstance(results, dict):
+        raise ConfigError(f"{path} holds no results object: delete it to train this job")
+    if check_finished_run(cfg, run_dir, results, list(overrides)):
+        return False  # extended: resumed
     log.info("%s exists: this run of the sweep finished already, skipped (delete the file to run it again)", path)
     return True
-

@@ -203,7 +203,12 @@ class AttentionMaps(Callback):
 
 class LastCheckpoint(Checkpoint):
     """``RUN_DIR/checkpoints/last.ckpt``: after every validation, every ``every_n_train_steps`` optimizer
-    steps (None: not by steps; set it for mid-epoch resume) and at the end of training.
+    steps (None: not by steps; set it for mid-epoch resume) and at the end of training (after the batch where it
+    stops mid-epoch: max_steps or max_time), always on an optimizer step's boundary: a validation inside gradient accumulation (``val_check_interval`` not a multiple of
+    ``accumulate_grad_batches``) is saved after the step that completes it. A checkpoint written between the
+    micro-batches of a step would count them as trained, though their gradients are not in it: the resumed run
+    would skip them. Training that stops between them (a callback's ``should_stop``) leaves last.ckpt at the
+    step before, with a warning.
 
     A ``Checkpoint`` callback, so Lightning runs it in the checkpoint group, in list order: placed after the
     best-k and recent ModelCheckpoints, the copy written after a validation also holds their newest
@@ -216,23 +221,57 @@ class LastCheckpoint(Checkpoint):
         self.path = Path(dirpath) / run_files.LAST
         self.every_n_train_steps = every_n_train_steps
         self.saved_step = None
+        self._step = None  # global_step when the training batch in progress started
+        self.between_steps = False  # the last training batch did not step the optimizer
+        self._pending = False  # a validation inside accumulation: save after the step that completes it
 
     def save(self, trainer) -> None:
         trainer.save_checkpoint(self.path)  # every rank calls it; rank 0 writes (atomically, see checkpoint.py)
-        self.saved_step = trainer.global_step
+        self.saved_step, self._pending = trainer.global_step, False
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self._step = trainer.global_step
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         n, step = self.every_n_train_steps, trainer.global_step
-        if n and step % n == 0 and step != self.saved_step:  # right after the optimizer step that reached it
+        self.between_steps = step == self._step
+        if self.between_steps or step == self.saved_step:
+            return
+        # Right after the optimizer step; and where training stops after this batch (max_steps, a time limit: a
+        # callback's should_stop), here: a checkpoint written in on_train_end counts the epoch as completed, and the
+        # run resumed (or extended) from it would skip the rest of that epoch.
+        stopping = trainer.should_stop or 0 <= trainer.max_steps <= step
+        if self._pending or stopping or (n and step % n == 0):
             self.save(trainer)
 
     def on_validation_end(self, trainer, pl_module) -> None:
         if trainer.state.fn == TrainerFn.FITTING and not trainer.sanity_checking:
-            self.save(trainer)
+            if self.between_steps:
+                self._pending = True
+            else:
+                self.save(trainer)
 
     def on_train_end(self, trainer, pl_module) -> None:
-        if trainer.global_step != self.saved_step:
+        if self.between_steps:
+            log.warning("training stopped between the micro-batches of optimizer step %d: %s stays at step %s, "
+                        "which a resume repeats them from", trainer.global_step + 1, self.path, self.saved_step)
+        elif trainer.global_step != self.saved_step:
             self.save(trainer)
+
+
+class StepBoundaryTimer(Timer):
+    """``trainer.max_time``, stopping on an optimizer step's boundary. Lightning's own Timer (what
+    ``Trainer(max_time=...)`` adds) stops after any training batch: inside gradient accumulation the
+    micro-batches since the last optimizer step are thrown away, and the last.ckpt written at the stop counts
+    them as trained, so that the resumed run skips them. This one checks the time after the batches that step
+    the optimizer only (the last batch of an epoch always does). The app builds it from trainer.max_time."""
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self._step = trainer.global_step
+
+    def on_train_batch_end(self, trainer, *args, **kwargs) -> None:
+        if trainer.global_step != getattr(self, "_step", None):
+            super().on_train_batch_end(trainer, *args, **kwargs)
 
 
 class TokenProgressBar(TQDMProgressBar):

@@ -115,6 +115,8 @@ class TrainAppConfig:
                                           "fresh optimizer and schedule")
     force_resume: bool = option(False, "ckpt_path=auto/last refuses a checkpoint written with other model, data, "
                                         "train or seed settings (fingerprint.py); true: resume it anyway")
+    wait_for_run_dir: bool = option(False, "a run dir another launch holds (its .lock): false refuses, naming "
+                                            "the holder's pid; true waits for it to end, then resumes what it left")
     run_test: bool = option(True, "after fit: test the best checkpoint (by val BLEU) on data.test")
     validate_at_end: bool = option(False, "after fit, validate the final weights unless the last step was just "
                                            "validated (max_steps or max_time stopped the run between validations)")

@@ -1,19 +1,32 @@
-"""What defines a run, so that ``ckpt_path=auto`` resumes only the run this command started.
+"""What defines a run, so that ``ckpt_path=auto`` resumes only the run this command started, and what shapes its
+results, so that a sweep run again skips only the runs that are this command's.
 
-The fingerprint is the ``model``, ``data`` and ``train`` config groups and ``seed``, flattened to dotted keys
-(``model.dropout``, ``train.lr_factor``, ``data.max_tokens``): whatever keys the groups hold, so a new setting
-is covered without being listed here, plus ``TRAINER_KEYS`` (``trainer.accumulate_grad_batches``: the tokens
-per optimizer step; gradient clipping is ``train.clip_grad_norm``). Left out is what a resumed run may change
-without training something else: the rest of the ``trainer`` group (devices, nodes, precision, max_steps,
-max_time, logging), checkpointing, attention maps, names and directories, and ``MAY_CHANGE``: how many processes
-load the data, where caches live, the validation and test sets, and how evaluation batches and how many
-sentences it decodes for BLEU, and how the same arithmetic is computed (the attention kernel, fused Adam).
+The run fingerprint (``run_fingerprint``) is the ``model``, ``data`` and ``train`` config groups and ``seed``,
+flattened to dotted keys (``model.dropout``, ``train.lr_factor``): whatever keys the groups hold, so a new setting
+is covered without being listed here, plus two resolved values: ``trainer.precision`` as the run trains in it
+(``auto`` resolved on this machine: a requeue onto a GPU without bf16 would switch to fp16) and
+``tokens_per_step``, the product ``data.max_tokens`` x ``trainer.accumulate_grad_batches`` x ``world_size``
+(processes: devices x nodes). The product is compared, not its factors (``FACTORS``, recorded beside it for the
+messages): a 16-GPU run requeued on 8 GPUs resumes with accumulation doubled, not with half its batch.
+Left out is what a resumed run may change without training something else: the rest of the ``trainer`` group
+(accelerator, max_steps, max_time, logging), checkpointing, attention maps, names and directories, and
+``MAY_CHANGE``: how many processes load the data, where caches live, the validation and test sets, and how
+evaluation batches and how many sentences it decodes for BLEU, and how the same arithmetic is computed (the
+attention kernel, fused Adam).
 
 Every checkpoint carries the fingerprint of the run that wrote it (``RecordFingerprint``). Resuming the run
 dir's own checkpoint (``ckpt_path=auto`` or ``last``) with another fingerprint is refused (``check_resume``):
 inside one SLURM allocation, or after a relaunch with another learning rate, the directory holds another run,
 and continuing its weights and schedule under new settings trains neither run. ``force_resume=true`` resumes
 anyway; an explicit ``ckpt_path=FILE`` (fine-tuning from another run) is never checked.
+
+A finished run's results depend on more: the results fingerprint (``results_fingerprint``, kept in its
+results.json) adds the trainer settings but those of ``TRAINER_NOT_RESULTS`` (the steps, epochs and time limit,
+validation intervals and batch limits: any key of the free ``trainer`` group counts unless listed there), the
+evaluation settings of ``MAY_CHANGE``, and ``RESULT_KEYS`` (``run_test``, ``validate_at_end``, the monitored metric
+and early stopping's patience). A sweep run again compares it
+(``check_finished_run``): the same, the run is skipped; only ``EXTENDS`` changed and each to a longer run (more
+steps, epochs or time), the run resumes from its last checkpoint; anything else is refused, naming each key.
 """
 
 from __future__ import annotations
@@ -21,28 +34,48 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
+import os
+import re
+from datetime import timedelta
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
+from lightning.pytorch.accelerators import CPUAccelerator, CUDAAccelerator
 from lightning.pytorch.callbacks import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from transformer_nmt.checkpoint import CKPT_FINGERPRINT, CKPT_OVERRIDES, read_checkpoint  # noqa: F401 (the keys)
+from transformer_nmt.training.precision import resolve_precision, uses_cuda
 
 log = logging.getLogger(__name__)
 
+RESULTS_FINGERPRINT = "fingerprint"  # results.json's key: the results fingerprint of the finished run
 GROUPS = ("model", "data", "train")
-TRAINER_KEYS = ("trainer.accumulate_grad_batches",)  # the trainer settings that change what a step trains
+PRECISION = "trainer.precision"  # as resolved: trainer.precision=auto is bf16-mixed on one machine, 32-true on another
+PRODUCT = "tokens_per_step"  # data.max_tokens x trainer.accumulate_grad_batches x world_size
+FACTORS = ("data.max_tokens", "trainer.accumulate_grad_batches", "world_size")
+ADDED = (PRODUCT, "world_size", PRECISION)  # keys of 2026-12 (issue 28): a fingerprint written before lacks them
+EVALUATION = ("data.val", "data.test", "data.eval_max_tokens", "train.val_bleu_max_sentences",
+              "train.test_bleu_max_sentences")
 MAY_CHANGE = ("data.num_workers", "data.num_proc", "data.cache_dir",  # how many processes load the data, caches
-              "data.val", "data.test", "data.eval_max_tokens",  # evaluation
-              "train.val_bleu_max_sentences", "train.test_bleu_max_sentences",
+              *EVALUATION,
               "model.attention", "model.attention_block_size", "train.fused_adam")  # kernels: the same arithmetic
 # Keys that older runs recorded but that define nothing: data._target_ (the datamodule's class, in the data config
 # until the structured configs of 2026-12; one path before the package's layout, another after). Ignored on both
 # sides, so that such a run resumes and a finished one is skipped.
 RETIRED = ("data._target_",)
-# Keys added since, whose value here is what every run did before them: a run that lacks one ran with this value.
-ADDED = {"model.activation": "relu", "model.output_bias": False}
+# The trainer settings that leave a finished run's results alone, or that the run fingerprint already holds in
+# resolved form (precision; devices, nodes and accumulation in tokens_per_step). Every other trainer key counts.
+TRAINER_NOT_RESULTS = ("accelerator", "devices", "num_nodes", "strategy", "precision", "accumulate_grad_batches",
+                       "log_every_n_steps", "enable_progress_bar", "enable_model_summary", "num_sanity_val_steps",
+                       "enable_checkpointing", "default_root_dir", "profiler", "logger")
+RESULT_KEYS = ("run_test", "validate_at_end",  # options outside the groups that change what results.json reports
+               "checkpoint.monitor", "checkpoint.patience")  # which checkpoint is tested; early stopping
+EXTENDS = ("trainer.max_steps", "trainer.max_epochs", "trainer.max_time")  # a larger value trains longer
+# Model options added since, whose value here is what every run did before them: a run that lacks one ran with it.
+DEFAULTED = {"model.activation": "relu", "model.output_bias": False}
 
 
 class ResumeError(ValueError):
@@ -58,12 +91,53 @@ def _flatten(value: Any, prefix: str, out: dict) -> dict:
     return out
 
 
-def run_fingerprint(cfg: DictConfig) -> dict[str, Any]:
-    """{dotted key: resolved value} of what defines the run (see the module doc)."""
-    found: dict[str, Any] = {"seed": cfg.seed, **{key: OmegaConf.select(cfg, key) for key in TRAINER_KEYS}}
+def configured_world_size(cfg: DictConfig, environ=os.environ) -> int:
+    """The processes a run of ``cfg`` trains on, before a Trainer exists: ``WORLD_SIZE`` where a launcher set it
+    (torchrun, Lightning's own for its child processes), else ``trainer.devices`` as Lightning resolves it for the
+    accelerator (``auto``, ``-1``: every visible GPU) times ``trainer.num_nodes``."""
+    if environ.get("WORLD_SIZE"):
+        return int(environ["WORLD_SIZE"])
+    trainer = cfg.get("trainer") or {}
+    accelerator = CUDAAccelerator if uses_cuda(str(trainer.get("accelerator", "auto"))) else CPUAccelerator
+    devices = trainer.get("devices", "auto")
+    devices = OmegaConf.to_container(devices) if OmegaConf.is_config(devices) else devices
+    count = (accelerator.auto_device_count() if devices == "auto"
+             else len(accelerator.get_parallel_devices(accelerator.parse_devices(devices))))
+    return count * int(trainer.get("num_nodes", 1) or 1)
+
+
+def resolved_precision(cfg: DictConfig) -> tuple[str, str]:
+    """(trainer.precision with ``auto`` resolved for trainer.accelerator, as Lightning names it: ``32`` is
+    ``32-true``; why)."""
+    trainer = cfg.get("trainer") or {}
+    precision, why = resolve_precision(str(trainer.get("precision", "auto")), str(trainer.get("accelerator", "auto")))
+    return ("32-true" if precision == "32" else precision), why
+
+
+def run_fingerprint(cfg: DictConfig, trainer=None) -> dict[str, Any]:
+    """{dotted key: resolved value} of what defines the run (see the module doc). ``trainer``: the run's Trainer
+    (or what has its ``world_size`` and ``precision``), whose values are the truth; without one they come from
+    ``cfg`` and the environment."""
+    world_size = trainer.world_size if trainer is not None else configured_world_size(cfg)
+    precision = str(trainer.precision) if trainer is not None else resolved_precision(cfg)[0]
+    accumulate = OmegaConf.select(cfg, "trainer.accumulate_grad_batches", default=1)
+    found: dict[str, Any] = {"seed": cfg.seed, "trainer.accumulate_grad_batches": accumulate,
+                             "world_size": world_size, PRECISION: precision}
     for group in GROUPS:
         _flatten(OmegaConf.to_container(cfg[group], resolve=True), group, found)
+    found[PRODUCT] = found["data.max_tokens"] * accumulate * world_size
     return {key: value for key, value in sorted(found.items()) if key not in MAY_CHANGE + RETIRED}
+
+
+def results_fingerprint(cfg: DictConfig, trainer=None) -> dict[str, Any]:
+    """``run_fingerprint`` and what else shapes a finished run's results (module doc): results.json keeps it."""
+    found = run_fingerprint(cfg, trainer)
+    trainer_group = OmegaConf.to_container(cfg.get("trainer") or {}, resolve=True)
+    found.update({f"trainer.{key}": value for key, value in trainer_group.items() if key not in TRAINER_NOT_RESULTS})
+    for key in EVALUATION + RESULT_KEYS:
+        value = OmegaConf.select(cfg, key)
+        found[key] = OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+    return dict(sorted(found.items()))
 
 
 def fingerprint_digest(cfg: DictConfig) -> str:
@@ -74,13 +148,18 @@ def fingerprint_digest(cfg: DictConfig) -> str:
 
 class RecordFingerprint(Callback):
     """Writes the run's fingerprint and overrides into every checkpoint it saves (keys ``run_fingerprint``,
-    ``run_overrides``)."""
+    ``run_overrides``); the fingerprint is the Trainer's (its world size and precision), taken at set-up."""
 
-    def __init__(self, fingerprint: dict[str, Any], overrides: list[str]):
-        self.fingerprint, self.overrides = fingerprint, overrides
+    def __init__(self, cfg: DictConfig, overrides: list[str]):
+        self.cfg, self.overrides = cfg, overrides
+        self.fingerprint = None
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        self.fingerprint = run_fingerprint(self.cfg, trainer)
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
-        checkpoint[CKPT_FINGERPRINT] = self.fingerprint
+        checkpoint[CKPT_FINGERPRINT] = self.fingerprint if self.fingerprint is not None else run_fingerprint(
+            self.cfg, trainer)
         checkpoint[CKPT_OVERRIDES] = self.overrides
 
 
@@ -88,20 +167,53 @@ def _override(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value)
 
 
+def _ignored(saved: dict[str, Any], current: dict[str, Any]) -> set[str]:
+    """The keys not compared: ``RETIRED``; the factors of tokens_per_step where both sides hold the product; the
+    keys added since an older ``saved`` fingerprint was written that it lacks (it is then compared as it was:
+    data.max_tokens and accumulation, without the world size; a finished run's config without an option of
+    ``RESULT_KEYS``, which did not exist then)."""
+    ignored = set(RETIRED) | {key for key in ADDED + RESULT_KEYS if key not in saved}
+    if PRODUCT in saved and PRODUCT in current:
+        ignored |= set(FACTORS)
+    return ignored
+
+
 def differences(saved: dict[str, Any], current: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
-    """{key: (saved value, current value)} for each key whose value differs ("absent" where one lacks it); the
-    ``RETIRED`` keys of an older run's ``saved`` fingerprint are not compared, and an ``ADDED`` key it lacks has
-    its value there."""
-    absent = "absent"
-    saved, current = ({**ADDED, **fingerprint} for fingerprint in (saved, current))
+    """{key: (saved value, current value)} for each key whose value differs ("absent" where one lacks it), but the
+    keys ``_ignored`` says are not compared; a ``DEFAULTED`` key an older fingerprint lacks has its value there."""
+    absent, ignored = "absent", _ignored(saved, current)
+    saved, current = ({**DEFAULTED, **fingerprint} for fingerprint in (saved, current))
     return {key: (saved.get(key, absent), current.get(key, absent)) for key in sorted(saved.keys() | current.keys())
-            if key not in RETIRED and saved.get(key, absent) != current.get(key, absent)}
+            if key not in ignored and saved.get(key, absent) != current.get(key, absent)}
 
 
-def check_resume(cfg: DictConfig, path: Path | None, sweep_overrides: list[str] | None = None) -> None:
+def _limit(key: str, value: Any) -> float:
+    """An ``EXTENDS`` value as a number to compare (infinite: no limit)."""
+    if value in (None, "absent") or (key != "trainer.max_time" and value == -1):
+        return math.inf
+    if key != "trainer.max_time":
+        return float(value)
+    if isinstance(value, dict):
+        return timedelta(**value).total_seconds()
+    match = re.fullmatch(r"(\d+):(\d\d):(\d\d):(\d\d)", str(value).strip())  # Lightning's DD:HH:MM:SS
+    if not match:
+        return math.nan  # not comparable: not an extension
+    days, hours, minutes, seconds = map(int, match.groups())
+    return timedelta(days=days, hours=hours, minutes=minutes, seconds=seconds).total_seconds()
+
+
+def only_extends(changed: dict[str, tuple[Any, Any]]) -> bool:
+    """Whether ``changed`` (``differences``) changes only ``EXTENDS`` keys, each to a longer run."""
+    return bool(changed) and all(key in EXTENDS and _limit(key, new) > _limit(key, old)
+                                 for key, (old, new) in changed.items())
+
+
+def check_resume(cfg: DictConfig, path: Path | None, sweep_overrides: list[str] | None = None,
+                 trainer=None) -> None:
     """Refuse to resume ``path``, the run dir's own checkpoint, when it was written by a run with another
-    fingerprint than ``cfg``'s, or, in a sweep (``sweep_overrides``: this job's), by a job with other overrides;
-    ``force_resume=true`` and explicit checkpoint paths are not checked."""
+    fingerprint than ``cfg``'s (``trainer``: the run's, whose world size and precision count), or, in a sweep
+    (``sweep_overrides``: this job's), by a job with other overrides; ``force_resume=true`` and explicit
+    checkpoint paths are not checked."""
     if path is None or cfg.ckpt_path not in ("auto", "last") or cfg.get("force_resume"):
         return
     checkpoint = read_checkpoint(path, mmap=True)
@@ -115,32 +227,65 @@ def check_resume(cfg: DictConfig, path: Path | None, sweep_overrides: list[str] 
         log.warning("%s predates run fingerprints: its settings cannot be compared with this command's", path)
         return
     check_same_run(cfg, saved, f"ckpt_path={cfg.ckpt_path} found {path} (step {checkpoint.get('global_step')}), "
-                               f"written by a run", "Resuming it would continue that run's weights and schedule")
+                               f"written by a run", "Resuming it would continue that run's weights and schedule",
+                   trainer=trainer)
 
 
-def check_finished_run(cfg: DictConfig, config_file: Path, saved_overrides: list[str] | None,
-                       overrides: list[str]) -> None:
-    """Refuse to skip a sweep's finished run (its ``config_file``, the resolved config it ran with, and the
-    overrides its results.json holds) when it ran with other settings or overrides than this job's ``cfg`` and
-    ``overrides``: its results are not this command's. ``force_resume`` does not apply: a finished run is not
-    resumed, and skipping it would report the old settings' results as this command's."""
-    run_dir = config_file.parent
-    check_same_job(saved_overrides, overrides, f"the sweep's run in {run_dir} finished; it",
+def saved_results_fingerprint(results: dict, config_file: Path) -> dict[str, Any]:
+    """A finished run's results fingerprint: its results.json's, or for a run written before results.json held one,
+    the one its ``config_file`` (the resolved config) gives, with the precision results.json reports and without
+    what the config cannot tell (the world size, hence tokens_per_step: its factors are compared instead)."""
+    if isinstance(results.get(RESULTS_FINGERPRINT), dict):
+        return results[RESULTS_FINGERPRINT]
+    old = OmegaConf.load(config_file)
+    saved = results_fingerprint(old, SimpleNamespace(world_size=1, precision=results.get("precision")))
+    saved.pop(PRODUCT), saved.pop("world_size")
+    if "precision" not in results:
+        saved.pop(PRECISION)
+    for key in RESULT_KEYS:  # options younger than the run
+        if OmegaConf.select(old, key, default=_ABSENT) is _ABSENT:
+            saved.pop(key)
+    return saved
+
+
+_ABSENT = object()
+
+
+def check_finished_run(cfg: DictConfig, run_dir: Path, results: dict, overrides: list[str]) -> bool:
+    """A sweep's finished run (``run_dir``: its results.json holds ``results``) found by this job (``cfg``,
+    ``overrides``): False where it ran with this command's settings (skip it); True where this command only
+    extends it (more steps, epochs or time: resume it from its last checkpoint); else ``ResumeError`` naming
+    each differing key (old -> new), since skipping it would report another run's results as this command's.
+    ``force_resume`` does not apply: a finished run is not resumed with other settings."""
+    check_same_job(results.get("overrides"), overrides, f"the sweep's run in {run_dir} finished; it",
                    f"delete {run_dir / 'results.json'} to train this job")
-    changed = differences(run_fingerprint(OmegaConf.load(config_file)), run_fingerprint(cfg))
-    if changed:
-        raise ResumeError(
-            f"the sweep's run in {run_dir} finished, but it ran with other settings than this command's:\n"
-            f"{_lines(changed)}\nSkipping it would report its results as this command's. To train it with this "
-            f"command's settings, delete {run_dir / 'results.json'}; to keep it, run this command under a new "
-            f"sweep_id=NAME.")
+    saved = saved_results_fingerprint(results, run_dir / "config.yaml")
+    current = results_fingerprint(cfg)
+    changed = differences(saved, current)
+    if not changed:
+        return False
+    if only_extends(changed):
+        log.info("the sweep's run in %s finished; this command only extends it:\n%s\nit resumes from its last "
+                 "checkpoint", run_dir, _lines(changed, saved, current))
+        return True
+    raise ResumeError(
+        f"the sweep's run in {run_dir} finished, but it ran with other settings than this command's:\n"
+        f"{_lines(changed, saved, current)}\nSkipping it would report its results as this command's (only more "
+        f"steps, epochs or time would resume it). To train it with this command's settings, delete "
+        f"{run_dir / 'results.json'}; to keep it, run this command under a new sweep_id=NAME.")
+
+
+def _job_overrides(overrides: list[str]) -> list[str]:
+    """The overrides but those of ``EXTENDS`` keys (whose values the fingerprints compare)."""
+    return [o for o in overrides if o.split("=", 1)[0].lstrip("+~") not in EXTENDS]
 
 
 def check_same_job(saved: list[str] | None, overrides: list[str], found: str, fix: str) -> None:
     """In a sweep run again, job N's directory must hold job N: raise ``ResumeError`` when ``saved``, the
     overrides it ran with (None: not recorded), differ from this job's ``overrides``, which happens when the
-    sweep's values were reordered, added or removed (run dirs are numbered in sweep order)."""
-    if saved is None or list(saved) == list(overrides):
+    sweep's values were reordered, added or removed (run dirs are numbered in sweep order). Overrides of the
+    steps, epochs and time limit (``EXTENDS``) are not compared here: the fingerprints judge them."""
+    if saved is None or _job_overrides(list(saved)) == _job_overrides(list(overrides)):
         return
     raise ResumeError(
         f"{found} ran with the overrides\n  {' '.join(saved)}\nbut this sweep gives that job the overrides\n  "
@@ -148,19 +293,47 @@ def check_same_job(saved: list[str] | None, overrides: list[str], found: str, fi
         f"the changed sweep under a new sweep_id=NAME, or the old command again; or {fix}.")
 
 
-def check_same_run(cfg: DictConfig, saved: dict[str, Any], found: str, consequence: str) -> None:
+def check_same_run(cfg: DictConfig, saved: dict[str, Any], found: str, consequence: str, trainer=None) -> None:
     """Raise ``ResumeError`` when ``saved`` differs from ``cfg``'s fingerprint: one line per key, and the fixes."""
-    changed = differences(saved, run_fingerprint(cfg))
+    current = run_fingerprint(cfg, trainer)
+    changed = differences(saved, current)
     if not changed or cfg.get("force_resume"):
         return
     as_it_was = " ".join(f"~{key}" if old == "absent" else f"{key}={_override(old)}"
-                         for key, (old, new) in changed.items())
+                         for key, (old, new) in changed.items() if key not in (PRODUCT, "world_size"))
+    keep = _keep_product(saved, current) if PRODUCT in changed else ""
     raise ResumeError(
-        f"{found} with other settings than this command's:\n{_lines(changed)}\n{consequence} under the new settings. "
-        f"To resume it as it was, pass {as_it_was}; to start a new run, give it its own directory (run_id=NAME or "
-        f"hydra.run.dir=DIR; in a sweep, sweep_id=NAME); to resume it with the new settings anyway, pass "
-        f"force_resume=true.")
+        f"{found} with other settings than this command's:\n{_lines(changed, saved, current, cfg)}\n{consequence} "
+        f"under the new settings. To resume it as it was, pass {' '.join(filter(None, [as_it_was, keep]))}; to start "
+        f"a new run, give it its own directory (run_id=NAME or hydra.run.dir=DIR; in a sweep, sweep_id=NAME); to "
+        f"resume it with the new settings anyway, pass force_resume=true.")
 
 
-def _lines(changed: dict[str, tuple[Any, Any]]) -> str:
-    return "\n".join(f"  {key}: {_override(old)} there, {_override(new)} now" for key, (old, new) in changed.items())
+def _keep_product(saved: dict[str, Any], current: dict[str, Any]) -> str:
+    """The accumulation that gives the saved tokens per step on this world size and data.max_tokens, or the rule."""
+    per_micro_batch = current["data.max_tokens"] * current["world_size"]
+    if saved[PRODUCT] % per_micro_batch == 0:
+        return f"trainer.accumulate_grad_batches={saved[PRODUCT] // per_micro_batch}"
+    return (f"settings whose data.max_tokens x trainer.accumulate_grad_batches x world size is "
+            f"{saved[PRODUCT]:,}")
+
+
+def _describe(key: str, fingerprint: dict[str, Any], side: str) -> str:
+    """``VALUE there`` / ``VALUE now``; tokens_per_step with its factors."""
+    text = f"{_override(fingerprint.get(key, 'absent'))} {side}"
+    if key == PRODUCT and key in fingerprint:
+        text += (f" (data.max_tokens {fingerprint.get('data.max_tokens')} x accumulate "
+                 f"{fingerprint.get('trainer.accumulate_grad_batches')} x {fingerprint.get('world_size')} processes)")
+    return text
+
+
+def _lines(changed: dict[str, tuple[Any, Any]], saved: dict[str, Any], current: dict[str, Any],
+           cfg: DictConfig | None = None) -> str:
+    """One line per differing key: ``  KEY: OLD there, NEW now``; the precision with how it was resolved now."""
+    lines = []
+    for key in changed:
+        line = f"  {key}: {_describe(key, saved, 'there')}, {_describe(key, current, 'now')}"
+        if key == PRECISION and cfg is not None:
+            line += f" (trainer.precision={cfg.trainer.get('precision', 'auto')}: {resolved_precision(cfg)[1]})"
+        lines.append(line)
+    return "\n".join(lines)

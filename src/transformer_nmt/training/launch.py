@@ -1,24 +1,31 @@
-"""What the launcher tells a run: which directory it lives in, which checkpoint it resumes from, and how
-SLURM requeues it.
+"""What the launcher tells a run: which directory it lives in, which checkpoint it resumes from, that no other
+launch shares it, and how SLURM requeues it.
 
 Every process of a job (torchrun or SLURM ranks, a requeued SLURM job) must agree on one run directory,
 so its name comes from the job's identity, not from each process's clock (``run_name``, the
 ``${run_name:...}`` resolver of ``hydra.run.dir``): an explicit ``run_id=``, else ``slurm-$SLURM_JOB_ID``,
 else ``torchrun-$TORCHELASTIC_RUN_ID`` (torchrun's ``--rdzv_id``), else, for a single process only, the
-launch time. ``torchrun --standalone`` draws a new random id at every launch: there the name is
-``torchrun-standalone-`` and a hash of the run's fingerprint (``fingerprint.fingerprint_digest``: the settings
-that define the run), so that the command run again finds its run dir and resumes, also with another
-``trainer.max_time``, ``trainer.devices`` or ``force_resume=true`` (other settings, another dir). A sweep's
-directory is named by ``sweep_id=``, else the launch time (``sweep_name``). ``ckpt_path=auto`` then resumes from
-the newest checkpoint in that directory, if any (``resume_checkpoint``), which is what a restarted or requeued job needs (``SlurmRequeue``).
+launch time (also under Lightning's own launcher, ``trainer=ddp`` started as one process: it names the dir
+before it starts the others, and hands them the dir). ``torchrun --standalone`` draws a new random id at every
+launch: there the name is ``torchrun-standalone-`` and a hash of the run's fingerprint
+(``fingerprint.fingerprint_digest``: the settings that define the run), so that the command run again finds its
+run dir and resumes, also with another ``trainer.max_time``, or ``trainer.devices`` with the same tokens per step
+(other settings, another dir). A sweep's directory is named by ``sweep_id=``, else the launch time
+(``sweep_name``). ``ckpt_path=auto`` then resumes from the newest checkpoint in that directory, if any
+(``resume_checkpoint``), as global rank 0 found it (``agree_on_resume``), which is what a restarted or requeued
+job needs (``SlurmRequeue``). One launch at a time holds the directory (``run_dir_lock``).
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
+import json
 import logging
 import os
 import signal
+import socket
 import subprocess
 import time
 import uuid
@@ -26,6 +33,8 @@ from pathlib import Path
 
 import torch
 from lightning.pytorch.callbacks import Checkpoint
+from lightning.pytorch.plugins.environments import LightningEnvironment
+from lightning.pytorch.utilities import rank_zero_only
 
 from transformer_nmt import run_files
 from transformer_nmt.checkpoint import checkpoint_step
@@ -72,7 +81,10 @@ def run_name(run_id: str | None = None, *, _root_=None) -> str:
     if name is not None:
         return name
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    if world_size > 1:
+    # Lightning's own launcher (trainer=ddp outside torchrun and SLURM) sets WORLD_SIZE in this process after it
+    # chose its run dir as a single process, then resolves hydra.run.dir again to hand it to its child processes
+    # (as hydra.run.dir=DIR, so they never get here): the name this process chose stands.
+    if world_size > 1 and not launch_time.cache_info().currsize:
         raise SystemExit(  # not an exception: Hydra resolves this before the app runs, and mangles tracebacks
             f"error: WORLD_SIZE={world_size} but no job identity: each process would pick its own time-stamped run "
             f"directory. Pass run_id=NAME (the same on every node), or torchrun --rdzv_id=NAME, or "
@@ -116,6 +128,108 @@ def resume_checkpoint(ckpt_path: str | None, run_dir: Path) -> tuple[Path | None
     steps = {path: checkpoint_step(path) for path in candidates}
     path = max(candidates, key=lambda p: (steps[p], p.stat().st_mtime))
     return path, f"from {path}, step {steps[path]} (ckpt_path={ckpt_path})"
+
+
+RESUME_ENV = "TRANSFORMER_NMT_RESUME"  # rank 0's choice, for the child processes of Lightning's own launcher
+
+
+def agree_on_resume(choice: tuple[Path | None, str], trainer) -> tuple[Path | None, str]:
+    """Global rank 0's ``resume_checkpoint`` choice, on every rank: each rank reads the run dir itself, and on a
+    shared file system one may see a newer ``last.ckpt`` than another (a directory listing cached on one node);
+    ranks that resumed different files would train from different states. ``trainer``: the run's, not fitted yet.
+
+    - One process: its own choice.
+    - Rank 0 of a launcher that starts the other ranks in fit (Lightning's own, ``trainer=ddp`` outside torchrun
+      and SLURM): its choice, also written to ``$TRANSFORMER_NMT_RESUME``, which the children inherit.
+    - A child of that launcher (Lightning's environment, the variable set): the parent's choice.
+    - Ranks started together by torchrun, srun or by hand: they join the process group now (Lightning's own
+      set-up in fit then finds it joined) and take rank 0's choice (``broadcast_choice``).
+    """
+    if trainer.world_size == 1:
+        return choice
+    strategy = trainer.strategy
+    if strategy.launcher is not None:
+        os.environ[RESUME_ENV] = json.dumps([None if choice[0] is None else str(choice[0]), choice[1]])
+        return choice
+    if isinstance(strategy.cluster_environment, LightningEnvironment) and RESUME_ENV in os.environ:
+        path, line = json.loads(os.environ[RESUME_ENV])
+        return (None if path is None else Path(path)), line
+    strategy.setup_environment()
+    return broadcast_choice(choice, strategy.broadcast, trainer.global_rank)
+
+
+def broadcast_choice(choice: tuple[Path | None, str], broadcast, rank: int) -> tuple[Path | None, str]:
+    """Rank 0's (path, summary line) through ``broadcast`` (``Strategy.broadcast``: every rank calls it, each
+    gets rank 0's object); a rank whose own choice differed says so."""
+    path, line = broadcast([None if choice[0] is None else str(choice[0]), choice[1]])
+    agreed = (None if path is None else Path(path)), line
+    if agreed[0] != choice[0]:
+        log.warning("rank %d found %s in the run dir, rank 0 %s: every rank resumes rank 0's choice", rank,
+                    choice[0] or "no checkpoint", agreed[0] or "no checkpoint")
+    return agreed
+
+
+# --- one launch per run dir -------------------------------------------------------------------------------------
+
+LOCK = ".lock"  # RUN_DIR/.lock: held (flock) by the launch that runs there, and naming it
+_held: set[Path] = set()  # the run dirs this process holds: the app takes the lock again inside main's
+
+
+class RunDirBusy(LaunchError):
+    """Another launch holds the run dir."""
+
+
+@contextlib.contextmanager
+def run_dir_lock(run_dir: Path, wait: bool = False):
+    """Hold ``RUN_DIR/.lock`` (an exclusive ``flock``) for the block: two launches in one run dir (the same
+    ``run_id``, the same second, one SLURM allocation) would overwrite each other's last.ckpt, config.yaml and
+    results.json. Global rank 0 takes it (the other ranks are its run's); a second launch refuses
+    (``RunDirBusy``, naming the dir and the holder: pid, host, since when), or with ``wait`` waits for it. The
+    lock goes with the holding process, however it ends; the file stays (removing it would race a waiter)."""
+    run_dir = Path(run_dir).resolve()
+    if rank_zero_only.rank != 0 or run_dir in _held:  # another rank of the run, or held already by this process
+        yield
+        return
+    run_dir.mkdir(parents=True, exist_ok=True)
+    handle = open(run_dir / LOCK, "a+")
+    try:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _holder(handle)
+            if not wait:
+                raise RunDirBusy(
+                    f"{run_dir} is in use by another launch ({holder}): two launches in one run dir would "
+                    f"overwrite each other's checkpoints/last.ckpt, config.yaml and results.json. Wait for it to end "
+                    f"(or stop it), give this launch its own directory (run_id=NAME or hydra.run.dir=DIR), or pass "
+                    f"wait_for_run_dir=true to wait for it and then resume what it left") from None
+            log.info("%s is in use by another launch (%s): waiting for it to end (wait_for_run_dir=true)", run_dir,
+                     holder)
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        handle.seek(0)
+        handle.truncate()
+        handle.write(json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                                 "since": time.strftime("%Y-%m-%d %H:%M:%S")}) + "\n")
+        handle.flush()
+        _held.add(run_dir)
+        try:
+            yield
+        finally:
+            _held.discard(run_dir)
+            fcntl.flock(handle, fcntl.LOCK_UN)
+    finally:
+        handle.close()
+
+
+def _holder(handle) -> str:
+    handle.seek(0)
+    try:
+        holder = json.loads(handle.read() or "{}")
+    except ValueError:
+        holder = {}
+    if not holder.get("pid"):
+        return "its pid not written yet"
+    return f"pid {holder['pid']} on {holder.get('host', '?')}, since {holder.get('since', '?')}"
 
 
 def slurm_job(environ=os.environ) -> str:
@@ -191,6 +305,40 @@ class SlurmRequeue(Checkpoint):
         self._step = None
         self._previous: dict = {}
         self._agreement = LaggedAgreement()
+
+    @contextlib.contextmanager
+    def whole_run(self):
+        """Under SLURM, for the whole app around fit (data set-up, the test after fit): a requeue signal that
+        would take its default action (the process dies: no requeue, no results.json) requeues the job at once
+        instead (global rank 0 runs ``scontrol requeue``, which stops every task; nothing needs saving outside
+        fit: the requeued job resumes from its newest checkpoint). During fit ``setup`` takes the signal over
+        (finish the step, write last.ckpt). A handler someone else installed (submitit's, for USR2) is kept."""
+        if not os.environ.get("SLURM_JOB_ID"):
+            yield
+            return
+        installed = {s: signal.signal(s, self._requeue_now) for s in self.signals
+                     if signal.getsignal(s) == signal.SIG_DFL}
+        try:
+            yield
+        finally:
+            for s, previous in installed.items():
+                if signal.getsignal(s) == self._requeue_now:
+                    signal.signal(s, previous)
+
+    def _requeue_now(self, signum, frame) -> None:
+        if rank_zero_only.rank != 0:  # rank 0 got it too (SLURM signals every task) and requeues the job
+            log.info("requeue signal %s outside training on rank %d: global rank 0 requeues the job",
+                     signal.Signals(signum).name, rank_zero_only.rank)
+            return
+        job = slurm_job()
+        result = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True)
+        if result.returncode:  # the run goes on: it may yet finish before the time limit
+            log.error("requeue signal %s outside training: scontrol requeue %s failed (%s): %s",
+                      signal.Signals(signum).name, job, result.returncode, result.stderr.strip())
+            return
+        log.info("requeue signal %s outside training: requeued SLURM job %s; it resumes from the run dir's newest "
+                 "checkpoint", signal.Signals(signum).name, job)
+        raise SystemExit(0)
 
     def setup(self, trainer, pl_module, stage) -> None:
         if stage == "fit" and os.environ.get("SLURM_JOB_ID"):
