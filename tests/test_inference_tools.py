@@ -150,6 +150,9 @@ def test_evaluate_scores_match_the_sacrebleu_command_line(tmp_path, checkpoint):
         assert float(cli.stdout.strip()) == pytest.approx(result[key], abs=1e-4)
     assert result["bleu_signature"].startswith("nrefs:1|case:mixed")
     assert "case:lc" in result["bleu_lowercase_signature"]
+    # the checkpoint has no data config: no target language, so no Multi30k-convention BLEU, and the reason
+    assert result["bleu_multi30k"] is None and "target language" in result["bleu_multi30k_signature"]
+    assert result["provenance"]["config"]["options"]["beam"] == 2 and "versions" in result["provenance"]
 
 
 def test_evaluate_reports_length_ratio_and_brevity_penalty():

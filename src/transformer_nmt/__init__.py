@@ -2,7 +2,8 @@
 
 The layers, bottom up (a module imports only from its own layer or those below):
 
-    hardware.py, options.py     the machine's CPU flags and cores; key=value options over a dataclass
+    hardware.py, options.py     the machine's CPU flags and cores; key=value options over a dataclass;
+    provenance.py               what made a results file (commit, versions, machine, command, config)
     model/                      attention, the Transformer, dropout, decoding (plain torch)
     data/                       corpus, tokenizer, batching, the datamodule
     checkpoint.py               the checkpoint format: atomic writes, reading one into a model and tokenizer
