@@ -1,6 +1,6 @@
 """Score a checkpoint with sacreBLEU: detokenized hypotheses to a file, BLEU and chrF to JSON beside it.
 
-    python -m transformer_nmt.evaluate ckpt=RUN/checkpoints/averaged.ckpt split=test
+    python -m transformer_nmt.evaluate ckpt=RUN/averaged.ckpt split=test
     python -m transformer_nmt.evaluate ckpt=model.ckpt src=newstest2014.en ref=newstest2014.de
 
 ``split=val|test`` reads that split of the data the checkpoint was trained on (its data config travels

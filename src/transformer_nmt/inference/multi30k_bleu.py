@@ -38,7 +38,7 @@ def multi30k_bleu(hypotheses: list[str], references: list[str], lang: str | None
         version = importlib.metadata.version("sacremoses")
     except importlib.metadata.PackageNotFoundError:
         return {"bleu_multi30k": None, "bleu_multi30k_signature": MISSING}
-    metric = BLEU(tokenize="none", lowercase=True)
+    metric = BLEU(tokenize="none", lowercase=True, force=True)  # force: tokenized input is the point here
     result = metric.corpus_score(moses_tokenized(hypotheses, lang), [moses_tokenized(references, lang)])
     return {"bleu_multi30k": round(result.score, 4),
             "bleu_multi30k_signature": f"{metric.get_signature()}|moses:sacremoses-{version}-{lang}-norm-tok"}
