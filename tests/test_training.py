@@ -341,11 +341,35 @@ def test_accumulated_gradient_is_the_per_token_mean_over_the_whole_optimizer_ste
         torch.testing.assert_close(module.grads[name], param.grad, atol=1e-6, rtol=1e-4)
 
 
-def test_compile_compiles_the_forward_in_place_and_keeps_parameter_names():
-    config = {"vocab_size": 20, "d_model": 16, "n_heads": 2, "n_encoder_layers": 1, "n_decoder_layers": 1, "d_ff": 32}
+def test_compile_compiles_the_forward_in_place_and_keeps_parameter_names(monkeypatch):
+    """train.compile=true: the training step runs the model through torch.compile and gives the eager step's loss
+    and gradients. The compiler is the module's own call (nn.Module.compile -> torch.compile) with a backend that
+    counts the graphs it is handed and runs them as traced (inductor would take minutes here)."""
+    from torch._dynamo.testing import CompileCounter
+
+    counter = CompileCounter()
+    torch_compile = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: torch_compile(fn, **{**kwargs, "backend": counter}))
+    torch._dynamo.reset()
+    config = {"vocab_size": 20, "d_model": 16, "n_heads": 2, "n_encoder_layers": 1, "n_decoder_layers": 1, "d_ff": 32,
+              "dropout": 0.0}
     eager, compiled = TranslationModule(config), TranslationModule(config, {"compile": True})
     assert eager.model._compiled_call_impl is None and compiled.model._compiled_call_impl is not None
     assert list(compiled.state_dict()) == list(eager.state_dict())  # checkpoints load either way
+    compiled.load_state_dict(eager.state_dict())
+    g = torch.Generator().manual_seed(0)
+    batch = {"src": torch.randint(4, 20, (3, 7), generator=g), "tgt": torch.randint(4, 20, (3, 6), generator=g)}
+    batch["src"][0, 5:] = batch["tgt"][1, 4:] = 0  # padding
+    losses = []
+    for module in (eager, compiled):
+        loss = module.training_step(batch, 0)
+        loss.backward()
+        losses.append(loss)
+    assert counter.frame_count >= 1 and counter.op_count > 0  # the compiled path ran
+    torch.testing.assert_close(losses[1], losses[0], rtol=1e-6, atol=0)
+    for (name, p_eager), p_compiled in zip(eager.named_parameters(), compiled.parameters()):
+        torch.testing.assert_close(p_compiled.grad, p_eager.grad, rtol=1e-5, atol=1e-7, msg=name)
+    torch._dynamo.reset()
 
 
 def test_padding_to_a_multiple_of_8_keeps_the_token_budget():
