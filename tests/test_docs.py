@@ -15,15 +15,20 @@
 
 from __future__ import annotations
 
+import argparse
 import ast
+import contextlib
 import copy
 import importlib
+import io
 import pkgutil
 import re
+import runpy
 import shlex
 import sys
 from functools import cache
 from pathlib import Path
+from unittest import mock
 
 import pytest
 from hydra import compose, initialize_config_dir
@@ -227,15 +232,10 @@ def argv_problems(tool: str, argv: list[str]) -> list[str]:
         train = tuple(["experiment=multi30k_cpu", *(p for p in pairs if p.split("=")[0] not in ("run_dir", "train"))])
         problem = hydra_problem("train", train)
         return [f"overrides {list(train)} do not compose: {problem}"] if problem else []
+    if tool.startswith("scripts/") and script_parses_flags(tool):
+        return flag_problems(tool, argv)  # key=value words too: its parser says what it makes of them
     if tool.startswith("scripts/"):
-        source = (ROOT / tool).read_text(encoding="utf-8")
-        def defined(flag: str) -> bool:  # "--no-X" is defined by a BooleanOptionalAction "--X"
-            positive = "--" + flag.removeprefix("--no-")
-            return f'"{flag}"' in source or (flag.startswith("--no-") and f'"{positive}"' in source
-                                              and "BooleanOptionalAction" in source)
-
-        problems = [f"{tool} defines no option {flag}" for flag in (w.split("=")[0] for w in rest if w.startswith("--"))
-                    if not defined(flag)]
+        problems = [f"{tool} parses no --flags (no argparse), given {word}" for word in rest if word.startswith("-")]
         if pairs and tool not in tool_options():
             problems.append(f"{tool} takes no key=value options, given {pairs}")
         elif pairs:
@@ -247,6 +247,60 @@ def argv_problems(tool: str, argv: list[str]) -> list[str]:
     problems = [] if tool in FREE_WORDS else [f"{word!r} is not a key=value option of {tool}" for word in rest]
     problem = option_problem(tool, pairs)
     return problems + ([f"{tool} {pairs}: {problem}"] if problem else [])
+
+
+def script_parses_flags(tool: str) -> bool:
+    """Whether scripts/X.py reads its command line with argparse (the scripts that take key=value use
+    transformer_nmt.options; table3.py and summarize_ablation.py read words)."""
+    return "import argparse" in (ROOT / tool).read_text(encoding="utf-8")
+
+
+class _Parsing(Exception):
+    """Raised where a script would parse its command line; carries the parser it built."""
+
+
+@cache
+def script_parser(tool: str) -> argparse.ArgumentParser:
+    """The argparse parser of scripts/X.py as its main builds it: the script runs as __main__, with scripts/ on
+    sys.path as when it is run, up to its parse, which raises the parser instead of parsing (nothing after it
+    runs); sys.path, sys.argv and the scripts' own modules (recipe.py, baselines.py) are as they were after."""
+    path = ROOT / tool
+
+    def capture(self, args=None, namespace=None):
+        raise _Parsing(self)
+
+    saved_path, saved_argv, saved_modules = list(sys.path), sys.argv, set(sys.modules)
+    sys.path.insert(0, str(path.parent))
+    sys.argv = [str(path)]
+    try:
+        with mock.patch.object(argparse.ArgumentParser, "parse_known_args", capture):
+            runpy.run_path(str(path), run_name="__main__")
+    except _Parsing as parsing:
+        return parsing.args[0]
+    finally:
+        sys.path[:], sys.argv = saved_path, saved_argv
+        for name in set(sys.modules) - saved_modules:
+            if Path(getattr(sys.modules[name], "__file__", None) or "/").parent == path.parent:
+                del sys.modules[name]
+    raise AssertionError(f"{tool} imports argparse but its __main__ parsed no command line")
+
+
+def flag_problems(tool: str, argv: list[str]) -> list[str]:
+    """What the script's own parser rejects in ``argv`` (an unknown flag, a value outside its choices or of the wrong
+    type, a word it takes no place for), and every flag written other than as the parser defines it (argparse
+    would also take an unambiguous abbreviation: the docs spell flags out)."""
+    parser = script_parser(tool)
+    problems = [f"{tool} defines no option {flag}" for flag in (w.split("=")[0] for w in argv if w.startswith("-"))
+                if flag not in parser._option_string_actions]
+    if problems or {"-h", "--help"} & set(argv):  # --help would print and exit
+        return problems
+    errors = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(errors):
+            parser.parse_args(argv)
+    except SystemExit:
+        return [f"{tool} {shlex.join(argv)}: {errors.getvalue().strip().splitlines()[-1]}"]
+    return []
 
 
 def standalone_problem(pairs: list[str]) -> str | None:
@@ -325,6 +379,11 @@ python -m transformer_nmt.hardware d_model=4
 python scripts/summarize_ablation.py multirun/x
 python scripts/no_such_script.py
 python scripts/benchmark_model.py --tables kernels --no-such-flag
+python scripts/benchmark_step.py --tokens 256 --no-previous-loss
+python scripts/benchmark_model.py --tables kernal
+python scripts/benchmark_model.py --quic
+python scripts/benchmark_step.py --tokens many
+python scripts/table3.py run --fast
 ```
 
 See `tests/no_such_test.py` and `scripts/gpu_check.sh`.
@@ -337,7 +396,8 @@ See `tests/no_such_test.py` and `scripts/gpu_check.sh`.
     problems = command_problems(doc, text)
     expected = ["transformer_nmt.trian", "no_such_recipe", "n_haeds", "needs -m", "bream", "'in.en' is not",
                 "transformer_nmt.hardware takes no key=value options", "no_such_script.py",
-                "--no-such-flag", "tests/no_such_test.py", "data.no_such_key"]
+                "--no-such-flag", "--no-previous-loss", "invalid choice: 'kernal'", "--quic",
+                "invalid int value: 'many'", "table3.py parses no --flags", "tests/no_such_test.py", "data.no_such_key"]
     assert len(problems) == len(expected), problems
     for word, problem in zip(expected, problems):
         assert word in problem, (word, problem)
