@@ -6,8 +6,8 @@
 - Every key=value in those commands is an option of that command: for the Hydra apps (train, prepare) the
   overrides compose, in-process, as `--cfg job` would compose them; the checkpoint tools and scripts parse it
   with their option parser (transformer_nmt.options, over the command's OPTIONS dataclass), and a script's
-  `--flag` is one its argparse defines. A module without an OPTIONS table takes no key=value, and a module's other words are errors, but for the
-  sentences explore takes.
+  flags and their values are what its own argparse parser accepts (spelt out, not abbreviated). A module without
+  an OPTIONS table takes no key=value, and a module's other words are errors, but for the sentences explore takes.
 - A code span that holds only key=value overrides composes with train or prepare, or is an option of one of
   the tools; one whose value is a Python literal (`is_causal=True`, `stop="bound"`) is a Python argument, and an
   upper-case key (`NMT_CKPT=...`) an environment variable.
