@@ -154,7 +154,8 @@ def test_a_runs_phases_add_up_to_its_wall_time(tiny_run):
     # The phases inside fit hold the fit's wall time (on_fit_start to on_fit_end), to rounding.
     inside_fit = sum(seconds[p] for p in PHASES if p != "test")
     assert inside_fit == pytest.approx(budget["fit_seconds"], abs=0.05)
-    (train_start, train_end), (fit_start, fit_end), (test_start, test_end) = (spans[k] for k in ("train", "fit", "test"))
+    (train_start, train_end), (fit_start, fit_end), (test_start, test_end) = (spans[k]
+                                                                              for k in ("train", "fit", "test"))
     assert test_end - train_start - 0.05 <= results["wall_seconds"] <= train_end - train_start + 0.05
     assert budget["wall_seconds"] == pytest.approx(results["wall_seconds"], abs=0.05)
     assert budget["fit_seconds"] <= fit_end - fit_start + 0.005 and seconds["test"] <= test_end - test_start + 0.005
