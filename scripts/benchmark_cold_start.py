@@ -32,6 +32,7 @@ import torch
 from transformer_nmt.checkpoint import CKPT_MODEL_CONFIG, CKPT_TOKENIZER, atomic_torch_save
 from transformer_nmt.data.tokenizer import train_sentencepiece
 from transformer_nmt.hardware import reported_cpu_flags
+from transformer_nmt.provenance import collect as collect_provenance
 from transformer_nmt.model.transformer import Transformer, TransformerConfig
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -128,6 +129,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--before-label", default="before", help="its name in the table")
     parser.add_argument("--threads", type=int, help="OMP_NUM_THREADS for every run (default: torch's own choice)")
     args = parser.parse_args(argv)
+    provenance = collect_provenance({"args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}})
     variants = {"after": ROOT / "src"}
     labels = {"after": "this checkout"}
     if args.before:
@@ -146,7 +148,7 @@ def main(argv: list[str] | None = None) -> dict:
               "cpu_flags": flags, "cpus": os.cpu_count(), "torch": torch.__version__,
               "codes": {name: {"label": labels[name], "src": str(src)} for name, src in variants.items()},
               "timings": timings, "medians": {name: summary(runs) for name, runs in timings.items()},
-              "budget_seconds": BUDGET_SECONDS}
+              "budget_seconds": BUDGET_SECONDS, "provenance": provenance}
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")

@@ -29,6 +29,8 @@ import threading
 import time
 from pathlib import Path
 
+from transformer_nmt.provenance import provenance_line
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -369,6 +371,7 @@ def main() -> None:
     if args.stage:
         print(json.dumps(run_wmt_stage(args)))
         return
+    print(provenance_line({"args": vars(args)}))
     if args.plans:
         plans_only(args)
         return

@@ -51,6 +51,7 @@ from transformer_nmt.inference.export import export_model, import_ctranslate2
 from transformer_nmt.model.transformer import Transformer
 from transformer_nmt.data.tokenizer import Tokenizer
 from transformer_nmt.options import parse_options
+from transformer_nmt.provenance import provenance_line
 from transformer_nmt.inference.translate import encode_sources, read_lines, token_batches, translate_lines
 
 from baselines import before_beam, before_greedy, previous_beam, previous_greedy  # scripts/: the searches as they were
@@ -231,6 +232,7 @@ def main(argv: list[str]) -> None:
     if not tables or any(t not in TABLES for t in tables):
         raise SystemExit(f"tables={tables}: a list of {' and '.join(TABLES)}")
     torch.set_num_threads(1)
+    print(provenance_line({"options": dict(options)}))
     model, tokenizer, meta = model_and_tokenizer(options["ckpt"] if options["ckpt"] != "random" else "")
     model.eval()
     data = meta.get("data_config") or {}

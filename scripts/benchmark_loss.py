@@ -25,6 +25,7 @@ import time
 import torch
 
 from transformer_nmt.model.transformer import Transformer, TransformerConfig
+from transformer_nmt.provenance import provenance_line
 from transformer_nmt.training.module import label_smoothed_cross_entropy
 
 from baselines import check_loss, unchunked_loss  # scripts/: the loss as it was
@@ -79,6 +80,7 @@ def main():
     if args.probe:
         probe(args.probe, args.vocab, args.batch, args.length)
         return
+    print(provenance_line({"args": vars(args)}))
     if "before" in args.variants:
         check_loss(unchunked_loss)  # the reference must compute the loss it is compared with
     tokens = args.batch * args.length

@@ -40,6 +40,7 @@ from torch import nn
 from transformer_nmt.model.attention import auto_kernel, blocked_attention, scaled_dot_product_attention
 from transformer_nmt.model.transformer import Transformer, TransformerConfig
 from transformer_nmt.hardware import cpu_native_bf16, reported_cpu_flags
+from transformer_nmt.provenance import provenance_line
 
 from recipe import recipe_adam, small_recipe  # scripts/
 
@@ -313,6 +314,7 @@ def main():
     if args.memory_probe:
         memory_probe(args.memory_probe, args.length, args.heads, 64)
         return
+    print(provenance_line({"args": vars(args)}))
     native, evidence = cpu_native_bf16()
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s); CPU flags: "
           f"{' '.join(reported_cpu_flags())}; bf16 "

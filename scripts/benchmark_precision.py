@@ -18,6 +18,7 @@ import torch
 
 from transformer_nmt.model.transformer import Transformer, TransformerConfig
 from transformer_nmt.hardware import cpu_native_bf16
+from transformer_nmt.provenance import provenance_line
 from transformer_nmt.training.precision import resolve_precision
 from transformer_nmt.training.module import label_smoothed_cross_entropy
 
@@ -33,6 +34,7 @@ def main():
     parser.add_argument("--length", type=int, default=20)
     args = parser.parse_args()
     torch.set_num_threads(1)
+    print(provenance_line({"args": vars(args)}))
     torch.manual_seed(0)
     model = Transformer(TransformerConfig(**SMALL))
     optimizer = recipe_adam(model.parameters())

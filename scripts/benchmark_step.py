@@ -60,6 +60,7 @@ from transformer_nmt.model.attention import MultiHeadAttention, auto_kernel
 from transformer_nmt.data.batching import TokenBucketBatchSampler, pad_pairs, pair_widths
 from transformer_nmt.model.flops import FlopCount, matmul_ceiling
 from transformer_nmt.hardware import reported_cpu_flags
+from transformer_nmt.provenance import provenance_line
 from transformer_nmt.training.precision import compute_dtype
 from transformer_nmt.training.module import LOSS_CHUNK_ELEMENTS, TranslationModule, label_smoothed_cross_entropy
 
@@ -187,6 +188,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--json", type=Path, help="also write the report here as JSON")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
+    provenance = provenance_line({"args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}})
+    print(provenance)
     torch.manual_seed(0)
     started = time.perf_counter()
     if args.previous_loss:
@@ -255,7 +258,8 @@ def main(argv=None) -> dict:
                          "warm_up_seconds": warm_up[v.name]})
     report = {"rows": rows, "ceilings": {f"{p} {n}": c for (p, n), c in ceilings.items()}, "reference": reference,
               "seconds": time.perf_counter() - started, "threads": args.threads, "rounds": args.rounds,
-              "cpu_flags": reported_cpu_flags(), "load": os.getloadavg()}
+              "cpu_flags": reported_cpu_flags(), "load": os.getloadavg(),
+              "provenance": json.loads(provenance.partition(": ")[2])}
     print_report(report, pools)
     if args.json:
         shapes = {n: [{"src": list(b["src"].shape), "tgt": list(b["tgt"].shape),

@@ -1,5 +1,7 @@
 """Fixtures shared across test modules."""
 
+from pathlib import Path
+
 import pytest
 
 from transformer_nmt.hardware import CPU_BF16_ANSWERS, CPU_BF16_ENV
@@ -19,3 +21,15 @@ def cpu_bf16(request, monkeypatch):
     takes this fixture runs once as on a CPU with native bf16 and once as on one without (the CI guard)."""
     monkeypatch.setenv(CPU_BF16_ENV, request.param)
     return request.param
+
+
+@pytest.fixture(scope="session")
+def trained_checkpoint_path(request, tmp_path_factory) -> Path:
+    """The small trained checkpoint of tiny_checkpoint.trained_checkpoint, trained at most once per session and
+    shared by every module that needs it. It is kept between sessions in pytest's cache where the cache provider
+    runs; under ``-p no:cacheprovider`` it is trained into the session's temporary directory."""
+    from tiny_checkpoint import trained_checkpoint
+
+    cache = getattr(request.config, "cache", None)  # set by the cacheprovider plugin, absent without it
+    return trained_checkpoint(cache.mkdir("transformer_nmt") if cache is not None
+                              else tmp_path_factory.mktemp("trained"))

@@ -1,7 +1,9 @@
 """Alignments from cross-attention: pieces merged into words, AER, the permutation task whose truth is
 known, and translate's print_alignment lines."""
 
+import json
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,7 +15,10 @@ from transformer_nmt.inference.translate import main as translate_main
 from transformer_nmt.inference.translate import translate_ids
 
 from transformer_nmt.analysis import alignment_aer
+from transformer_nmt.hardware import cpu_model, reported_cpu_flags
 from tiny_checkpoint import tiny_tokenizer, write_checkpoint
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def test_pieces_merge_into_the_whitespace_words_of_the_text():
@@ -75,6 +80,20 @@ def test_hard_alignments_recover_a_known_permutation():
     last = model.config.n_decoder_layers - 1
     assert table[last, "output"] <= 0.05
     assert all(table[layer, "input"] > 0.5 for layer in range(last + 1))
+    # The docs' numbers come from docs/alignment/alignment_aer.txt (scripts/docs_tables.py). Training is deterministic
+    # on one machine: on one like the file's (CPU model and flags, torch, 1 thread) the table is the file's, digit
+    # for digit; elsewhere another summation order may move the last digits, and the bound above is the claim.
+    record, rows = read_raw_alignment()
+    if (record["cpu_model"], record["cpu_flags"], record["versions"]["torch"], record["torch_threads"]) == (
+            cpu_model(), reported_cpu_flags(), torch.__version__, 1):
+        assert task.markdown(table).splitlines() == rows
+
+
+def read_raw_alignment() -> tuple[dict, list[str]]:
+    """(the provenance record, the table's lines) of the committed output of scripts/alignment_aer.py."""
+    lines = (REPO / "docs" / "alignment" / "alignment_aer.txt").read_text(encoding="utf-8").splitlines()
+    assert lines[0].startswith("provenance: ")
+    return json.loads(lines[0].removeprefix("provenance: ")), [line for line in lines if line.startswith("|")]
 
 
 @pytest.fixture(scope="module")

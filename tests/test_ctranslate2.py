@@ -19,19 +19,18 @@ from transformer_nmt.model.transformer import Transformer, TransformerConfig
 from transformer_nmt.inference.translate import encode_sources, token_batches, translate_lines
 from transformer_nmt.inference.translate import main as translate_main
 
-from tiny_checkpoint import multi30k_lines, tiny_tokenizer, trained_checkpoint, write_checkpoint
+from tiny_checkpoint import multi30k_lines, tiny_tokenizer, write_checkpoint
 
 ctranslate2 = pytest.importorskip("ctranslate2")
-from transformer_nmt.hardware import available_cpus
+from transformer_nmt.inference import ctranslate2_engine  # noqa: E402
 from transformer_nmt.inference.ctranslate2_engine import CTranslate2Model  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def trained(request, tmp_path_factory):
-    """(checkpoint path, model, tokenizer) of a small model trained on Multi30k (cached between runs)."""
-    path = trained_checkpoint(request.config.cache.mkdir("transformer_nmt"))
-    model, tokenizer, _ = load_checkpoint(path)
-    return path, model, tokenizer
+def trained(trained_checkpoint_path):
+    """(checkpoint path, model, tokenizer) of a small model trained on Multi30k (conftest: once per session)."""
+    model, tokenizer, _ = load_checkpoint(trained_checkpoint_path)
+    return trained_checkpoint_path, model, tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -351,15 +350,17 @@ def test_inter_threads_translate_batches_at_once_with_the_same_outputs(trained, 
     assert translate_lines(two, tokenizer, lines, beam=4, max_tokens=256) == one
 
 
-def test_default_threads_are_one_per_batch_and_one_batch_per_core(exported):
-    default = CTranslate2Model(exported[0])
-    assert (default.threads, default.inter_threads) == (1, len(os.sched_getaffinity(0)))
-    assert default.translator.num_translators == len(os.sched_getaffinity(0))
-    two = CTranslate2Model(exported[0], threads=2)  # threads alone: that many on one batch at a time
-    assert (two.threads, two.inter_threads, two.translator.num_translators) == (2, 1, 1)
-    cores = available_cpus()
-    shared = CTranslate2Model(exported[0], inter_threads=2)  # inter_threads alone: the cores shared, never 0
-    assert (shared.threads, shared.inter_threads, shared.translator.num_translators) == (max(1, cores // 2), 2, 2)
+@pytest.mark.parametrize("cores, default, shared", [(1, 1, 1), (2, 2, 1), (5, 5, 2)])
+def test_default_threads_are_one_per_batch_and_one_batch_per_core(exported, monkeypatch, cores, default, shared):
+    """On a machine of 1, 2 or 5 usable cores (available_cpus answering as it would there), by hand: by default
+    ``default`` batches of 1 thread each (one per core); inter_threads=2 alone, 2 batches sharing the cores
+    (``shared`` = cores // 2 threads each, never 0); threads=2 alone, 2 threads on one batch at a time."""
+    monkeypatch.setattr(ctranslate2_engine, "available_cpus", lambda: cores)
+    layouts = {(): (1, default), (("inter_threads", 2),): (shared, 2), (("threads", 2),): (2, 1)}
+    for given, (threads, inter_threads) in layouts.items():
+        model = CTranslate2Model(exported[0], **dict(given))
+        assert (model.threads, model.inter_threads, model.translator.num_translators) == (
+            threads, inter_threads, inter_threads), given
     for bad in ("threads", "inter_threads"):
         with pytest.raises(SystemExit, match=f"{bad}=-1: give a whole number >= 0"):
             CTranslate2Model(exported[0], **{bad: -1})

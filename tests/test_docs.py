@@ -6,8 +6,8 @@
 - Every key=value in those commands is an option of that command: for the Hydra apps (train, prepare) the
   overrides compose, in-process, as `--cfg job` would compose them; the checkpoint tools and scripts parse it
   with their option parser (transformer_nmt.options, over the command's OPTIONS dataclass), and a script's
-  `--flag` is one its argparse defines. A module without an OPTIONS table takes no key=value, and a module's other words are errors, but for the
-  sentences explore takes.
+  flags and their values are what its own argparse parser accepts (spelt out, not abbreviated). A module without
+  an OPTIONS table takes no key=value, and a module's other words are errors, but for the sentences explore takes.
 - A code span that holds only key=value overrides composes with train or prepare, or is an option of one of
   the tools; one whose value is a Python literal (`is_causal=True`, `stop="bound"`) is a Python argument, and an
   upper-case key (`NMT_CKPT=...`) an environment variable.
@@ -15,15 +15,20 @@
 
 from __future__ import annotations
 
+import argparse
 import ast
+import contextlib
 import copy
 import importlib
+import io
 import pkgutil
 import re
+import runpy
 import shlex
 import sys
 from functools import cache
 from pathlib import Path
+from unittest import mock
 
 import pytest
 from hydra import compose, initialize_config_dir
@@ -228,15 +233,10 @@ def argv_problems(tool: str, argv: list[str]) -> list[str]:
         train = tuple(["experiment=multi30k_cpu", *(p for p in pairs if p.split("=")[0] not in ("run_dir", "train"))])
         problem = hydra_problem("train", train)
         return [f"overrides {list(train)} do not compose: {problem}"] if problem else []
+    if tool.startswith("scripts/") and script_parses_flags(tool):
+        return flag_problems(tool, argv)  # key=value words too: its parser says what it makes of them
     if tool.startswith("scripts/"):
-        source = (ROOT / tool).read_text(encoding="utf-8")
-        def defined(flag: str) -> bool:  # "--no-X" is defined by a BooleanOptionalAction "--X"
-            positive = "--" + flag.removeprefix("--no-")
-            return f'"{flag}"' in source or (flag.startswith("--no-") and f'"{positive}"' in source
-                                              and "BooleanOptionalAction" in source)
-
-        problems = [f"{tool} defines no option {flag}" for flag in (w.split("=")[0] for w in rest if w.startswith("--"))
-                    if not defined(flag)]
+        problems = [f"{tool} parses no --flags (no argparse), given {word}" for word in rest if word.startswith("-")]
         if pairs and tool not in tool_options():
             problems.append(f"{tool} takes no key=value options, given {pairs}")
         elif pairs:
@@ -248,6 +248,60 @@ def argv_problems(tool: str, argv: list[str]) -> list[str]:
     problems = [] if tool in FREE_WORDS else [f"{word!r} is not a key=value option of {tool}" for word in rest]
     problem = option_problem(tool, pairs)
     return problems + ([f"{tool} {pairs}: {problem}"] if problem else [])
+
+
+def script_parses_flags(tool: str) -> bool:
+    """Whether scripts/X.py reads its command line with argparse (the scripts that take key=value use
+    transformer_nmt.options; table3.py and summarize_ablation.py read words)."""
+    return "import argparse" in (ROOT / tool).read_text(encoding="utf-8")
+
+
+class _Parsing(Exception):
+    """Raised where a script would parse its command line; carries the parser it built."""
+
+
+@cache
+def script_parser(tool: str) -> argparse.ArgumentParser:
+    """The argparse parser of scripts/X.py as its main builds it: the script runs as __main__, with scripts/ on
+    sys.path as when it is run, up to its parse, which raises the parser instead of parsing (nothing after it
+    runs); sys.path, sys.argv and the scripts' own modules (recipe.py, baselines.py) are as they were after."""
+    path = ROOT / tool
+
+    def capture(self, args=None, namespace=None):
+        raise _Parsing(self)
+
+    saved_path, saved_argv, saved_modules = list(sys.path), sys.argv, set(sys.modules)
+    sys.path.insert(0, str(path.parent))
+    sys.argv = [str(path)]
+    try:
+        with mock.patch.object(argparse.ArgumentParser, "parse_known_args", capture):
+            runpy.run_path(str(path), run_name="__main__")
+    except _Parsing as parsing:
+        return parsing.args[0]
+    finally:
+        sys.path[:], sys.argv = saved_path, saved_argv
+        for name in set(sys.modules) - saved_modules:
+            if Path(getattr(sys.modules[name], "__file__", None) or "/").parent == path.parent:
+                del sys.modules[name]
+    raise AssertionError(f"{tool} imports argparse but its __main__ parsed no command line")
+
+
+def flag_problems(tool: str, argv: list[str]) -> list[str]:
+    """What the script's own parser rejects in ``argv`` (an unknown flag, a value outside its choices or of the wrong
+    type, a word it takes no place for), and every flag written other than as the parser defines it (argparse
+    would also take an unambiguous abbreviation: the docs spell flags out)."""
+    parser = script_parser(tool)
+    problems = [f"{tool} defines no option {flag}" for flag in (w.split("=")[0] for w in argv if w.startswith("-"))
+                if flag not in parser._option_string_actions]
+    if problems or {"-h", "--help"} & set(argv):  # --help would print and exit
+        return problems
+    errors = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(errors):
+            parser.parse_args(argv)
+    except SystemExit:
+        return [f"{tool} {shlex.join(argv)}: {errors.getvalue().strip().splitlines()[-1]}"]
+    return []
 
 
 def standalone_problem(pairs: list[str]) -> str | None:
@@ -326,6 +380,11 @@ python -m transformer_nmt.hardware d_model=4
 python scripts/summarize_ablation.py multirun/x
 python scripts/no_such_script.py
 python scripts/benchmark_model.py --tables kernels --no-such-flag
+python scripts/benchmark_step.py --tokens 256 --no-previous-loss
+python scripts/benchmark_model.py --tables kernal
+python scripts/benchmark_model.py --quic
+python scripts/benchmark_step.py --tokens many
+python scripts/table3.py run --fast
 ```
 
 See `tests/no_such_test.py` and `scripts/gpu_check.sh`.
@@ -338,7 +397,8 @@ See `tests/no_such_test.py` and `scripts/gpu_check.sh`.
     problems = command_problems(doc, text)
     expected = ["transformer_nmt.trian", "no_such_recipe", "n_haeds", "needs -m", "bream", "'in.en' is not",
                 "transformer_nmt.hardware takes no key=value options", "no_such_script.py",
-                "--no-such-flag", "tests/no_such_test.py", "data.no_such_key"]
+                "--no-such-flag", "--no-previous-loss", "invalid choice: 'kernal'", "--quic",
+                "invalid int value: 'many'", "table3.py parses no --flags", "tests/no_such_test.py", "data.no_such_key"]
     assert len(problems) == len(expected), problems
     for word, problem in zip(expected, problems):
         assert word in problem, (word, problem)
@@ -369,3 +429,50 @@ def test_composing_in_two_steps_gives_what_compose_gives():
         del cfg["hydra"]["overrides"], cfg["hydra"]["runtime"], cfg["hydra"]["job"]["override_dirname"]
     assert two_steps == at_once
     assert at_once["data"]["max_tokens"] == 3125 and at_once["hydra"]["run"]["dir"] == "outputs/x/y"
+
+
+# --- generated tables and the layout -------------------------------------------------------------------------
+def docs_tables(*args: str, root: Path = ROOT):
+    import subprocess
+
+    return subprocess.run([sys.executable, str(root / "scripts" / "docs_tables.py"), *args], cwd=root,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_generated_tables_are_what_their_raw_files_give():
+    """Every block between `generated by scripts/docs_tables.py` markers is what the tool writes from the
+    committed raw files now (run `python scripts/docs_tables.py` after changing one)."""
+    result = docs_tables("--check")
+    assert result.returncode == 0, result.stderr
+
+
+def test_the_check_fails_on_an_edited_number_and_an_unknown_block(tmp_path):
+    import shutil
+
+    for name in ("README.md", "docs", "scripts"):
+        copy_ = shutil.copytree if (ROOT / name).is_dir() else shutil.copy
+        copy_(ROOT / name, tmp_path / name)
+    readme = tmp_path / "README.md"
+    text = readme.read_text(encoding="utf-8")
+    start = text.index("<!-- generated by scripts/docs_tables.py: readme-table3 -->")
+    row = text.index("| (A) | h 16 |", start)
+    readme.write_text(text[:row] + text[row:].replace("-0.90", "-0.60", 1), encoding="utf-8")
+    result = docs_tables("--check", root=tmp_path)
+    assert result.returncode == 1 and "README.md: readme-table3" in result.stderr
+    assert docs_tables(root=tmp_path).returncode == 0 and readme.read_text(encoding="utf-8") == text  # rewritten back
+    readme.write_text(text.replace("readme-table3 -->", "readme-tabel3 -->"), encoding="utf-8")
+    result = docs_tables("--check", root=tmp_path)
+    assert result.returncode == 1 and "unknown generated block 'readme-tabel3'" in result.stderr
+
+
+def test_readme_layout_names_every_module_and_script():
+    text = DOCS[0].read_text(encoding="utf-8")
+    layout = text[text.index("## Layout"):text.index("## Guides")]
+    package = ROOT / "src" / "transformer_nmt"
+    files = [p for p in package.rglob("*") if p.is_file() and p.suffix in (".py", ".js", ".css")
+             and p.name != "__init__.py" and "conf" not in p.relative_to(package).parts]
+    files += [p for p in (ROOT / "scripts").iterdir() if p.is_file()]
+    # the commands at the top are named as commands (`train`), every other file by its name
+    missing = [str(p.relative_to(ROOT)) for p in files
+               if f"`{p.name}`" not in layout and not (p.parent == package and f"`{p.stem}`" in layout)]
+    assert not missing, f"README's Layout table does not name {missing}"

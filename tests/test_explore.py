@@ -20,7 +20,7 @@ from transformer_nmt.analysis.attention_maps import attention_entropy
 from transformer_nmt.checkpoint import load_checkpoint
 from transformer_nmt.model.transformer import Transformer, TransformerConfig
 
-from tiny_checkpoint import tiny_tokenizer, trained_checkpoint, write_checkpoint
+from tiny_checkpoint import tiny_tokenizer, write_checkpoint
 
 SENTENCES = ["A dog runs on the beach.", "Two men talk </script> <!-- here."]
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
@@ -249,10 +249,10 @@ def test_the_page_in_chromium_highlights_the_weights_in_the_file(browser, tiny, 
     assert errors == []
 
 
-def test_the_page_of_a_trained_model_in_chromium(browser, request, tmp_path):
-    """The trained test checkpoint (cached): cross-attention, all heads overlaid, a target word pinned; the
-    screenshot docs/images/attention_explorer.png is this one."""
-    ckpt = trained_checkpoint(request.config.cache.mkdir("transformer_nmt"))
+def test_the_page_of_a_trained_model_in_chromium(browser, trained_checkpoint_path, tmp_path):
+    """The trained test checkpoint (conftest: once per session): cross-attention, all heads overlaid, a target
+    word pinned; the screenshot docs/images/attention_explorer.png is this one."""
+    ckpt = trained_checkpoint_path
     page = explore.main([f"ckpt={ckpt}", "A dog runs on the beach.", "Two young men are playing soccer in a park.",
                          f"output={tmp_path / 'trained.html'}", "beam=4"])
     browser.get(page.as_uri())

@@ -1,5 +1,6 @@
 """translate, evaluate and average on small checkpoints: line accounting, sacreBLEU agreement, averaging."""
 
+import copy
 import json
 import math
 import subprocess
@@ -155,6 +156,9 @@ def test_evaluate_scores_match_the_sacrebleu_command_line(tmp_path, checkpoint):
         assert float(cli.stdout.strip()) == pytest.approx(result[key], abs=1e-4)
     assert result["bleu_signature"].startswith("nrefs:1|case:mixed")
     assert "case:lc" in result["bleu_lowercase_signature"]
+    # the checkpoint has no data config: no target language, so no Multi30k-convention BLEU, and the reason
+    assert result["bleu_multi30k"] is None and "target language" in result["bleu_multi30k_signature"]
+    assert result["provenance"]["config"]["options"]["beam"] == 2 and "versions" in result["provenance"]
 
 
 def test_evaluates_written_files_reproduce_its_score_exactly_with_line_breaks_inside_references(tmp_path, checkpoint):
@@ -211,9 +215,38 @@ def test_analyze_heads_masks_every_head_once_and_writes_its_reports(tmp_path, ch
     assert [(r["kind"], r["layer"], r["head"]) for r in result["heads"]] == [
         ("encoder", 0, 0), ("encoder", 0, 1), ("decoder", 0, 0), ("decoder", 0, 1), ("cross", 0, 0), ("cross", 0, 1)]
     assert any(abs(r["delta_loss"]) > 1e-6 for r in result["heads"])  # the gates really act
+    # The losses against a reference of our own: per sentence, torch's cross-entropy of the references under teacher
+    # forcing, with a head silenced by zeroing its d_v input columns of W_O (out_proj) instead of gating it. A
+    # sentence longer than max_positions (64; the 6th reference is 78 pieces) is cut as the tools cut it: the
+    # source to 63 pieces + eos, the reference to bos + 62 pieces + eos.
+    model, tokenizer, _ = load_checkpoint(checkpoint)
+    cut = model.config.max_positions - 2
+
+    def loss_without(heads) -> float:
+        silenced = copy.deepcopy(model)
+        for kind, layer, head in heads:
+            out_proj = silenced.attention_layers(kind)[layer].out_proj
+            d_v = out_proj.in_features // 2
+            out_proj.weight.data[:, head * d_v:(head + 1) * d_v] = 0.0
+        total = tokens = 0
+        with torch.no_grad():
+            for source, reference in zip(sources, references):
+                src = torch.tensor([tokenizer.encode_batch([source])[0][:cut + 1] + [tokenizer.eos_id]])
+                tgt = torch.tensor([[tokenizer.bos_id] + tokenizer.encode_batch([reference])[0][:cut]
+                                    + [tokenizer.eos_id]])
+                logits = silenced(src, tgt[:, :-1])[0].double()  # (T - 1, V)
+                total += float(torch.nn.functional.cross_entropy(logits, tgt[0, 1:], reduction="sum"))
+                tokens += tgt.shape[1] - 1
+        return total / tokens
+
+    assert result["base"]["loss"] == pytest.approx(loss_without([]), rel=1e-5)
+    for row in result["heads"]:
+        assert row["loss"] == pytest.approx(loss_without([(row["kind"], row["layer"], row["head"])]), rel=1e-5), row
     curve = result["pruning"]
     assert [c["heads_removed"] for c in curve] == [0, 2, 4, 6]
-    assert curve[0]["loss"] == pytest.approx(result["base"]["loss"], abs=1e-9)
+    assert curve[0]["loss"] == pytest.approx(loss_without([]), rel=1e-5)
+    every_head = [(r["kind"], r["layer"], r["head"]) for r in result["heads"]]
+    assert curve[-1]["loss"] == pytest.approx(loss_without(every_head), rel=1e-5)
     for name in ("head_importance.csv", "head_importance.md", "head_importance.png", "pruning.csv", "pruning.png"):
         assert (tmp_path / "heads" / name).stat().st_size > 0
     assert len((tmp_path / "heads" / "head_importance.csv").read_text().splitlines()) == 1 + 6

@@ -67,7 +67,7 @@ def test_resumed_run_ends_with_the_weights_of_an_uninterrupted_one(corpus, unint
     assert resumed.global_step == TOTAL_STEPS
     final = weights(resumed)
     difference = max((final[k].float() - uninterrupted[k].float()).abs().max().item() for k in uninterrupted)
-    assert difference <= 1e-6, f"resumed at step {stop}: max abs weight difference {difference}"
+    assert difference == 0.0, f"resumed at step {stop}: max abs weight difference {difference}"  # docs: exactly
     scheduler = resumed.lr_scheduler_configs[0].scheduler
     assert scheduler.last_epoch == TOTAL_STEPS  # the lr schedule resumed where it stopped
     assert read_checkpoint(last)[CKPT_RUN] == run_identity  # one training run, through the resume (averaging)

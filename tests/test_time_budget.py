@@ -3,8 +3,11 @@ against a hand count, the exclusive phase accounting on a fake clock, and a tiny
 measured wall time, read back by scripts/reproduce_multi30k.py."""
 
 import json
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
+import lightning.pytorch as pl
 import pytest
 import torch
 
@@ -16,6 +19,8 @@ from transformer_nmt.model.transformer import Transformer, TransformerConfig
 from transformer_nmt.training.time_budget import PHASES, TimeBudget
 from transformer_nmt.training.app import train
 from transformer_nmt.training.callbacks import AttentionMaps
+from transformer_nmt.training.module import TranslationModule
+from transformer_nmt.inference.decode_config import DecodeConfig
 
 
 def test_model_flops_equal_a_hand_count_on_a_tiny_model():
@@ -64,73 +69,172 @@ def test_each_second_counts_in_one_phase_the_innermost(monkeypatch):
     assert budget.seconds == {**dict.fromkeys(PHASES, 0.0), "fit_other": 1.5, "validation": 3.0,
                               "checkpointing": 4.0, "attention_maps": 2.0}
     assert sum(budget.seconds.values()) == 10.5
+    # a run of 14 s: 3.5 s in no phase; shares of the 14 s, by hand (3 / 14 = 0.2143, ...)
+    assert budget.report(14.0) == {
+        "seconds": {**dict.fromkeys(PHASES, 0.0), "fit_other": 1.5, "validation": 3.0, "checkpointing": 4.0,
+                    "attention_maps": 2.0},
+        "fit_seconds": 0.0, "rank": "global rank 0", "wall_seconds": 14.0, "outside_phases": 3.5,
+        "share": {**dict.fromkeys(PHASES, 0.0), "fit_other": 0.1071, "validation": 0.2143, "checkpointing": 0.2857,
+                  "attention_maps": 0.1429, "outside_phases": 0.25},
+        "mfu": None}  # no training step: nothing to rate
+
+
+def test_mfu_is_the_training_steps_flops_over_their_seconds_on_a_fake_clock(monkeypatch):
+    """Two training batches of the hand-counted tiny model (11,808 FLOPs each, test above) of 1 us each on a fake
+    clock, in a fit of 10 us: 23,616 FLOPs / 2 us = 11.81 GFLOP/s (over the fit: 2.36); against a ceiling of
+    47.232 GFLOP/s, a share of 0.25. The target side's rows: 2 x 2 per batch."""
+    now = [0.0]
+    monkeypatch.setattr(time_budget.time, "perf_counter", lambda: now[0])
+    model = Transformer(TransformerConfig(vocab_size=10, d_model=4, n_heads=2, n_encoder_layers=1,
+                                          n_decoder_layers=1, d_ff=8))
+    batch = {"src": torch.tensor([[5, 6, 2], [7, 2, 0]]), "tgt": torch.tensor([[1, 8, 2], [1, 2, 0]])}
+    budget = TimeBudget()
+    budget.setup(None, SimpleNamespace(model=model), "fit")
+    budget.on_fit_start(None, None)
+    for start in (2e-6, 5e-6):
+        now[0] = start
+        budget.on_train_batch_start(None, None, batch, 0)
+        now[0] = start + 1e-6
+        budget.on_train_batch_end(None, None, None, batch, 0)
+    now[0] = 1e-5
+    budget.on_fit_end(None, None)
+    budget.ceiling = {"ceiling_gflops": 47.232}  # what on_train_end measures
+    assert budget.mfu() == {"model_gflop": 0.0, "training_batches": 2, "mean_target_rows": 4,
+                            "achieved_gflops": 11.81, "achieved_gflops_over_fit": 2.36,
+                            "ceiling": {"ceiling_gflops": 47.232}, "share_of_ceiling": 0.25}
+    assert budget.seconds["training_steps"] == pytest.approx(2e-6) and budget.fit_seconds == pytest.approx(1e-5)
 
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
     """A tiny run with everything the recipe times: 12 steps (the epoch's 10 batches, its validation, 2 more),
-    checkpoints, attention maps after each validation, the test after fit."""
+    checkpoints, attention maps after each validation, the test after fit. Beside it, the test's own record:
+    the perf_counter spans of the train() call and of the Trainer's fit and test calls in it, and every
+    training batch as the module received it."""
     tmp = tmp_path_factory.mktemp("budget")
     corpus = write_tiny_corpus(tmp / "corpus")
     torch.set_num_threads(1)
-    trainer = train(tiny_config(corpus, "trainer.max_steps=12", "run_test=true", "checkpoint.every_n_train_steps=4",
-                                "attention_maps.every_n_validations=1"), tmp / "run")
-    return trainer, json.loads((tmp / "run" / "results.json").read_text()), tmp / "run"
+    spans, batches = {}, []
+
+    def spanned(name, method):
+        def call(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                spans[name] = (start, time.perf_counter())
+        return call
+
+    def recorded(self, batch, batch_idx):
+        batches.append({key: batch[key].clone() for key in ("src", "tgt")})
+        return on_train_batch_start(self, batch, batch_idx)
+
+    on_train_batch_start = TranslationModule.on_train_batch_start
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(pl.Trainer, "fit", spanned("fit", pl.Trainer.fit))
+        patch.setattr(pl.Trainer, "test", spanned("test", pl.Trainer.test))
+        patch.setattr(TranslationModule, "on_train_batch_start", recorded)
+        trainer = spanned("train", train)(tiny_config(corpus, "trainer.max_steps=12", "run_test=true",
+                                                      "checkpoint.every_n_train_steps=4",
+                                                      "attention_maps.every_n_validations=1"), tmp / "run")
+    results = json.loads((tmp / "run" / "results.json").read_text())
+    return trainer, results, tmp / "run", SimpleNamespace(spans=spans, batches=batches)
 
 
 def test_a_runs_phases_add_up_to_its_wall_time(tiny_run):
-    trainer, results, _ = tiny_run
-    budget = results["time_budget"]
+    """Against the test's own clock (tiny_run's spans): the run's wall time is its train() call's; every phase lies
+    in the Trainer's fit and test calls, so what train() spends outside them (data preparation, building the model
+    and the trainer) is in no phase but outside_phases. Rounding: 0.01 s per phase, 0.05 s in a sum."""
+    trainer, results, _, record = tiny_run
+    budget, spans = results["time_budget"], record.spans
     seconds = budget["seconds"]
     assert set(seconds) == set(PHASES)
     for phase in ("training_steps", "validation", "checkpointing", "attention_maps", "fit_other", "test"):
         assert seconds[phase] > 0, phase
-    # The phases inside fit hold the fit's wall time, to rounding (each phase is rounded to 0.01 s).
+    # The phases inside fit hold the fit's wall time (on_fit_start to on_fit_end), to rounding.
     inside_fit = sum(seconds[p] for p in PHASES if p != "test")
     assert inside_fit == pytest.approx(budget["fit_seconds"], abs=0.05)
-    # With what no phase holds (start-up, data preparation), they are the run's wall time.
-    assert sum(seconds.values()) <= budget["wall_seconds"] + 0.05
-    assert sum(seconds.values()) + budget["outside_phases"] == pytest.approx(budget["wall_seconds"], abs=0.05)
-    assert sum(budget["share"].values()) == pytest.approx(1.0, abs=0.01)
-    assert budget["wall_seconds"] == pytest.approx(results["wall_seconds"], abs=0.1)
+    (train_start, train_end), (fit_start, fit_end), (test_start, test_end) = (spans[k]
+                                                                              for k in ("train", "fit", "test"))
+    assert test_end - train_start - 0.05 <= results["wall_seconds"] <= train_end - train_start + 0.05
+    assert budget["wall_seconds"] == pytest.approx(results["wall_seconds"], abs=0.05)
+    assert budget["fit_seconds"] <= fit_end - fit_start + 0.005 and seconds["test"] <= test_end - test_start + 0.005
+    outside_calls = (fit_start - train_start) + (test_start - fit_end)  # a vocabulary trained, the data encoded, ...
+    assert budget["outside_phases"] >= outside_calls - 0.06
 
 
 def test_a_runs_mfu_is_its_model_flops_over_its_step_time_against_a_measured_ceiling(tiny_run):
-    trainer, results, _ = tiny_run
-    budget = results["time_budget"]
-    mfu = budget["mfu"]
-    assert mfu["training_batches"] == results["steps"] == 12
-    assert mfu["achieved_gflops"] == pytest.approx(mfu["model_gflop"] / budget["seconds"]["training_steps"], rel=0.05)
+    """The FLOPs and rows the budget summed on the device are those of the batches the module received (the test's
+    record; flops.model_flops per batch, the hand-counted formula); the division is the fake-clock test's."""
+    trainer, results, _, record = tiny_run
+    mfu = results["time_budget"]["mfu"]
+    model = trainer.lightning_module.model
+    assert mfu["training_batches"] == results["steps"] == len(record.batches) == 12
+    flops = sum(model_flops(model, batch) for batch in record.batches)
+    assert abs(mfu["model_gflop"] - flops / 1e9) <= 0.05 + 1e-9  # rounded to 0.1 GFLOP
+    rows = round(sum(batch["tgt"][:, 1:].numel() for batch in record.batches) / 12)
     ceiling = mfu["ceiling"]
+    assert mfu["mean_target_rows"] == rows == ceiling["tokens"]  # the ceiling measured at the batches' rows
     assert ceiling["dtype"] == "float32" and ceiling["threads"] == results["torch_threads"]  # the run's 32-true
-    assert ceiling["tokens"] == mfu["mean_target_rows"] > 0
-    assert mfu["share_of_ceiling"] == pytest.approx(mfu["achieved_gflops"] / ceiling["ceiling_gflops"], rel=0.01)
+    assert ceiling["shapes"] == {"ffn": [rows, model.config.d_model, model.config.d_ff],
+                                 "output": [rows, model.config.d_model, model.config.vocab_size]}
 
 
-def test_reproduce_reads_the_time_budget_from_results_json(tiny_run):
-    _, results, run_dir = tiny_run
-    train_seconds = results["wall_seconds"] + 5.0  # the train step's process: start-up on top of train()
-    report = reproduce.where_the_time_went(results, train_seconds)
-    phases = report["phases"]
-    assert list(phases) == list(reproduce.PHASE_LABELS)
-    assert report["wall_seconds"] == pytest.approx(train_seconds, abs=0.1)
-    assert sum(p["seconds"] for p in phases.values()) == pytest.approx(train_seconds, abs=0.5)
-    assert sum(p["share"] for p in phases.values()) == pytest.approx(1.0, abs=0.01)
-    assert phases["outside_phases"]["seconds"] >= 5.0
-    assert report["mfu"]["share_of_ceiling"] > 0
+SECONDS = {"training_steps": 10.0, "validation": 4.0, "checkpointing": 1.0, "attention_maps": 0.5, "mfu_probe": 0.5,
+           "fit_other": 2.0, "test": 1.0}  # 19 s in phases
+
+
+def test_reproduce_reads_the_time_budget_from_results_json(capsys):
+    """A budget of 19 s in phases, from a train() call of 20 s, in a train step of 25 s: 6 s outside the phases
+    (start-up, imports, data preparation), each share of the 25 s, by hand; without the step's time, of the 20 s."""
+    results = {"wall_seconds": 20.0, "time_budget": {"seconds": SECONDS, "wall_seconds": 20.0, "mfu": None,
+                                                     "rank": "global rank 0"}}
+    report = reproduce.where_the_time_went(results, 25.0)
+    shares = {"training_steps": 0.4, "validation": 0.16, "checkpointing": 0.04, "attention_maps": 0.02,
+              "mfu_probe": 0.02, "fit_other": 0.08, "test": 0.04, "outside_phases": 0.24}
+    assert report == {"wall_seconds": 25.0, "of": "train step", "mfu": None, "view": "global rank 0",
+                      "phases": {p: {"seconds": {**SECONDS, "outside_phases": 6.0}[p], "share": shares[p]}
+                                 for p in reproduce.PHASE_LABELS}}
+    assert list(report["phases"]) == list(reproduce.PHASE_LABELS)
+    of_the_call = reproduce.where_the_time_went(results, None)
+    assert of_the_call["of"] == "train() call" and of_the_call["phases"]["outside_phases"] == {"seconds": 1.0,
+                                                                                               "share": 0.05}
     assert reproduce.where_the_time_went({"wall_seconds": 3.0}, None) is None  # a run older than the budget
-    reproduce.print_time_budget(report, results["precision"])
+    reproduce.print_time_budget(report, "32-true")
+    printed = capsys.readouterr().out
+    assert "| where the train step's 0.4 minutes went | seconds | share |" in printed
+    assert f"| {reproduce.PHASE_LABELS['training_steps']} | 10.0 | 40.0% |" in printed
+    assert f"| {reproduce.PHASE_LABELS['outside_phases']} | 6.0 | 24.0% |" in printed
 
 
-def test_reproduce_json_holds_the_time_budget_of_a_scored_run(tiny_run, monkeypatch):
-    """main(train=false) on the tiny run, its subprocesses (average, evaluate) stubbed: reproduce.json carries the
-    run's time budget (of the train() call, since this launch did not train) and its precision."""
-    _, results, run_dir = tiny_run
-    scores = dict(bleu=1.0, bleu_lowercase=1.0, chrf=2.0, length_ratio=1.0, bp=1.0)
+@pytest.mark.parametrize("val, chosen", [({"averaged": 31.0, "last": 30.0}, "averaged"),
+                                         ({"averaged": 30.0, "last": 31.0}, "last"),
+                                         ({"averaged": 30.0, "last": 30.0}, "averaged")],  # a tie: the average
+                         ids=["average-higher", "last-higher", "tie"])
+def test_reproduce_chooses_on_val_scores_on_test_and_holds_the_time_budget(tiny_run, monkeypatch, val, chosen):
+    """main(train=false) on the tiny run, its subprocesses (average, evaluate) stubbed: the checkpoint with the
+    higher val BLEU (beam 4) is chosen, whichever it is, and only it is scored on test, after the choice; the
+    other's test score, the higher one here, could not have decided. reproduce.json carries the run's time budget
+    (of the train() call, since this launch did not train) and its precision."""
+    _, results, run_dir, _ = tiny_run
+    beam = DecodeConfig().beam
+    calls = []
+
+    def evaluate(ckpt, split, width, out, timings, root):
+        calls.append((ckpt.name, split, width))
+        bleu = val[ckpt.stem] if (split, width) == ("val", beam) else 100.0 - val[ckpt.stem] - width
+        return dict(bleu=bleu, bleu_lowercase=bleu, bleu_multi30k=bleu, chrf=2.0, length_ratio=1.0, bp=1.0)
+
     monkeypatch.setattr(reproduce, "run_step", lambda name, args, timings, root: timings.setdefault(name, 0.0))
-    monkeypatch.setattr(reproduce, "evaluate", lambda ckpt, split, beam, out, timings, root: dict(scores))
+    monkeypatch.setattr(reproduce, "evaluate", evaluate)
     report = reproduce.main(["train=false", f"run_dir={run_dir}"])
+    name = f"{chosen}.ckpt"
+    assert calls == [("averaged.ckpt", "val", beam), ("last.ckpt", "val", beam), (name, "test", beam),
+                     (name, "val", 1), (name, "test", 1)]
     written = json.loads((run_dir / "reproduce.json").read_text())
+    assert written["chosen"] == name and written["val_bleu_chosen_on"] == val
+    assert written["scores"]["val_beam4"]["bleu"] == val[chosen]
+    assert written["scores"]["test_beam4"]["bleu"] == 100.0 - val[chosen] - beam
     assert written["time_budget"] == report["time_budget"] and written["precision"] == results["precision"]
     budget = written["time_budget"]
     assert budget["of"] == "train() call" and budget["wall_seconds"] == pytest.approx(results["wall_seconds"], abs=0.1)

@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from transformer_nmt.hardware import CPU_BF16_ENV, NATIVE_BF16_CPU_FLAGS, cpu_flags
+from transformer_nmt.hardware import CPU_BF16_ENV
 from transformer_nmt.training.precision import precision_dependent
 from transformer_nmt.conf import CONF_DIR
 from transformer_nmt.training.app import ConfigError, batch_seed, train, validate_config
@@ -196,18 +197,10 @@ def test_bad_configs_fail_with_the_key_named(override, message):
         validate_config(cfg)
 
 
-def machines_auto_precision() -> str:
-    """What trainer.precision=auto must pick on this CPU: from TRANSFORMER_NMT_CPU_BF16 where it is set,
-    else from the flags."""
-    answer = os.environ.get(CPU_BF16_ENV) or ("native" if set(NATIVE_BF16_CPU_FLAGS) & cpu_flags() else "emulated")
-    return {"native": "bf16-mixed", "emulated": "32-true"}[answer]
-
-
 def test_auto_precision_trains_in_what_the_cpu_answers(tmp_path, cpu_bf16, caplog):
     """Run under both answers on any machine (the cpu_bf16 fixture): native bf16 trains in bf16-mixed, emulated
     in 32-true, and the start-up summary says which and why."""
     expected = {"native": "bf16-mixed", "emulated": "32-true"}[cpu_bf16]
-    assert machines_auto_precision() == expected
     corpus = write_tiny_corpus(tmp_path / "corpus", n_train=24, n_eval=4)
     cfg = tiny_config(corpus, "trainer.precision=auto", "trainer.max_steps=1", "trainer.limit_val_batches=0")
     cfg.train.warmup_steps = "${by_precision:{32-true: 3, bf16-mixed: 5}}"  # as a recipe sizes it by precision
@@ -240,6 +233,9 @@ def test_validate_at_end_scores_the_final_weights_when_max_steps_cuts_the_epoch_
     trainer = train(tiny_config(corpus, "trainer.max_steps=3", "validate_at_end=true", "seed=5"), tmp_path / "run")
     results = json.loads((tmp_path / "run" / "results.json").read_text())
     assert trainer.global_step == 3 and results["seed"] == 5 and results["val_ppl"] > 1
+    record = results["provenance"]  # what made it: provenance.collect, the resolved config among it
+    assert {"git", "versions", "cpu_flags", "torch_threads", "load_average", "argv"} <= set(record)
+    assert record["config"]["seed"] == 5 and record["config"]["trainer"]["max_steps"] == 3 and record["torch_threads"] == 1
     hypotheses = (tmp_path / "run" / "val_hypotheses.txt").read_text(encoding="utf-8").splitlines()
     references = (tmp_path / "run" / "val_references.txt").read_text(encoding="utf-8").splitlines()
     assert len(hypotheses) == len(references) == 8  # train.val_bleu_max_sentences of tiny_overrides
@@ -247,14 +243,24 @@ def test_validate_at_end_scores_the_final_weights_when_max_steps_cuts_the_epoch_
 
 
 
+def logged_seconds(line: str) -> float:
+    """The clock time (seconds since the epoch) of a train.log line, from its ``[YYYY-MM-DD HH:MM:SS,mmm]`` stamp
+    (local time, as Hydra's job logging writes it)."""
+    return datetime.strptime(line[1:24], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+
+
 def test_smoke_experiment_runs_and_writes_everything_under_the_run_dir(tmp_path):
-    """The acceptance command (on the bundled Multi30k): checkpoints, TensorBoard maps, config, log."""
+    """The acceptance command (on the bundled Multi30k): checkpoints, TensorBoard maps, config, log. Two
+    settings on top: the CPU answers as one without native bf16 (so that precision=auto's choice is known:
+    32-true; test_precision.py covers the answer read from the flags), and every step is a logging step (so that
+    the logged per-step rates account for results.json's mean throughput)."""
     run_dir = tmp_path / "run"
     start = time.perf_counter()
     result = subprocess.run([sys.executable, "-m", "transformer_nmt.train", "experiment=smoke",
-                             f"hydra.run.dir={run_dir}", "trainer.enable_progress_bar=false"],
+                             f"hydra.run.dir={run_dir}", "trainer.enable_progress_bar=false",
+                             "trainer.log_every_n_steps=1"],
                             cwd=REPO, capture_output=True, text=True, timeout=300,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+                            env={**os.environ, "OMP_NUM_THREADS": "1", CPU_BF16_ENV: "emulated"})
     seconds = time.perf_counter() - start
     assert result.returncode == 0, result.stderr[-4000:]
     print(f"experiment=smoke took {seconds:.1f} s")
@@ -262,7 +268,8 @@ def test_smoke_experiment_runs_and_writes_everything_under_the_run_dir(tmp_path)
     assert (run_dir / "config.yaml").is_file() and (run_dir / ".hydra" / "config.yaml").is_file()
     log = (run_dir / "train.log").read_text()
     assert "parameters" in log and "padded tokens per side per optimizer step" in log
-    assert f"precision {machines_auto_precision()} (auto: " in log  # the smoke recipe keeps precision=auto
+    # the smoke recipe keeps precision=auto: on a CPU without native bf16 it trains in fp32
+    assert f"precision 32-true (auto: the CPU has no native bf16 ({CPU_BF16_ENV}=emulated)" in log
     checkpoints = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
     assert "last.ckpt" in checkpoints and any(name.startswith("step") for name in checkpoints), checkpoints
     last = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
@@ -287,10 +294,28 @@ def test_smoke_experiment_runs_and_writes_everything_under_the_run_dir(tmp_path)
     assert math.isclose(results["val_ppl"], val_ppl, rel_tol=1e-3) and results["val_ppl"] > 1
     assert results["val_bleu"] == pytest.approx(events.Scalars("val/bleu")[-1].value, abs=1e-3)
     assert results["test_bleu"] == pytest.approx(events.Scalars("test/bleu")[-1].value, abs=1e-3)
-    per_step = [e.value for e in events.Scalars("train/tgt_tokens_per_sec")]
-    assert min(per_step) * 0.5 < results["train_tgt_tokens_per_sec"] < max(per_step) * 2
-    assert 0 < results["wall_seconds"] < seconds
-    assert results["seed"] == 1234 and results["precision"] in ("bf16-mixed", "32-true")
+
+    # Mean throughput: the target tokens of the timed steps over their seconds. Untimed are the fit's first step and
+    # the first after each validation (at steps 19 and 39); each timed step's seconds are its logged tokens over its
+    # logged rate. (TensorBoard also shows a rate at an untimed step: Lightning repeats the last one.)
+    tokens = {e.step: e.value for e in events.Scalars("train/tgt_tokens_per_step")}
+    rates = {e.step: e.value for e in events.Scalars("train/tgt_tokens_per_sec")}
+    validated = [e.step for e in events.Scalars("val/bleu")]
+    assert sorted(tokens) == list(range(40)) and validated == [19, 39]
+    timed = sorted(set(tokens) - {0} - {step + 1 for step in validated})
+    assert len(timed) == 38
+    mean = sum(tokens[s] for s in timed) / sum(tokens[s] / rates[s] for s in timed)
+    assert results["train_tgt_tokens_per_sec"] == pytest.approx(mean, rel=1e-5, abs=0.05)  # rounded to 0.1
+
+    # Wall time: train()'s, on the clock of the files and events the run wrote. train() starts after Hydra wrote
+    # .hydra/ and before it seeds ("Seed set to", its first log line); it is measured after the test logged its
+    # BLEU to TensorBoard and before results.json is written. (Each bound is 0.05 s wide: the rounding to 0.1 s.)
+    hydra_done = max(p.stat().st_mtime for p in (run_dir / ".hydra").iterdir())
+    seeded = logged_seconds(next(line for line in log.splitlines() if "Seed set to" in line))
+    tested = events.Scalars("test/bleu")[-1].wall_time
+    written = (run_dir / "results.json").stat().st_mtime
+    assert tested - seeded - 0.05 <= results["wall_seconds"] <= written - hydra_done + 0.05
+    assert results["seed"] == 1234 and results["precision"] == "32-true"
     assert (results["d_v"], results["positions"], results["label_smoothing"]) == (
         cfg.d_model // cfg.n_heads, "sinusoidal", 0.1)
     # The validation's hypotheses, beside results.json: they score the BLEU the run reported (paired tests need them).

@@ -2,10 +2,12 @@
 LightningModule step logs, and self-contained checkpoints."""
 
 import math
+import random
 import time
 from types import SimpleNamespace
 
 import pytest
+import sacrebleu
 import torch
 import torch.nn.functional as F
 from lightning.pytorch.callbacks import Timer
@@ -16,6 +18,7 @@ import transformer_nmt
 from transformer_nmt.checkpoint import (CKPT_DATA_CONFIG, CKPT_MODEL_CONFIG, CKPT_RUN, CKPT_TOKENIZER, CKPT_VERSION,
                                         load_checkpoint, read_checkpoint)
 from transformer_nmt.data.config import DataConfig
+from transformer_nmt.inference.decode_config import DecodeConfig
 from transformer_nmt.model.transformer import Transformer
 from transformer_nmt.training.app import train
 from transformer_nmt.training.module import (TranslationModule, dropout_seed, inverse_sqrt_lr,
@@ -174,9 +177,18 @@ def test_inverse_sqrt_schedule_warms_up_linearly_then_decays():
 
 
 def test_dropout_seeds_depend_on_rank_and_position_only():
-    assert dropout_seed(1, 0, 5, 5) == dropout_seed(1, 0, 5, 5)
+    """A resumed run draws the masks of an uninterrupted one: the seed is a function of (seed, rank, optimizer step,
+    batch index) alone, whatever the random state, the process (PYTHONHASHSEED) or the project's version. The known
+    values: CPython's (3.8+, 64-bit) hash of the tuple, to 63 bits, as `PYTHONHASHSEED=0|1|random python3 -c
+    "print(hash((1, 0, 5, 5)) & (2**63 - 1))"` prints it."""
+    torch.manual_seed(123)
+    torch.rand(10)  # the global generators moved: no influence
+    random.seed(7)
+    assert dropout_seed(1, 0, 5, 5) == 7349437577759620136
+    assert dropout_seed(1, 1, 5, 5) == 856066167798558127  # another rank
+    assert dropout_seed(2, 0, 5, 5) == 8378958508802670346  # another run seed
     seeds = {dropout_seed(1, r, s, b) for r in range(2) for s in range(10) for b in range(10)}
-    assert len(seeds) == 200
+    assert len(seeds) == 200 and all(0 <= seed < 2 ** 63 for seed in seeds)  # torch.manual_seed's range
 
 
 # --- the LightningModule in a Trainer ---------------------------------------------------------
@@ -218,8 +230,42 @@ def test_a_step_logs_loss_perplexity_lr_grad_norm_and_throughput(accumulated_run
                 "train/tgt_tokens_per_step", "train/tgt_tokens_per_sec", "val/loss", "val/ppl", "val/bleu"):
         assert key in metrics, key
     assert 0 < float(metrics["train/tgt_tokens_per_step"]) <= 2 * 512  # two batches of <= max_tokens
-    assert float(metrics["val/ppl"]) == pytest.approx(math.exp(float(metrics["val/loss"])), rel=0.2)  # eps 0.1
-    assert 0.0 <= float(metrics["val/bleu"]) <= 100.0
+
+
+def test_validation_scores_are_those_of_the_final_weights_on_the_val_split(accumulated_run, corpus):
+    """The validation ran after the last step (val_check_interval 6 micro-batches = 3 steps): its loss and perplexity
+    are torch's cross-entropy of the final weights over the val split (label-smoothed with epsilon 0.1, and plain),
+    per target token; its BLEU is sacreBLEU's over the first 8 sentences (train.val_bleu_max_sentences) against
+    the corpus file's references, the hypotheses the final weights' greedy search, one sentence at a time."""
+    from transformer_nmt.model.decoding import greedy_decode
+
+    trainer, _ = accumulated_run
+    metrics, module = trainer.callback_metrics, trainer.lightning_module
+    model, tokenizer, pad = module.model, module.tokenizer, module.model.config.pad_id
+    smoothed = nll = tokens = 0.0
+    model.eval()
+    with torch.no_grad():
+        for batch in trainer.datamodule.val_dataloader():
+            logits = model(batch["src"], batch["tgt"][:, :-1]).flatten(0, 1).double()  # (B (T-1), V)
+            labels = batch["tgt"][:, 1:].flatten()  # (B (T-1),)
+            smoothed += float(F.cross_entropy(logits, labels, ignore_index=pad, label_smoothing=0.1, reduction="sum"))
+            nll += float(F.cross_entropy(logits, labels, ignore_index=pad, reduction="sum"))
+            tokens += int((labels != pad).sum())
+        sources = (corpus / "val.en").read_text(encoding="utf-8").splitlines()[:8]
+        hypotheses = [tokenizer.decode(greedy_decode(model, torch.tensor([ids + [tokenizer.eos_id]]),
+                                                     bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id,
+                                                     max_len_offset=DecodeConfig().max_len_offset)[0])
+                      for ids in tokenizer.encode_batch(sources)]
+    model.train()
+    targets = tokenizer.encode_batch((corpus / "val.de").read_text(encoding="utf-8").splitlines())
+    assert tokens == sum(len(ids) + 1 for ids in targets)  # every sentence of the split, its eos included
+    assert float(metrics["val/loss"]) == pytest.approx(smoothed / tokens, rel=1e-5)
+    assert float(metrics["val/ppl"]) == pytest.approx(math.exp(nll / tokens), rel=1e-5)
+    references = (corpus / "val.de").read_text(encoding="utf-8").splitlines()[:8]
+    assert module.hypotheses["val"] == dict(enumerate(hypotheses))
+    assert int(metrics["val/bleu_sentences"]) == 8
+    assert float(metrics["val/bleu"]) == pytest.approx(sacrebleu.corpus_bleu(hypotheses, [references]).score,
+                                                       abs=1e-4)
 
 
 def test_checkpoints_are_self_contained_and_load_with_weights_only(accumulated_run):
@@ -297,11 +343,35 @@ def test_accumulated_gradient_is_the_per_token_mean_over_the_whole_optimizer_ste
         torch.testing.assert_close(module.grads[name], param.grad, atol=1e-6, rtol=1e-4)
 
 
-def test_compile_compiles_the_forward_in_place_and_keeps_parameter_names():
-    config = {"vocab_size": 20, "d_model": 16, "n_heads": 2, "n_encoder_layers": 1, "n_decoder_layers": 1, "d_ff": 32}
+def test_compile_compiles_the_forward_in_place_and_keeps_parameter_names(monkeypatch):
+    """train.compile=true: the training step runs the model through torch.compile and gives the eager step's loss
+    and gradients. The compiler is the module's own call (nn.Module.compile -> torch.compile) with a backend that
+    counts the graphs it is handed and runs them as traced (inductor would take minutes here)."""
+    from torch._dynamo.testing import CompileCounter
+
+    counter = CompileCounter()
+    torch_compile = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: torch_compile(fn, **{**kwargs, "backend": counter}))
+    torch._dynamo.reset()
+    config = {"vocab_size": 20, "d_model": 16, "n_heads": 2, "n_encoder_layers": 1, "n_decoder_layers": 1, "d_ff": 32,
+              "dropout": 0.0}
     eager, compiled = TranslationModule(config), TranslationModule(config, {"compile": True})
     assert eager.model._compiled_call_impl is None and compiled.model._compiled_call_impl is not None
     assert list(compiled.state_dict()) == list(eager.state_dict())  # checkpoints load either way
+    compiled.load_state_dict(eager.state_dict())
+    g = torch.Generator().manual_seed(0)
+    batch = {"src": torch.randint(4, 20, (3, 7), generator=g), "tgt": torch.randint(4, 20, (3, 6), generator=g)}
+    batch["src"][0, 5:] = batch["tgt"][1, 4:] = 0  # padding
+    losses = []
+    for module in (eager, compiled):
+        loss = module.training_step(batch, 0)
+        loss.backward()
+        losses.append(loss)
+    assert counter.frame_count >= 1 and counter.op_count > 0  # the compiled path ran
+    torch.testing.assert_close(losses[1], losses[0], rtol=1e-6, atol=0)
+    for (name, p_eager), p_compiled in zip(eager.named_parameters(), compiled.parameters()):
+        torch.testing.assert_close(p_compiled.grad, p_eager.grad, rtol=1e-5, atol=1e-7, msg=name)
+    torch._dynamo.reset()
 
 
 def test_padding_to_a_multiple_of_8_keeps_the_token_budget():

@@ -49,7 +49,8 @@ TRAINED_RECIPE = {"vocab_size": 1000, "steps": 300, "n_pairs": 3000, "batch_size
 
 def trained_checkpoint(cache_dir):
     """Path of a checkpoint trained with TRAINED_RECIPE (minutes on a busy CPU), written once into
-    ``cache_dir`` (pytest's cache) under a name keyed by the recipe and the torch version."""
+    ``cache_dir`` (pytest's cache, or the session's temporary directory without it) under a name keyed by the
+    recipe and the torch version."""
     key = hashlib.sha256(json.dumps([TRAINED_RECIPE, torch.__version__]).encode()).hexdigest()[:12]
     path = Path(cache_dir) / f"trained-{key}.ckpt"
     if not path.is_file():

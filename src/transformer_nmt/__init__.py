@@ -5,6 +5,7 @@ The layers, bottom up (a module imports only from its own layer or those below):
     hardware.py, options.py     the machine's CPU flags and cores; key=value options over a dataclass
     durable.py                  files and directories published atomically and durably (mkstemp, fsync, rename)
     records.py                  settings dataclasses rebuilt from what a checkpoint or export records (checked)
+    provenance.py               what made a results file (commit, versions, machine, command, config)
     model/                      attention, the Transformer, dropout, decoding, ensembles, sampling (plain torch)
     data/                       corpus, tokenizer, batching, the datamodule
     checkpoint.py               the checkpoint format: atomic writes, reading one into a model and tokenizer

@@ -28,6 +28,18 @@ def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str]:
     return set()
 
 
+def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str | None:
+    """The CPU's model name (/proc/cpuinfo's first ``model name`` line); None where that file or line is missing."""
+    try:
+        text = cpuinfo.read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith("model name"):
+            return line.partition(":")[2].strip()
+    return None
+
+
 def reported_cpu_flags(flags=None) -> list[str]:
     """The flags every report names (``REPORTED_CPU_FLAGS``, in that order) found in ``flags``, by default this
     CPU's: what ``lscpu | grep -o 'avx512_bf16\\|amx_bf16\\|avx2' | sort -u`` prints."""

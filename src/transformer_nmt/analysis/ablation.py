@@ -332,17 +332,35 @@ def label(record: dict, base: dict | None) -> str:
 
 
 def plot_bleu_vs_params(records: list[dict], path: Path) -> None:
-    fig, ax = plt.subplots(figsize=(5, 3.5))
+    """Dev BLEU ± std against parameters. The cells whose parameter count differs from the base's each get a marker
+    and a legend entry (the one setting they change, the first in Table 3's order); those with the base's count
+    (h, P_drop, ε_ls) share its x and are drawn grey as one legend entry: labels on the points would pile up."""
+    fig, ax = plt.subplots(figsize=(7.5, 4))
     base = next((r for r in records if r["row"] == "base"), None)
     points = [r for r in records if r["bleu_mean"] is not None]
+    names = dict(CONFIG)
+    same, labelled = [], []
     for r in points:
-        ax.errorbar(r["parameters"], r["bleu_mean"], yerr=r["bleu_std"] or 0.0, marker="o", capsize=3, color="C0")
-        ax.annotate(label(r, base), (r["parameters"], r["bleu_mean"]), fontsize=6, xytext=(3, 3),
-                    textcoords="offset points")
+        (same if base is not None and r is not base and r["parameters"] == base["parameters"] else labelled).append(r)
+    if same:
+        ax.errorbar([r["parameters"] for r in same], [r["bleu_mean"] for r in same],
+                    yerr=[r["bleu_std"] or 0.0 for r in same], fmt="o", capsize=3, color="0.6", alpha=0.7,
+                    label=f"{len(same)} cells with the base's parameters (h, P_drop, ε_ls)")
+    markers, colors = "osD^vP*Xhp<>", [f"C{k}" for k in range(10) if k != 7]  # C7 is grey, the same-count cells'
+    for i, r in enumerate(sorted(labelled, key=lambda r: (r["parameters"], r["bleu_mean"]))):
+        if r is base:
+            text = "base"
+        else:
+            key = next((k for k, _ in CONFIG if r[k] != base[k]), None) if base is not None else None
+            text = f"{names[key]} {r[key]}" if key else label(r, base)
+        ax.errorbar(r["parameters"], r["bleu_mean"], yerr=r["bleu_std"] or 0.0, fmt=markers[i % len(markers)],
+                    capsize=3, color="black" if r is base else colors[i % len(colors)],
+                    label=f"{text} ({r['parameters'] / 1e6:.2f}M)")
     ax.set_xscale("log")
-    ax.set_xlabel("parameters")
+    ax.set_xlabel("parameters (log scale)")
     ax.set_ylabel("BLEU (dev, greedy), mean ± std")
     ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5))  # beside the plot: points stay visible
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -19,6 +19,7 @@ from transformer_nmt.inference.alignment import (ALIGNMENT_POSITIONS, alignment_
                                                  piece_alignment, word_alignment)
 from transformer_nmt.model.transformer import Transformer, TransformerConfig
 from transformer_nmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from transformer_nmt.provenance import provenance_line
 
 PERMUTATION = (3, 0, 6, 1, 5, 2, 4)  # target j copies source PERMUTATION[j]
 N_SPECIAL, N_SYMBOLS = 4, 16  # ids 0..3 are pad, unk, bos, eos; the symbols follow
@@ -87,6 +88,7 @@ def markdown(table: dict[tuple[int, str], float]) -> str:
 def main() -> None:
     """The command line of scripts/alignment_aer.py: train, then print the table."""
     torch.set_num_threads(1)
+    print(provenance_line({"recipe": RECIPE, "model": MODEL, "permutation": list(PERMUTATION)}))
     start = time.perf_counter()
     model = train_permutation_model()
     trained = time.perf_counter() - start

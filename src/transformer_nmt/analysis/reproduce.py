@@ -22,7 +22,10 @@ the time between its launches), where the train step's wall time went (training 
 checkpointing, attention maps, the rest; from the run's results.json, written by time_budget.TimeBudget: a
 resumed run's counts only its last launch) with the training steps' model FLOPs utilisation against a matmul
 ceiling measured in the training process, and the scores with length ratio and brevity penalty; writes them
-all to ``RUN/reproduce.json``.
+all to ``RUN/reproduce.json``, with the run directory relative to the launch directory and every other path
+relative to the run directory, beside what made it (``provenance``: commit, versions, machine, command line).
+Each score carries the conventions others publish: cased and lowercased sacreBLEU and the Multi30k literature's
+lowercased, Moses-tokenized BLEU (``bleu_multi30k``, see inference/multi30k_bleu.py).
 """
 
 from __future__ import annotations
@@ -37,7 +40,21 @@ from omegaconf import OmegaConf
 
 from transformer_nmt import run_files
 from transformer_nmt.hardware import reported_cpu_flags
+from transformer_nmt.provenance import PROVENANCE_KEY
+from transformer_nmt.provenance import collect as collect_provenance
 
+
+
+SCORE_KEYS = ("bleu", "bleu_lowercase", "bleu_multi30k", "chrf", "length_ratio", "bp")  # evaluate's, per score
+
+
+def relative_path(path: Path, root: Path) -> str:
+    """``path`` relative to ``root`` where it lies below it (as the run directory lies below the launch directory),
+    else as given: reproduce.json names no directory of the machine that wrote it."""
+    try:
+        return str(Path(path).resolve().relative_to(Path(root).resolve()))
+    except ValueError:
+        return str(path)
 
 
 def run_step(name: str, args: list[str], timings: dict, root: Path) -> float:
@@ -143,6 +160,7 @@ def main(argv: list[str], root: Path | None = None) -> dict:
     """The command line of scripts/reproduce_multi30k.py, launched in ``root`` (default: the current directory;
     the script passes its checkout)."""
     root = Path.cwd() if root is None else root
+    provenance = collect_provenance()  # the load at the start; its config: the run's, once trained
     own = {"run_dir": None, "train": "true"}
     for arg in argv:
         key, _, value = arg.partition("=")
@@ -168,7 +186,9 @@ def main(argv: list[str], root: Path | None = None) -> dict:
     elif not run_files.last_checkpoint(run_dir).is_file():
         sys.exit(f"train=false: {run_files.last_checkpoint(run_dir)} does not exist; give the run_id "
                  f"(and overrides) or run_dir of a trained run")
-    keep = OmegaConf.load(run_dir / run_files.CONFIG).checkpoint.recent.keep
+    run_config = OmegaConf.load(run_dir / run_files.CONFIG)  # written resolved by the run: read as data
+    provenance["config"] = OmegaConf.to_container(run_config, resolve=False)
+    keep = run_config.checkpoint.recent.keep
     beam = DecodeConfig().beam
     averaged, last = run_dir / run_files.AVERAGED, run_files.last_checkpoint(run_dir)
     recent = run_dir / run_files.CHECKPOINTS / run_files.RECENT
@@ -187,14 +207,14 @@ def main(argv: list[str], root: Path | None = None) -> dict:
     results = json.loads(results_file.read_text()) if results_file.is_file() else {}
     budget = where_the_time_went(results, train_seconds) if results else None
     report = {
-        "run_dir": str(run_dir), "overrides": overrides, "cpu_flags": reported_cpu_flags(),
+        "run_dir": relative_path(run_dir, root), "overrides": overrides, "cpu_flags": reported_cpu_flags(),
         "train_minutes": timings.get("train"), "total_minutes": round(sum(timings.values()), 2), "timings": timings,
         "val_bleu_chosen_on": {stem: s["bleu"] for stem, s in val.items()}, "chosen": chosen.name,
-        "scores": {f"{split}_beam{width}": {k: s[k] for k in ("bleu", "bleu_lowercase", "chrf", "length_ratio", "bp")}
-                   for (split, width), s in scores.items()},
+        "scores": {f"{split}_beam{width}": {k: s.get(k) for k in SCORE_KEYS} for (split, width), s in scores.items()},
         "val_curve": [{"minutes": m, "step": step, "greedy_val_bleu": b} for m, step, b in curve],
         "precision": results.get("precision"), "torch_threads": results.get("torch_threads"),
         "time_budget": budget,
+        PROVENANCE_KEY: provenance,
     }
     (run_dir / "reproduce.json").write_text(json.dumps(report, indent=2) + "\n")
 
@@ -209,10 +229,11 @@ def main(argv: list[str], root: Path | None = None) -> dict:
         print(f"| {minutes} | {step} | {bleu} |")
     print(f"\nval BLEU, beam {beam}: averaged {val['averaged']['bleu']}, last {val['last']['bleu']} "
           f"-> chosen {chosen.name}")
-    print("\n| split | decoder | BLEU | BLEU lowercased | chrF | length ratio | BP |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    print("\n| split | decoder | BLEU | BLEU lowercased | BLEU Multi30k (lc, Moses-tok) | chrF | length ratio | BP |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for (split, width), s in scores.items():
         decoder = "greedy" if width == 1 else f"beam {width}"
-        print(f"| {split} | {decoder} | {s['bleu']:.2f} | {s['bleu_lowercase']:.2f} | {s['chrf']:.2f} | "
+        multi30k = "-" if s.get("bleu_multi30k") is None else f"{s['bleu_multi30k']:.2f}"
+        print(f"| {split} | {decoder} | {s['bleu']:.2f} | {s['bleu_lowercase']:.2f} | {multi30k} | {s['chrf']:.2f} | "
               f"{s['length_ratio']:.3f} | {s['bp']:.3f} |")
     return report

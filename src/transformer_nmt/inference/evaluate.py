@@ -1,6 +1,6 @@
 """Score a checkpoint with sacreBLEU: detokenized hypotheses to a file, BLEU and chrF to JSON beside it.
 
-    python -m transformer_nmt.evaluate ckpt=RUN/checkpoints/averaged.ckpt split=test
+    python -m transformer_nmt.evaluate ckpt=RUN/averaged.ckpt split=test
     python -m transformer_nmt.evaluate ckpt=model.ckpt src=newstest2014.en ref=newstest2014.de
 
 ``split=val|test`` reads that split of the data the checkpoint was trained on (its data config travels
@@ -12,14 +12,16 @@ directory are used). Beam and engine options as in ``translate`` (``--help`` lis
 ``NAME.ref`` and ``NAME.json`` with sacreBLEU's BLEU (cased and lowercased, with the length ratio and
 brevity penalty) and chrF and their signatures, so ``sacrebleu NAME.ref -i NAME.hyp`` reproduces the score
 exactly: both are scored as written, one line each (``one_line``: a line break inside a sentence, a lone CR
-included, is written as a space).
+included, is written as a space); the Multi30k literature's BLEU (``bleu_multi30k``: lowercased, Moses-tokenized;
+inference/multi30k_bleu.py, needs the optional sacremoses); and what made the file (``provenance``: commit,
+versions, machine, command, options).
 """
 
 from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Optional
 
@@ -30,7 +32,10 @@ from transformer_nmt import run_files
 from transformer_nmt.data.config import DataConfig
 from transformer_nmt.data.corpus import ReadStats, read_pairs
 from transformer_nmt.inference.decode_config import DecodeConfig
+from transformer_nmt.inference.multi30k_bleu import multi30k_bleu
 from transformer_nmt.inference.translate import CKPT_HELP, TranslateOptions, load_model, read_lines, translate_lines
+from transformer_nmt.provenance import PROVENANCE_KEY
+from transformer_nmt.provenance import collect as collect_provenance
 from transformer_nmt.options import command_argv, option, option_of, parse_options, require_checkpoint, values_of
 
 USAGE = "python -m transformer_nmt.evaluate ckpt=PATH (split=val|test | src=FILE ref=FILE) [key=value ...]"
@@ -44,6 +49,8 @@ class EvaluateOptions:
     ref: Optional[str] = option(None, "reference file, one translation a line, with src=")
     out: Optional[str] = option(None, "output directory; null: eval/ beside the checkpoint")
     name: Optional[str] = option(None, "output file names NAME.hyp, .ref, .json; null: the split or the src file")
+    lang: Optional[str] = option(None, "target language for bleu_multi30k's Moses tokenizer; null: the "
+                                       "checkpoint's data.tgt_lang")
     beam: int = option_of(DecodeConfig, "beam")
     alpha: float = option_of(DecodeConfig, "alpha")
     max_len_offset: int = option_of(DecodeConfig, "max_len_offset")
@@ -99,13 +106,14 @@ def one_line(text: str) -> str:
     """``text`` as one line of a file that any reader splits as we do: every line boundary ``str.splitlines``
     knows (a lone CR, LF, VT, FF, U+001C-U+001E, NEL, U+2028, U+2029) becomes a space, and trailing whitespace,
     which sacrebleu's command line strips, goes. The score is computed on these lines (sacreBLEU's tokenizers
-split words at whitespace, and a line break is whitespace to them too)."""
+    split words at whitespace, and a line break is whitespace to them too)."""
     return " ".join(text.splitlines()).rstrip()
 
 
-def score(hypotheses: list[str], references: list[str]) -> dict:
+def score(hypotheses: list[str], references: list[str], lang: str | None = None) -> dict:
     """sacreBLEU BLEU (cased and lowercased) and chrF, with their signatures; beside the cased BLEU its
-    length ratio (hypothesis / reference tokens) and brevity penalty."""
+    length ratio (hypothesis / reference tokens) and brevity penalty; and the Multi30k literature's BLEU
+    (``bleu_multi30k``: lowercased, Moses-tokenized for the target language ``lang``; multi30k_bleu.py)."""
     metrics = {}
     for name, metric in (("bleu", BLEU()), ("bleu_lowercase", BLEU(lowercase=True)), ("chrf", CHRF())):
         result = metric.corpus_score(hypotheses, [references])
@@ -113,7 +121,7 @@ def score(hypotheses: list[str], references: list[str]) -> dict:
         if name == "bleu":
             metrics["length_ratio"], metrics["bp"] = round(result.sys_len / result.ref_len, 4), round(result.bp, 4)
         metrics[f"{name}_signature"] = str(metric.get_signature())
-    return metrics
+    return {**metrics, **multi30k_bleu(hypotheses, references, lang)}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -136,12 +144,15 @@ def main(argv: list[str] | None = None) -> dict:
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / f"{name}.hyp").write_text("".join(h + "\n" for h in hypotheses), encoding="utf-8")
     (out_dir / f"{name}.ref").write_text("".join(r + "\n" for r in references), encoding="utf-8")
-    result = {"checkpoint": ckpt if isinstance(ckpt, list) else str(ckpt), "sentences": len(sources), **score(hypotheses, references),
+    lang = options.lang or (meta.get("data_config") or {}).get("tgt_lang")  # the language it translates into
+    result = {"checkpoint": ckpt if isinstance(ckpt, list) else str(ckpt), "sentences": len(sources),
+              **score(hypotheses, references, lang),
               "engine": options.engine, "compute_type": options.compute_type,
               "threads": getattr(model, "threads", torch.get_num_threads()),
               "inter_threads": getattr(model, "inter_threads", None),
               "beam": decode.beam, "alpha": decode.alpha, "max_len_offset": decode.max_len_offset,
-              "decode_seconds": round(seconds, 1), "global_step": meta.get("global_step")}
+              "decode_seconds": round(seconds, 1), "global_step": meta.get("global_step"),
+              PROVENANCE_KEY: collect_provenance(config={"options": asdict(options)})}
     (out_dir / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     print(json.dumps(result, indent=2))
     return result

@@ -39,6 +39,8 @@ from transformer_nmt.training.fingerprint import (RESULTS_FINGERPRINT, RecordFin
 from transformer_nmt.training.launch import SlurmRequeue, agree_on_resume, resume_checkpoint, run_dir_lock
 from transformer_nmt.data.datamodule import TranslationDataModule
 from transformer_nmt.hardware import reported_cpu_flags
+from transformer_nmt.provenance import PROVENANCE_KEY
+from transformer_nmt.provenance import collect as collect_provenance
 from transformer_nmt.training.precision import compute_dtype, precision_dependent, resolve_precision
 from transformer_nmt.training.time_budget import TimeBudget
 from transformer_nmt.training.config import schema_error
@@ -213,13 +215,14 @@ def summary(cfg: DictConfig, datamodule, module: TranslationModule, trainer: pl.
 
 
 def run_results(module: TranslationModule, trainer: pl.Trainer, metrics: dict, overrides: Sequence[str],
-                wall_seconds: float, seed: int | None = None) -> dict:
+                wall_seconds: float, seed: int | None = None, provenance: dict | None = None) -> dict:
     """The summary of one run that ``results.json`` holds: the model's Table 3 columns (h, d_k, d_v, d_model,
     N, d_ff, P_drop, eps_ls, positions, parameters), the seed, the last validation's perplexity and BLEU, test
     BLEU when the run tested, mean training throughput (target tokens/s), wall time (the whole run: data,
     fit, test), where it ran (precision, CPU flags that decide its speed, threads), and where the wall time
     went with the training step's model FLOPs utilisation (``time_budget``: time_budget.TimeBudget.report;
-    this process's only: a resumed run's earlier launches are not in it)."""
+    this process's only: a resumed run's earlier launches are not in it), and what made it (``provenance``:
+    provenance.collect at the run's start)."""
     c = module.model.config
     d_k, d_v = c.head_dims()
 
@@ -243,6 +246,7 @@ def run_results(module: TranslationModule, trainer: pl.Trainer, metrics: dict, o
         "precision": str(trainer.precision), "torch_threads": torch.get_num_threads(),
         "cpu_flags": reported_cpu_flags(),
         "time_budget": budget.report(wall_seconds) if budget is not None else None,
+        PROVENANCE_KEY: provenance,
     }
 
 
@@ -278,6 +282,7 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: Sequence[str] = (), s
 def _fit_and_test(cfg: DictConfig, run_dir: Path, overrides: Sequence[str], sweep: bool,
                   callbacks: list[pl.Callback], started: float) -> pl.Trainer:
     """``train``'s run, inside its lock and signal handling."""
+    provenance = collect_provenance(OmegaConf.to_container(cfg, resolve=True))  # the load at the start
     trainer = build_trainer(cfg, run_dir, callbacks)
     ckpt_path, resume = agree_on_resume(resume_checkpoint(cfg.ckpt_path, run_dir), trainer)  # rank 0's choice
     if not trainer.is_global_zero:
@@ -306,7 +311,8 @@ def _fit_and_test(cfg: DictConfig, run_dir: Path, overrides: Sequence[str], swee
         trainer.test(module, datamodule=datamodule, ckpt_path=best if best and Path(best).is_file() else None)
         metrics.update(trainer.callback_metrics)
     if rank_zero_only.rank == 0:
-        results = run_results(module, trainer, metrics, overrides, time.perf_counter() - started, cfg.seed)
+        results = run_results(module, trainer, metrics, overrides, time.perf_counter() - started, cfg.seed,
+                              provenance)
         results[RESULTS_FINGERPRINT] = results_fingerprint(cfg, trainer)  # what a sweep run again compares
         write_hypotheses(module, datamodule, run_dir)  # before results.json, which marks the run finished
         text = json.dumps(results, indent=2) + "\n"
