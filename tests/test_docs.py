@@ -133,8 +133,9 @@ def tool_options() -> dict[str, object]:
         options = getattr(home, "OPTIONS", None)  # a command's options dataclass
         if options is not None:
             tools[module.name] = options
-    tools["scripts/benchmark_decode.py"] = script_options(ROOT / "scripts" / "benchmark_decode.py")
-    tools["scripts/ensemble_study.py"] = script_options(ROOT / "scripts" / "ensemble_study.py")
+    for script in sorted((ROOT / "scripts").glob("*.py")):  # the scripts with an OPTIONS table of key=value
+        if re.search(r"^OPTIONS = ", script.read_text(encoding="utf-8"), flags=re.M):
+            tools[f"scripts/{script.name}"] = script_options(script)
     return tools
 
 

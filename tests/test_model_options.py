@@ -3,7 +3,6 @@ checkpoints written before the options hold it; the options compute what they sa
 (separate source and target SentencePiece models over a joint vocabulary) round-trips through a checkpoint."""
 
 import torch
-import torch.nn.functional as F
 
 from tiny_checkpoint import multi30k_lines, tiny_tokenizer, write_checkpoint
 

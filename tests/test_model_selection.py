@@ -4,8 +4,7 @@ under its own name, and the in-loop val BLEU equal to `evaluate split=val beam=1
 import json
 
 import pytest
-import torch
-from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+from lightning.pytorch.callbacks import EarlyStopping
 
 from transformer_nmt.inference.evaluate import main as evaluate_main
 from transformer_nmt.training.app import ConfigError, train, validate_config

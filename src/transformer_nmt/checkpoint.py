@@ -23,7 +23,6 @@ from typing import Any
 
 import torch
 
-from transformer_nmt import __version__
 from transformer_nmt.durable import atomic_write  # noqa: F401 (the checkpoint writer's home until 2026-12)
 from transformer_nmt.model.transformer import Transformer, TransformerConfig
 from transformer_nmt.data.tokenizer import Tokenizer

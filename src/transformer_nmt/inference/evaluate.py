@@ -23,7 +23,7 @@ import json
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 import torch
 from sacrebleu.metrics import BLEU, CHRF
@@ -33,17 +33,16 @@ from transformer_nmt.data.config import DataConfig
 from transformer_nmt.data.corpus import ReadStats, read_pairs
 from transformer_nmt.inference.decode_config import DecodeConfig
 from transformer_nmt.inference.multi30k_bleu import multi30k_bleu
-from transformer_nmt.inference.translate import CKPT_HELP, TranslateOptions, load_model, read_lines, translate_lines
+from transformer_nmt.inference.translate import ModelOptions, load_model, read_lines, translate_lines
 from transformer_nmt.provenance import PROVENANCE_KEY
 from transformer_nmt.provenance import collect as collect_provenance
-from transformer_nmt.options import command_argv, option, option_of, parse_options, require_checkpoint, values_of
+from transformer_nmt.options import command_argv, option, parse_options, require_checkpoint, values_of
 
 USAGE = "python -m transformer_nmt.evaluate ckpt=PATH (split=val|test | src=FILE ref=FILE) [key=value ...]"
 
 
 @dataclass
-class EvaluateOptions:
-    ckpt: Optional[Any] = option(None, CKPT_HELP + " (or model_dir=, with engine=ctranslate2)")
+class EvaluateOptions(ModelOptions):
     split: Optional[str] = option(None, "val | test: that split of the checkpoint's own data (or src= and ref=)")
     src: Optional[str] = option(None, "source file, one sentence a line (.gz too), with ref=")
     ref: Optional[str] = option(None, "reference file, one translation a line, with src=")
@@ -51,16 +50,6 @@ class EvaluateOptions:
     name: Optional[str] = option(None, "output file names NAME.hyp, .ref, .json; null: the split or the src file")
     lang: Optional[str] = option(None, "target language for bleu_multi30k's Moses tokenizer; null: the "
                                        "checkpoint's data.tgt_lang")
-    beam: int = option_of(DecodeConfig, "beam")
-    alpha: float = option_of(DecodeConfig, "alpha")
-    max_len_offset: int = option_of(DecodeConfig, "max_len_offset")
-    max_tokens: int = option_of(DecodeConfig, "max_tokens")
-    device: str = option_of(DecodeConfig, "device")
-    engine: str = option_of(DecodeConfig, "engine")
-    model_dir: Optional[str] = option_of(TranslateOptions, "model_dir")
-    compute_type: str = option_of(DecodeConfig, "compute_type")
-    threads: int = option_of(DecodeConfig, "threads")
-    inter_threads: int = option_of(DecodeConfig, "inter_threads")
 
 
 OPTIONS = EvaluateOptions

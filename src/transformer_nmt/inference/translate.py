@@ -68,14 +68,27 @@ SAMPLING_OPTIONS = ("temperature", "top_k", "top_p", "seed")
 
 
 @dataclass
-class TranslateOptions:
+class ModelOptions:
+    """What translate and evaluate share: the model, the engine that runs it and how it searches."""
+
     ckpt: Optional[Any] = option(None, CKPT_HELP + " (or model_dir=, with engine=ctranslate2)")
-    input: Optional[str] = option(None, "the text to translate, one sentence a line (.gz too); null: stdin")
-    output: Optional[str] = option(None, "where the translations go, one line per input line; null: stdout")
+    model_dir: Optional[str] = option(None, "engine=ctranslate2: a directory written by python -m "
+                                            "transformer_nmt.export (instead of ckpt, which is exported to a cache)")
     beam: int = option_of(DecodeConfig, "beam")
     alpha: float = option_of(DecodeConfig, "alpha")
     max_len_offset: int = option_of(DecodeConfig, "max_len_offset")
     max_tokens: int = option_of(DecodeConfig, "max_tokens")
+    device: str = option_of(DecodeConfig, "device")
+    engine: str = option_of(DecodeConfig, "engine")
+    compute_type: str = option_of(DecodeConfig, "compute_type")
+    threads: int = option_of(DecodeConfig, "threads")
+    inter_threads: int = option_of(DecodeConfig, "inter_threads")
+
+
+@dataclass
+class TranslateOptions(ModelOptions):
+    input: Optional[str] = option(None, "the text to translate, one sentence a line (.gz too); null: stdin")
+    output: Optional[str] = option(None, "where the translations go, one line per input line; null: stdout")
     n_best: int = option_of(DecodeConfig, "n_best", help="hypotheses per input, best first (<= beam); n > 1: "
                                                            "n lines LINE_NUMBER<TAB>SCORE<TAB>LOG_PROB<TAB>"
                                                            "TRANSLATION each")
@@ -89,13 +102,6 @@ class TranslateOptions:
     score_reference: Optional[str] = option(None, "a file, one translation per input line: write each one's "
                                                   "log-probability (LOG_PROB<TAB>PER_TOKEN<TAB>TOKENS), decode "
                                                   "nothing")
-    device: str = option_of(DecodeConfig, "device")
-    engine: str = option_of(DecodeConfig, "engine")
-    model_dir: Optional[str] = option(None, "engine=ctranslate2: a directory written by python -m "
-                                            "transformer_nmt.export (instead of ckpt, which is exported to a cache)")
-    compute_type: str = option_of(DecodeConfig, "compute_type")
-    threads: int = option_of(DecodeConfig, "threads")
-    inter_threads: int = option_of(DecodeConfig, "inter_threads")
     print_alignment: Optional[str] = option(None, "hard | soft: each translation's word alignment after a tab "
                                                   "(engine=native); null: none")
     alignment_layer: int = option_of(AlignmentOptions, "alignment_layer")

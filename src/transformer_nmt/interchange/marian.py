@@ -281,7 +281,7 @@ def model_card(config: TransformerConfig, meta: dict, command: str | None) -> st
                                                          "spm_model_type", "max_positions") if data.get(key) is not None]
     model = config.to_dict()
     return "\n".join([
-        "---", "tags:", "- translation", "- marian", "- transformer_nmt", f"language:", f"- {src}", f"- {tgt}",
+        "---", "tags:", "- translation", "- marian", "- transformer_nmt", "language:", f"- {src}", f"- {tgt}",
         "pipeline_tag: translation", "---", "",
         f"# {src}->{tgt} Transformer (transformer_nmt)", "",
         "An encoder-decoder Transformer trained with transformer_nmt and exported to MarianMT's format: load it "
