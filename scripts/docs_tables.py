@@ -410,6 +410,29 @@ def readme_alignment(root: Path) -> str:
             f"{rows[-1][1]} ([alignments](docs/attention.md#alignments), {measured_on(record)}).")
 
 
+def hf_race(root: Path) -> str:
+    """scripts/benchmark_hf_race.py's raw numbers: training throughput (median of the rounds), the dev BLEU
+    after the same wall time, decoding three ways."""
+    data = read_json(root, BENCHMARKS / "hf_race" / "race.json")
+    ours = statistics.median(r["ours"]["train_tgt_tokens_per_sec"] for r in data["rounds"])
+    theirs = statistics.median(r["hf"]["train_tgt_tokens_per_sec"] for r in data["rounds"])
+    wall, args = data["wall_time"], data["args"]
+    lines = [table(["measure", "ours", "transformers", "ours / theirs"], [
+        [f"training target tokens/s (median of {len(data['rounds'])} rounds of {args['steps']} steps)",
+         f"{ours:.0f}", f"{theirs:.0f}", f"{ours / theirs:.2f}x"],
+        [f"optimizer steps in {args['minutes']:g} minutes", wall["ours"]["steps"], wall["hf"]["steps"],
+         f"{wall['ours']['steps'] / wall['hf']['steps']:.2f}x"],
+        [f"greedy dev BLEU after {args['minutes']:g} minutes", f"{wall['ours']['dev_bleu_greedy']:.2f}",
+         f"{wall['hf']['dev_bleu_greedy']:.2f}", f"{wall['ours']['dev_bleu_greedy'] - wall['hf']['dev_bleu_greedy']:+.2f}"]]),
+        "",
+        table([f"decoder ({args['sentences']} test sentences, {args['threads']} threads)", "seconds", "BLEU"],
+              [[row["decoder"], f"{row['seconds']:.1f}", f"{row['bleu']:.2f}"] for row in data["decoding"]]),
+        "",
+        f"CPU flags `{' '.join(sorted(data['cpu_flags']))}`, load before {data['load_before'][0]:.2f}, after "
+        f"{data['load_after'][0]:.2f}; measured at {data['measured']['commit']}, {data['measured']['date_utc']}."]
+    return "\n".join(lines)
+
+
 BLOCKS = {
     "readme-headline": recipe_headline,
     "readme-table3": table3_readme,
@@ -426,6 +449,7 @@ BLOCKS = {
                                                              {"after": "branch opts (issue 27)"}),
     "benchmarks-step-train": step_train_ab,
     "benchmarks-step-script": step_benchmark_ab,
+    "benchmarks-hf-race": hf_race,
     "attention-aer": alignment_table,
     "readme-aer": readme_alignment,
 }
