@@ -433,6 +433,17 @@ def hf_race(root: Path) -> str:
     return "\n".join(lines)
 
 
+def readme_suite(root: Path) -> str:
+    """The suite's size and time from docs/benchmarks/suite.json (a fresh-clone ``bash .ci/run``)."""
+    data = read_json(root, BENCHMARKS / "suite.json")
+    minutes = data["ci_run_seconds"] / 60
+    return (f"`python -m pytest -q` collects {data['collected']} tests ({data['skipped']} skip without a GPU or an "
+            f"optional tool); in a fresh clone, `bash .ci/run` (install, Chromium, then that command) took "
+            f"{data['pytest_seconds']:.0f} s of pytest, {minutes:.1f} minutes in all, on a quiet {data['cores']}-core "
+            f"machine with CPU flags `{' '.join(data['cpu_flags'])}` ({data['date_utc'][:10]}, at {data['commit']}; "
+            f"{data['passed']} passed, {data['failed']} failed: {'; '.join(data['failed_tests']) or 'none'}).")
+
+
 BLOCKS = {
     "readme-headline": recipe_headline,
     "readme-table3": table3_readme,
@@ -450,6 +461,7 @@ BLOCKS = {
     "benchmarks-step-train": step_train_ab,
     "benchmarks-step-script": step_benchmark_ab,
     "benchmarks-hf-race": hf_race,
+    "readme-suite": readme_suite,
     "attention-aer": alignment_table,
     "readme-aer": readme_alignment,
 }

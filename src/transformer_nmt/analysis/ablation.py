@@ -344,7 +344,7 @@ def plot_bleu_vs_params(records: list[dict], path: Path) -> None:
         (same if base is not None and r is not base and r["parameters"] == base["parameters"] else labelled).append(r)
     if same:
         ax.errorbar([r["parameters"] for r in same], [r["bleu_mean"] for r in same],
-                    yerr=[r["bleu_std"] or 0.0 for r in same], fmt="o", capsize=3, color="0.6", alpha=0.7,
+                    yerr=[r["bleu_std"] or 0.0 for r in same], fmt="o", capsize=3, color="#999999", alpha=0.7,
                     label=f"{len(same)} cells with the base's parameters (h, P_drop, ε_ls)")
     markers, colors = "osD^vP*Xhp<>", [f"C{k}" for k in range(10) if k != 7]  # C7 is grey, the same-count cells'
     for i, r in enumerate(sorted(labelled, key=lambda r: (r["parameters"], r["bleu_mean"]))):
