@@ -444,6 +444,14 @@ def readme_suite(root: Path) -> str:
             f"{data['passed']} passed, {data['failed']} failed: {'; '.join(data['failed_tests']) or 'none'}).")
 
 
+def decode_search_issue31(root: Path) -> str:
+    """The search table of scripts/benchmark_decode.py as it printed it (docs/benchmarks/decode_search_issue31.txt),
+    with its run's line."""
+    lines = (root / BENCHMARKS / "decode_search_issue31.txt").read_text(encoding="utf-8").splitlines()
+    run = next(line for line in lines if line.startswith("search, "))
+    return "\n".join([*(line for line in lines if line.startswith("|")), "", run])
+
+
 BLOCKS = {
     "readme-headline": recipe_headline,
     "readme-table3": table3_readme,
@@ -462,6 +470,7 @@ BLOCKS = {
     "benchmarks-step-script": step_benchmark_ab,
     "benchmarks-hf-race": hf_race,
     "readme-suite": readme_suite,
+    "benchmarks-decode-issue31": decode_search_issue31,
     "attention-aer": alignment_table,
     "readme-aer": readme_alignment,
 }
