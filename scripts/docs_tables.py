@@ -456,6 +456,56 @@ def decode_search_issue31(root: Path) -> str:
     return "\n".join([*(line for line in lines if line.startswith("|")), "", run])
 
 
+# --- ensembles against averages and single models (scripts/ensemble_study.py's JSON in docs/quality/) ----------
+
+def ensemble_reference(group: str, rows: list[dict]) -> tuple[str, dict]:
+    """What an ensemble is weighed against: for recent checkpoints the average of the most (the recipe's own
+    averaged.ckpt), for seeded runs the single runs' mean (a row of means)."""
+    if group == "recent checkpoints":
+        averages = [row for row in rows if row["name"].startswith("average of")]
+        return averages[-1]["name"], averages[-1]
+    alone = [row for row in rows if row["models"] == 1]
+    splits = [key for key in rows[0] if isinstance(rows[0][key], dict)]
+    mean = {split: {key: statistics.mean(row[split][key] for row in alone) for key in ("bleu", "decode_seconds")}
+            for split in splits}
+    return f"the mean of the {len(alone)} runs alone", mean
+
+
+def ensemble_study(root: Path, file: str) -> str:
+    """Every row of one ensemble_study.py run: BLEU on val (where the choice is made) and on test in the three
+    conventions, decode seconds; the chosen row in bold, and what it gains over the reference at what cost."""
+    data = read_json(root, QUALITY / file)
+    first, last = data["options"]["splits"][0], data["options"]["splits"][-1]
+    lines = []
+    for group, rows in data["groups"].items():
+        chosen = data["chosen"][group]
+        body = []
+        for row in rows:
+            v, t = row[first], row[last]
+            name = f"**{row['name']}** (chosen on {first})" if row["name"] == chosen else row["name"]
+            m30k = "-" if t["bleu_multi30k"] is None else f"{t['bleu_multi30k']:.2f}"
+            body.append([name, row["models"], f"{v['bleu']:.2f}", f"{v['decode_seconds']:.1f}", f"{t['bleu']:.2f}",
+                         f"{t['bleu_lowercase']:.2f}", m30k, f"{t['length_ratio']:.3f}", f"{t['decode_seconds']:.1f}"])
+        lines += [table(["model", "models", f"{first} BLEU", f"{first} decode s", f"**{last} BLEU**",
+                         f"{last} lowercased", f"{last} Multi30k (lc, Moses-tok)", f"{last} length ratio",
+                         f"{last} decode s"], body), ""]
+        pick = next(row for row in rows if row["name"] == chosen)
+        ref_name, ref = ensemble_reference(group, rows)
+        if pick is not ref:
+            lines += [f"{group.capitalize()}: chosen on {first}, {chosen} gives {pick[last]['bleu']:.2f} on {last}, "
+                      f"{pick[last]['bleu'] - ref[last]['bleu']:+.2f} against {ref_name} "
+                      f"({ref[last]['bleu']:.2f}; on {first} {pick[first]['bleu'] - ref[first]['bleu']:+.2f}), decoding in "
+                      f"{pick[last]['decode_seconds'] / ref[last]['decode_seconds']:.1f}x its seconds.", ""]
+        else:
+            lines += [f"{group.capitalize()}: chosen on {first}, {chosen} itself ({pick[last]['bleu']:.2f} on {last}).", ""]
+    options = data["options"]
+    command = " ".join(data["provenance"]["argv"][1:])
+    lines.append(f"`python scripts/ensemble_study.py {command}` (beam {options['beam']}, "
+                 f"{data['provenance']['torch_threads']} threads; {measured_on(data['provenance'])}; raw file: "
+                 f"[{Path(file).name}](quality/{file})).")
+    return "\n".join(lines)
+
+
 BLOCKS = {
     "readme-headline": recipe_headline,
     "readme-table3": table3_readme,

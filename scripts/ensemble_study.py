@@ -1,17 +1,23 @@
-"""Does ensembling a recipe's own checkpoints beat averaging them? (issue 31)
+"""Does ensembling a recipe's own checkpoints beat averaging them, and seeded runs each alone? (issue 31)
 
-    python scripts/ensemble_study.py run=outputs/multi30k_cpu/RUN last=5 out=ensemble_study.json
+    python scripts/ensemble_study.py run=outputs/multi30k_cpu_en_de/RUN last=5 sizes=[2,3] out=study_run.json
     python scripts/ensemble_study.py seeds=[multirun/ablation_base/ID/0,multirun/ablation_base/ID/1] out=seeds.json
 
-Two comparisons, each scored with ``evaluate`` (beam ``beam``, sacreBLEU) on val and test, decode seconds beside:
+Two comparisons, each scored with ``evaluate`` (beam ``beam``, sacreBLEU) on every split of ``splits``, decode
+seconds beside (``threads``: 0 is torch's default):
 
-- ``run=RUN``: the newest ``last`` checkpoints of RUN/checkpoints/recent/ as an ensemble (``ckpt=[...]``) against
-  their average (``average``, as the recipe's averaged.ckpt is made) and against the newest alone;
+- ``run=RUN``: the newest ``last`` checkpoints of RUN/checkpoints/recent/ as an ensemble (``ckpt=[...]``)
+  against their average (``average_checkpoints``, as the recipe's averaged.ckpt is made) and against the newest
+  alone; each size of ``sizes`` below ``last`` adds the newest that many, averaged and as an ensemble;
 - ``seeds=[RUN_A,RUN_B,...]``: independently seeded runs (each's averaged.ckpt, else its checkpoints/last.ckpt),
-  each alone and all as one ensemble.
+  each alone and all as one ensemble; each size of ``sizes`` below their number adds an ensemble of the first
+  that many.
 
-Within each comparison the row with the best val BLEU is chosen, and its test BLEU is the one to report (choose
-on val). Writes ``out`` (JSON: every row, split and choice) and prints the table as Markdown.
+Within each comparison the row with the best BLEU on the first split (val) is chosen, and its scores on the other
+splits are the ones to report (the test set is never used for a choice). Writes ``out`` (JSON: every row with
+cased, lowercased and Multi30k-convention BLEU, chrF, length ratio and decode seconds per split, the choice, and
+the provenance: commit, versions, machine, command) and prints the table as Markdown; docs/quality.md's
+ensemble tables are generated from that file by scripts/docs_tables.py.
 """
 
 from __future__ import annotations
@@ -25,10 +31,14 @@ from transformer_nmt.checkpoint import atomic_torch_save
 from transformer_nmt.inference.average import average_checkpoints, last_checkpoints
 from transformer_nmt.inference.evaluate import main as evaluate
 from transformer_nmt.options import parse_options
+from transformer_nmt.provenance import PROVENANCE_KEY
+from transformer_nmt.provenance import collect as collect_provenance
 
-OPTIONS = {"run": None, "last": 5, "seeds": [], "beam": 4, "splits": ["val", "test"], "threads": 0,
-           "max_tokens": 4096, "out": "ensemble_study.json", "work": None}
-USAGE = "python scripts/ensemble_study.py [run=RUN] [last=5] [seeds=[RUN_A,RUN_B]] [beam=4] [out=FILE.json]"
+OPTIONS = {"run": None, "last": 5, "sizes": [], "seeds": [], "beam": 4, "splits": ["val", "test"],
+           "threads": 0, "max_tokens": 4096, "out": "ensemble_study.json", "work": None}
+USAGE = ("python scripts/ensemble_study.py [run=RUN] [last=5] [sizes=[2,3]] [seeds=[RUN_A,RUN_B]] [beam=4] "
+         "[out=FILE.json]")
+SCORES = ("bleu", "bleu_lowercase", "bleu_multi30k", "chrf", "length_ratio", "decode_seconds", "sentences")
 
 
 def run_checkpoint(run: Path) -> Path:
@@ -39,59 +49,82 @@ def run_checkpoint(run: Path) -> Path:
     raise SystemExit(f"seeds: {run} has neither averaged.ckpt nor checkpoints/{run_files.LAST}")
 
 
+def study_sizes(sizes: list[int], largest: int) -> list[int]:
+    """The sizes to compare, ascending: those of ``sizes`` below ``largest``, then ``largest``."""
+    return sorted({s for s in sizes if s < largest} | {largest})
+
+
 def score_row(name: str, ckpt: list[Path], options: dict, work: Path) -> dict:
-    """evaluate's BLEU and decode seconds of one model (one path) or ensemble (several) on every split."""
-    row = {"name": name, "checkpoints": [str(p) for p in ckpt]}
+    """evaluate's scores and decode seconds of one model (one path) or ensemble (several) on every split."""
+    row = {"name": name, "models": len(ckpt), "checkpoints": [str(p) for p in ckpt]}
     spec = f"[{','.join(str(p) for p in ckpt)}]" if len(ckpt) > 1 else str(ckpt[0])
+    out = work / name.replace(" ", "_")
     for split in options["splits"]:
-        result = evaluate([f"ckpt={spec}", f"split={split}", f"beam={options['beam']}", f"out={work / name}",
+        result = evaluate([f"ckpt={spec}", f"split={split}", f"beam={options['beam']}", f"out={out}",
                            f"threads={options['threads']}", f"max_tokens={options['max_tokens']}"])
-        row[split] = {"bleu": result["bleu"], "bleu_lowercase": result["bleu_lowercase"],
-                      "decode_seconds": result["decode_seconds"], "sentences": result["sentences"]}
+        row[split] = {key: result.get(key) for key in SCORES}
     return row
 
 
-def choose_on_val(rows: list[dict]) -> dict:
-    return max(rows, key=lambda row: row["val"]["bleu"]) if rows and "val" in rows[0] else {}
+def choose_on_val(rows: list[dict], split: str) -> str | None:
+    """The name of the row with the highest BLEU on ``split`` (the first split: val); the first such row on a tie."""
+    return max(rows, key=lambda row: row[split]["bleu"])["name"] if rows else None
 
 
-def markdown(groups: dict[str, list[dict]], splits: list[str]) -> str:
+def markdown(groups: dict[str, list[dict]], chosen: dict[str, str], splits: list[str]) -> str:
     header = "| comparison | model | " + " | ".join(f"{s} BLEU | {s} decode s" for s in splits) + " |"
     lines = [header, "| " + " | ".join(["---"] * (2 + 2 * len(splits))) + " |"]
     for group, rows in groups.items():
-        chosen = choose_on_val(rows).get("name")
         for row in rows:
-            mark = " (chosen on val)" if row["name"] == chosen else ""
+            mark = " (chosen on val)" if row["name"] == chosen[group] else ""
             cells = " | ".join(f"{row[s]['bleu']:.2f} | {row[s]['decode_seconds']:.1f}" for s in splits)
             lines.append(f"| {group} | {row['name']}{mark} | {cells} |")
     return "\n".join(lines)
+
+
+def recent_group(run: Path, options: dict, work: Path) -> list[dict]:
+    """The newest checkpoint alone, then for each size the newest that many averaged and as an ensemble."""
+    recent = last_checkpoints(run / "checkpoints" / "recent", options["last"])
+    rows = [score_row("newest alone", [recent[-1]], options, work)]
+    for size in study_sizes(options["sizes"], len(recent)):
+        newest = recent[-size:]
+        averaged = work / f"average_last{size}.ckpt"
+        atomic_torch_save(average_checkpoints(newest), averaged)
+        rows += [score_row(f"average of {size}", [averaged], options, work),
+                 score_row(f"ensemble of {size}", newest, options, work)]
+    return rows
+
+
+def seeds_group(runs: list[Path], options: dict, work: Path) -> list[dict]:
+    """Each run alone, then for each size an ensemble of the first that many."""
+    paths = [run_checkpoint(r) for r in runs]
+    rows = [score_row(f"seed run {r.name}", [p], options, work) for r, p in zip(runs, paths)]
+    for size in study_sizes(options["sizes"], len(runs)):
+        rows.append(score_row(f"ensemble of {size} seeds", paths[:size], options, work))
+    return rows
 
 
 def main(argv: list[str]) -> dict:
     options = parse_options(argv, OPTIONS, __doc__, USAGE)
     if not options["run"] and len(options["seeds"]) < 2:
         raise SystemExit("give run=RUN (its recent checkpoints), seeds=[RUN_A,RUN_B,...] (two runs or more), or both")
+    if not all(isinstance(size, int) and size >= 2 for size in options["sizes"]):
+        raise SystemExit(f"sizes={options['sizes']}: give whole numbers >= 2 (ensembles and averages of that many)")
+    if not options["splits"]:
+        raise SystemExit("splits=[]: give at least one split; the first is the one choices are made on (val)")
+    provenance = collect_provenance({"options": options}, argv=[sys.argv[0], *argv])  # the load as it starts
     work = Path(options["work"] or Path(options["out"]).with_suffix(""))
     work.mkdir(parents=True, exist_ok=True)
     groups: dict[str, list[dict]] = {}
     if options["run"]:
-        run = Path(options["run"])
-        recent = last_checkpoints(run / "checkpoints" / "recent", options["last"])
-        averaged = work / f"average_last{len(recent)}.ckpt"
-        atomic_torch_save(average_checkpoints(recent), averaged)
-        name = f"last {len(recent)} recent"
-        groups[name] = [score_row("newest alone", [recent[-1]], options, work),
-                        score_row(f"average of {len(recent)}", [averaged], options, work),
-                        score_row(f"ensemble of {len(recent)}", recent, options, work)]
+        groups["recent checkpoints"] = recent_group(Path(options["run"]), options, work)
     if options["seeds"]:
-        runs = [Path(r) for r in options["seeds"]]
-        paths = [run_checkpoint(r) for r in runs]
-        rows = [score_row(f"seed run {r.name}", [p], options, work) for r, p in zip(runs, paths)]
-        groups[f"{len(runs)} seeds"] = rows + [score_row(f"ensemble of {len(runs)} seeds", paths, options, work)]
-    result = {"options": options, "groups": groups,
-              "chosen_on_val": {group: choose_on_val(rows).get("name") for group, rows in groups.items()}}
+        groups["seeded runs"] = seeds_group([Path(r) for r in options["seeds"]], options, work)
+    chosen = {group: choose_on_val(rows, options["splits"][0]) for group, rows in groups.items()}
+    result = {"options": options, "groups": groups, "chosen_on": options["splits"][0], "chosen": chosen,
+              PROVENANCE_KEY: provenance}
     Path(options["out"]).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    print(markdown(groups, options["splits"]))
+    print(markdown(groups, chosen, options["splits"]))
     return result
 
 
