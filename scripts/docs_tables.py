@@ -506,6 +506,30 @@ def ensemble_study(root: Path, file: str) -> str:
     return "\n".join(lines)
 
 
+# --- the decoding modes' samples (scripts/decoding_samples.py's JSON in docs/evaluation/) ----------------------
+
+SAMPLES = Path("docs/evaluation/decoding_samples.json")
+
+
+def decoding_samples_source(root: Path) -> str:
+    """Which model the samples of docs/evaluation.md come from, and when."""
+    data = read_json(root, SAMPLES)
+    command = " ".join(data["provenance"]["argv"][1:])
+    inputs = " and ".join(f"*{line}*" for line in data["input"])
+    return (f"The samples below are real outputs of the recipe's averaged model (RUN/averaged.ckpt) and its newest "
+            f"recent checkpoints, from `translate` on two lines, {inputs} "
+            f"(`python scripts/decoding_samples.py {command}`; {measured_on(data['provenance'])}; raw file: "
+            f"[decoding_samples.json](evaluation/decoding_samples.json)).")
+
+
+def decoding_sample(root: Path, modes: tuple[str, ...]) -> str:
+    """Each mode's command, then each one's output as translate wrote it."""
+    samples = read_json(root, SAMPLES)["samples"]
+    commands = "\n".join(samples[mode]["command"] for mode in modes)
+    outputs = ["```\n" + "\n".join(samples[mode]["output"]) + "\n```" for mode in modes]
+    return "\n\n".join([f"```bash\n{commands}\n```", *outputs])
+
+
 BLOCKS = {
     "readme-headline": recipe_headline,
     "readme-table3": table3_readme,
