@@ -46,9 +46,10 @@ def table(header: list[str], rows: list[list]) -> str:
     return "\n".join(lines)
 
 
-# --- runs D and E of the recipe (docs/quality/run_{D,E}_{reproduce,results}.json) ----------------------------
+# --- runs D, E and F of the recipe (docs/quality/run_{D,E,F}_{reproduce,results}.json) ----------------------
 
 RECIPE_RUNS = {  # run: what distinguishes it (words, not numbers)
+    "F": "the recipe again, on a slower host (issue 31's ensemble study)",
     "E": "the recipe (its bf16 setting), today's step",
     "D": "the same settings, the step before dropout.py and the CPU loss chunks",
 }
@@ -138,22 +139,32 @@ def recipe_curve(root: Path) -> str:
 
 def recipe_headline(root: Path) -> str:
     rep, res = recipe_run(root, "E")
+    rep_f, res_f = recipe_run(root, "F")
     test = rep["scores"]["test_beam4"]
     return (f"On 2 cores it gives **{test['bleu']:.2f} BLEU** on Multi30k test_2016_flickr en->de (beam 4, cased "
             f"sacreBLEU, chosen on val; {test['bleu_lowercase']:.2f} lowercased) where the CPU has native bf16 "
             f"(`{' '.join(rep['cpu_flags'])}`, run E), in {rep['total_minutes']:.0f} minutes "
-            f"({rep['train_minutes']:.1f} of training, {epochs(rep, res):.1f} epochs).")
+            f"({rep['train_minutes']:.1f} of training, {epochs(rep, res):.1f} epochs); on a host with the same flags "
+            f"and {ceiling(rep_f) / ceiling(rep):.2f}x its bf16 matmul ceiling, "
+            f"{rep_f['scores']['test_beam4']['bleu']:.2f} (run F, {epochs(rep_f, res_f):.1f} epochs).")
+
+
+def ceiling(reproduce: dict) -> float:
+    """The bf16 matmul ceiling (GFLOP/s) the run measured in its training process."""
+    return reproduce["time_budget"]["mfu"]["ceiling"]["ceiling_gflops"]
 
 
 def quality_headline(root: Path) -> str:
     rep_e, _ = recipe_run(root, "E")
     rep_d, _ = recipe_run(root, "D")
+    rep_f, _ = recipe_run(root, "F")
     scoring = rep_e["total_minutes"] - rep_e["train_minutes"]
     return (f"```bash\npython scripts/reproduce_multi30k.py run_id=NAME     # run E: {rep_e['total_minutes']:.1f} "
             f"minutes on 2 cores, {rep_e['train_minutes']:.1f} train, {scoring:.2f} averaging and scoring\n```\n\n"
             f"On 2 cores it gives **{rep_e['scores']['test_beam4']['bleu']:.2f} test BLEU on a CPU with native bf16** "
             f"(run E: {rep_e['total_minutes']:.1f} minutes; {rep_d['scores']['test_beam4']['bleu']:.2f} in run D, "
-            f"before the faster step).")
+            f"before the faster step; {rep_f['scores']['test_beam4']['bleu']:.2f} in run F, on a host with the same "
+            f"flags and {ceiling(rep_f) / ceiling(rep_e):.2f}x E's bf16 matmul ceiling).")
 
 
 def recipe_beam(root: Path) -> str:
@@ -178,8 +189,10 @@ def bleu_conventions(root: Path) -> str:
     rows = []
     for run in sorted(RECIPE_RUNS):
         s = recipe_run(root, run)[0]["scores"]["test_beam4"]
+        m30k = s.get("bleu_multi30k")  # reproduce.json has it from run F on
         rows.append([f"run {run}, test_2016_flickr, beam 4", f"{s['bleu']:.2f}", f"{s['bleu_lowercase']:.2f}",
-                     f"{s['bleu_lowercase'] - s['bleu']:+.2f}", "-", "-"])
+                     f"{s['bleu_lowercase'] - s['bleu']:+.2f}", "-" if m30k is None else f"{m30k:.2f}",
+                     "-" if m30k is None else f"{m30k - s['bleu_lowercase']:+.2f}"])
     base = {k: v for k, v in conventions["runs"].items() if k.startswith("base/")}
     for name, key in (("Table 3 base, 5 seeds, val, greedy: mean", None),):
         mean = {k: statistics.mean(r[k] for r in base.values()) for k in ("bleu", "bleu_lowercase", "bleu_multi30k")}
@@ -549,6 +562,14 @@ BLOCKS = {
     "benchmarks-hf-race": hf_race,
     "readme-suite": readme_suite,
     "benchmarks-decode-issue31": decode_search_issue31,
+    "quality-ensemble-recent": lambda root: ensemble_study(root, "ensemble_recent_F.json"),
+    "quality-ensemble-seeds": lambda root: ensemble_study(root, "ensemble_seeds_base.json"),
+    "evaluation-samples-source": decoding_samples_source,
+    "evaluation-sample-ensemble": lambda root: decoding_sample(root, ("ensemble",)),
+    "evaluation-sample-n-best": lambda root: decoding_sample(root, ("n_best",)),
+    "evaluation-sample-sampling": lambda root: decoding_sample(root, ("sampling_top_p", "sampling_top_k")),
+    "evaluation-sample-scoring": lambda root: decoding_sample(root, ("score_reference",), "reference"),
+    "evaluation-sample-prefix": lambda root: decoding_sample(root, ("plain", "prefix"), "prefix"),
     "attention-aer": alignment_table,
     "readme-aer": readme_alignment,
 }
