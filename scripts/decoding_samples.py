@@ -41,13 +41,22 @@ MODES = {  # name: translate's options after ckpt= (MODEL unless the mode names 
 }
 
 
+def option_value(word: str, run: Path, tmp: Path, files: dict) -> str:
+    """A shown option as it runs: RUN/ the run directory, a file of ``files`` the one written into ``tmp``."""
+    key, value = word.split("=", 1)
+    if value in files:
+        return f"{key}={tmp / value}"
+    return f"{key}={value.replace('RUN/', f'{run}/')}"
+
+
 def main(argv: list[str]) -> dict:
     options = parse_options(argv, OPTIONS, __doc__, USAGE)
     if not options["run"]:
         raise SystemExit("give run=RUN: a run directory with averaged.ckpt and checkpoints/recent/")
     run = Path(options["run"])
     if not (run / "averaged.ckpt").is_file():
-        raise SystemExit(f"run={run}: no averaged.ckpt (python scripts/reproduce_multi30k.py train=false run_dir={run})")
+        raise SystemExit(f"run={run}: no averaged.ckpt (python scripts/reproduce_multi30k.py train=false "
+                         f"run_dir={run} writes it)")
     provenance = collect_provenance({"options": options}, argv=[sys.argv[0], *argv])
     recent = last_checkpoints(run / "checkpoints" / "recent", options["ensemble"])
     ensemble = "[" + ",".join(f"RUN/{p.relative_to(run)}" for p in recent) + "]"
@@ -58,9 +67,7 @@ def main(argv: list[str]) -> dict:
             (Path(tmp) / name).write_text("".join(line + "\n" for line in lines), encoding="utf-8")
         for mode, words in MODES.items():
             shown = [w.replace("ENSEMBLE", ensemble) for w in words]
-            actual = [w.replace("RUN", str(run)) for w in shown]
-            actual = [f"{w.split('=')[0]}={Path(tmp) / w.split('=', 1)[1]}" if w.split("=", 1)[1] in files else w
-                      for w in actual]
+            actual = [option_value(w, run, Path(tmp), files) for w in shown]
             output = Path(tmp) / f"{mode}.out"
             translate([*actual, f"output={output}"])
             samples[mode] = {"command": "python -m transformer_nmt.translate " + " ".join(shown),

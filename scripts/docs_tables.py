@@ -489,6 +489,8 @@ def ensemble_study(root: Path, file: str) -> str:
     conventions, decode seconds; the chosen row in bold, and what it gains over the reference at what cost."""
     data = read_json(root, QUALITY / file)
     first, last = data["options"]["splits"][0], data["options"]["splits"][-1]
+    if first == last:
+        raise SystemExit(f"{QUALITY / file}: one split ({first}); the docs report a split the choice was not made on")
     lines = []
     for group, rows in data["groups"].items():
         chosen = data["chosen"][group]
@@ -504,17 +506,21 @@ def ensemble_study(root: Path, file: str) -> str:
                          f"{last} decode s"], body), ""]
         pick = next(row for row in rows if row["name"] == chosen)
         ref_name, ref = ensemble_reference(group, rows)
+        said = f"{group.capitalize()}: chosen on {first}, {chosen}"
         if pick is not ref:
-            lines += [f"{group.capitalize()}: chosen on {first}, {chosen} gives {pick[last]['bleu']:.2f} on {last}, "
-                      f"{pick[last]['bleu'] - ref[last]['bleu']:+.2f} against {ref_name} "
-                      f"({ref[last]['bleu']:.2f}; on {first} {pick[first]['bleu'] - ref[first]['bleu']:+.2f}), decoding in "
-                      f"{pick[last]['decode_seconds'] / ref[last]['decode_seconds']:.1f}x its seconds.", ""]
+            gain_first, gain_last = (pick[s]["bleu"] - ref[s]["bleu"] for s in (first, last))
+            cost = pick[last]["decode_seconds"] / ref[last]["decode_seconds"]
+            lines += [f"{said} gives {pick[last]['bleu']:.2f} on {last}, {gain_last:+.2f} against {ref_name} "
+                      f"({ref[last]['bleu']:.2f}; on {first} {gain_first:+.2f}), decoding in {cost:.1f}x its "
+                      "seconds.", ""]
         else:
-            lines += [f"{group.capitalize()}: chosen on {first}, {chosen} itself ({pick[last]['bleu']:.2f} on {last}).", ""]
+            lines += [f"{said} itself ({pick[last]['bleu']:.2f} on {last}).", ""]
     options = data["options"]
     command = " ".join(data["provenance"]["argv"][1:])
+    threads = sorted({row[split]["threads"] for rows in data["groups"].values() for row in rows
+                      for split in (first, last)})
     lines.append(f"`python scripts/ensemble_study.py {command}` (beam {options['beam']}, "
-                 f"{data['provenance']['torch_threads']} threads; {measured_on(data['provenance'])}; raw file: "
+                 f"{'/'.join(map(str, threads))} threads; {measured_on(data['provenance'])}; raw file: "
                  f"[{Path(file).name}](quality/{file})).")
     return "\n".join(lines)
 
@@ -535,12 +541,20 @@ def decoding_samples_source(root: Path) -> str:
             f"[decoding_samples.json](evaluation/decoding_samples.json)).")
 
 
-def decoding_sample(root: Path, modes: tuple[str, ...]) -> str:
-    """Each mode's command, then each one's output as translate wrote it."""
-    samples = read_json(root, SAMPLES)["samples"]
-    commands = "\n".join(samples[mode]["command"] for mode in modes)
-    outputs = ["```\n" + "\n".join(samples[mode]["output"]) + "\n```" for mode in modes]
-    return "\n\n".join([f"```bash\n{commands}\n```", *outputs])
+SAMPLE_FILES = {"reference": "ref.de", "prefix": "prefix.de"}  # decoding_samples.py's JSON key: the file it wrote
+
+
+def decoding_sample(root: Path, modes: tuple[str, ...], file: str | None = None) -> str:
+    """What ``file`` (a key of SAMPLE_FILES) held, each mode's command, then each one's output as translate wrote
+    it."""
+    data = read_json(root, SAMPLES)
+    commands = "\n".join(data["samples"][mode]["command"] for mode in modes)
+    outputs = ["```\n" + "\n".join(data["samples"][mode]["output"]) + "\n```" for mode in modes]
+    held = []
+    if file is not None:
+        lines = " and ".join(f"*{line}*" if line else "a blank line" for line in data[file])
+        held = [f"`{SAMPLE_FILES[file]}` holds {lines}:"]
+    return "\n\n".join([*held, f"```bash\n{commands}\n```", *outputs])
 
 
 BLOCKS = {

@@ -9,15 +9,16 @@ seconds beside (``threads``: 0 is torch's default):
 - ``run=RUN``: the newest ``last`` checkpoints of RUN/checkpoints/recent/ as an ensemble (``ckpt=[...]``)
   against their average (``average_checkpoints``, as the recipe's averaged.ckpt is made) and against the newest
   alone; each size of ``sizes`` below ``last`` adds the newest that many, averaged and as an ensemble;
-- ``seeds=[RUN_A,RUN_B,...]``: independently seeded runs (each's averaged.ckpt, else its checkpoints/last.ckpt),
-  each alone and all as one ensemble; each size of ``sizes`` below their number adds an ensemble of the first
-  that many.
+- ``seeds=[RUN_A,RUN_B,...]``: independently seeded runs (each's averaged.ckpt, else its checkpoints/last.ckpt;
+  each row named by the seed its results.json records), each alone and all as one ensemble; each size of
+  ``sizes`` below their number adds an ensemble of the first that many.
 
 Within each comparison the row with the best BLEU on the first split (val) is chosen, and its scores on the other
 splits are the ones to report (the test set is never used for a choice). Writes ``out`` (JSON: every row with
 cased, lowercased and Multi30k-convention BLEU, chrF, length ratio and decode seconds per split, the choice, and
 the provenance: commit, versions, machine, command) and prints the table as Markdown; docs/quality.md's
-ensemble tables are generated from that file by scripts/docs_tables.py.
+ensemble tables are generated from that file by scripts/docs_tables.py. evaluate's files and the averages go
+under ``work`` (default outputs/ensemble_study/<out's stem>/, which git ignores).
 """
 
 from __future__ import annotations
@@ -36,9 +37,11 @@ from transformer_nmt.provenance import collect as collect_provenance
 
 OPTIONS = {"run": None, "last": 5, "sizes": [], "seeds": [], "beam": 4, "splits": ["val", "test"],
            "threads": 0, "max_tokens": 4096, "out": "ensemble_study.json", "work": None}
+WORK = Path("outputs") / "ensemble_study"  # evaluate's files and the averages, under WORK/<out's stem> unless work=
 USAGE = ("python scripts/ensemble_study.py [run=RUN] [last=5] [sizes=[2,3]] [seeds=[RUN_A,RUN_B]] [beam=4] "
          "[out=FILE.json]")
-SCORES = ("bleu", "bleu_lowercase", "bleu_multi30k", "chrf", "length_ratio", "decode_seconds", "sentences")
+SCORES = ("bleu", "bleu_lowercase", "bleu_multi30k", "chrf", "length_ratio", "decode_seconds", "sentences",
+          "threads")
 
 
 def run_checkpoint(run: Path) -> Path:
@@ -47,6 +50,28 @@ def run_checkpoint(run: Path) -> Path:
         if path.is_file():
             return path
     raise SystemExit(f"seeds: {run} has neither averaged.ckpt nor checkpoints/{run_files.LAST}")
+
+
+def run_name(run: Path) -> str:
+    """``seed N`` where the run's results.json records its seed (a training run writes it), else the directory's
+    name."""
+    try:
+        seed = json.loads((run / "results.json").read_text(encoding="utf-8")).get("seed")
+    except (OSError, ValueError, AttributeError):
+        seed = None
+    return f"seed {seed}" if isinstance(seed, int) else run.name
+
+
+def seed_models(runs: list[Path]) -> list[tuple[str, Path]]:
+    """(row name, checkpoint) of each seeded run, all found before anything is decoded; two runs of one name are
+    an error naming both."""
+    named = [(run_name(run), run_checkpoint(run)) for run in runs]
+    names = [name for name, _ in named]
+    for i, name in enumerate(names):
+        if name in names[:i]:
+            raise SystemExit(f"seeds: {runs[names.index(name)]} and {runs[i]} are both {name!r}: give runs of "
+                             f"different seeds")
+    return named
 
 
 def study_sizes(sizes: list[int], largest: int) -> list[int]:
@@ -72,11 +97,12 @@ def choose_on_val(rows: list[dict], split: str) -> str | None:
 
 
 def markdown(groups: dict[str, list[dict]], chosen: dict[str, str], splits: list[str]) -> str:
+    """The table printed at the end (docs/quality.md's tables are scripts/docs_tables.py's, from the JSON)."""
     header = "| comparison | model | " + " | ".join(f"{s} BLEU | {s} decode s" for s in splits) + " |"
     lines = [header, "| " + " | ".join(["---"] * (2 + 2 * len(splits))) + " |"]
     for group, rows in groups.items():
         for row in rows:
-            mark = " (chosen on val)" if row["name"] == chosen[group] else ""
+            mark = f" (chosen on {splits[0]})" if row["name"] == chosen[group] else ""
             cells = " | ".join(f"{row[s]['bleu']:.2f} | {row[s]['decode_seconds']:.1f}" for s in splits)
             lines.append(f"| {group} | {row['name']}{mark} | {cells} |")
     return "\n".join(lines)
@@ -95,31 +121,33 @@ def recent_group(run: Path, options: dict, work: Path) -> list[dict]:
     return rows
 
 
-def seeds_group(runs: list[Path], options: dict, work: Path) -> list[dict]:
+def seeds_group(models: list[tuple[str, Path]], options: dict, work: Path) -> list[dict]:
     """Each run alone, then for each size an ensemble of the first that many."""
-    paths = [run_checkpoint(r) for r in runs]
-    rows = [score_row(f"seed run {r.name}", [p], options, work) for r, p in zip(runs, paths)]
-    for size in study_sizes(options["sizes"], len(runs)):
+    rows = [score_row(f"{name} alone", [path], options, work) for name, path in models]
+    paths = [path for _, path in models]
+    for size in study_sizes(options["sizes"], len(models)):
         rows.append(score_row(f"ensemble of {size} seeds", paths[:size], options, work))
     return rows
 
 
 def main(argv: list[str]) -> dict:
     options = parse_options(argv, OPTIONS, __doc__, USAGE)
-    if not options["run"] and len(options["seeds"]) < 2:
+    if (not options["run"] and not options["seeds"]) or len(options["seeds"]) == 1:
         raise SystemExit("give run=RUN (its recent checkpoints), seeds=[RUN_A,RUN_B,...] (two runs or more), or both")
     if not all(isinstance(size, int) and size >= 2 for size in options["sizes"]):
         raise SystemExit(f"sizes={options['sizes']}: give whole numbers >= 2 (ensembles and averages of that many)")
     if not options["splits"]:
         raise SystemExit("splits=[]: give at least one split; the first is the one choices are made on (val)")
     provenance = collect_provenance({"options": options}, argv=[sys.argv[0], *argv])  # the load as it starts
-    work = Path(options["work"] or Path(options["out"]).with_suffix(""))
+    models = seed_models([Path(r) for r in options["seeds"]])  # every seed's checkpoint found before decoding
+    work = Path(options["work"] or WORK / Path(options["out"]).stem)
     work.mkdir(parents=True, exist_ok=True)
+    Path(options["out"]).parent.mkdir(parents=True, exist_ok=True)
     groups: dict[str, list[dict]] = {}
     if options["run"]:
         groups["recent checkpoints"] = recent_group(Path(options["run"]), options, work)
-    if options["seeds"]:
-        groups["seeded runs"] = seeds_group([Path(r) for r in options["seeds"]], options, work)
+    if models:
+        groups["seeded runs"] = seeds_group(models, options, work)
     chosen = {group: choose_on_val(rows, options["splits"][0]) for group, rows in groups.items()}
     result = {"options": options, "groups": groups, "chosen_on": options["splits"][0], "chosen": chosen,
               PROVENANCE_KEY: provenance}
