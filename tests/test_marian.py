@@ -19,7 +19,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
 
-from tiny_checkpoint import multi30k_lines, tiny_tokenizer, trained_checkpoint  # noqa: E402
+from tiny_checkpoint import multi30k_lines, tiny_tokenizer  # noqa: E402
 
 from transformer_nmt.checkpoint import atomic_torch_save, load_checkpoint  # noqa: E402
 from transformer_nmt.data.tokenizer import train_sentencepiece  # noqa: E402
@@ -69,8 +69,8 @@ def hf_greedy(hf_model, src: torch.Tensor, pad: int, limits: list[int], eos: int
 
 
 @pytest.fixture(scope="module")
-def trained(request):
-    return load_checkpoint(trained_checkpoint(request.config.cache.mkdir("transformer_nmt")))
+def trained(trained_checkpoint_path):
+    return load_checkpoint(trained_checkpoint_path)
 
 
 @pytest.fixture(scope="module")

@@ -49,3 +49,13 @@ def test_the_script_is_the_package_command():
     script = subprocess.run([sys.executable, str(REPO / "scripts" / "reproduce_multi30k.py"), "train=maybe"],
                             capture_output=True, text=True, timeout=60)
     assert script.returncode == 1 and "train='maybe': use true or false" in script.stderr, script.stderr
+
+
+def test_paths_below_the_launch_directory_become_relative_and_nothing_else_changes(reproduce, tmp_path):
+    config = {"run_dir": f"{tmp_path}/outputs/x/RUN", "callbacks": {"last": {"dirpath": f"{tmp_path}/outputs/x/RUN/c"}},
+              "argv": [f"hydra.run.dir={tmp_path}/outputs", "/etc/elsewhere", f"{tmp_path}"], "steps": 3, "none": None,
+              "sibling": f"{tmp_path}-other/outputs"}
+    assert reproduce.relative_strings(config, tmp_path) == {
+        "run_dir": "outputs/x/RUN", "callbacks": {"last": {"dirpath": "outputs/x/RUN/c"}},
+        "argv": [f"hydra.run.dir={tmp_path}/outputs", "/etc/elsewhere", f"{tmp_path}"], "steps": 3, "none": None,
+        "sibling": f"{tmp_path}-other/outputs"}

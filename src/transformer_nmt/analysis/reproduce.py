@@ -57,6 +57,19 @@ def relative_path(path: Path, root: Path) -> str:
         return str(path)
 
 
+def relative_strings(node, root: Path):
+    """``node`` (a plain config: dicts, lists, scalars) with every string that is a path below ``root`` made relative
+    to it (``relative_path``): the run's config names its directories absolutely (``hydra.run.dir`` is given so),
+    and reproduce.json names no directory of the machine that wrote it."""
+    if isinstance(node, dict):
+        return {key: relative_strings(value, root) for key, value in node.items()}
+    if isinstance(node, list):
+        return [relative_strings(value, root) for value in node]
+    if isinstance(node, str) and node.startswith(str(Path(root).resolve()) + "/"):
+        return relative_path(Path(node), root)
+    return node
+
+
 def run_step(name: str, args: list[str], timings: dict, root: Path) -> float:
     """Run ``python -m ARGS`` in ``root`` (the launch directory, whose data/ the recipe reads), fail loudly,
     record its wall time in minutes; returns it in seconds."""
@@ -187,7 +200,7 @@ def main(argv: list[str], root: Path | None = None) -> dict:
         sys.exit(f"train=false: {run_files.last_checkpoint(run_dir)} does not exist; give the run_id "
                  f"(and overrides) or run_dir of a trained run")
     run_config = OmegaConf.load(run_dir / run_files.CONFIG)  # written resolved by the run: read as data
-    provenance["config"] = OmegaConf.to_container(run_config, resolve=False)
+    provenance["config"] = relative_strings(OmegaConf.to_container(run_config, resolve=False), root)
     keep = run_config.checkpoint.recent.keep
     beam = DecodeConfig().beam
     averaged, last = run_dir / run_files.AVERAGED, run_files.last_checkpoint(run_dir)
