@@ -89,10 +89,11 @@ def test_ensemble_translation_does_not_depend_on_the_batch(checkpoints):
     model, tokenizer, _ = load_ensemble([str(p) for p in checkpoints])
     assert isinstance(model, Ensemble)
     lines = multi30k_lines("val", "en", 6)
-    for beam in (1, 3):
-        one_by_one = [translate_hypotheses(model, tokenizer, [line], beam=beam)[1][0][0].tokens for line in lines]
-        batched = [hyps[0].tokens for hyps in translate_hypotheses(model, tokenizer, lines, beam=beam)[1]]
-        assert batched == one_by_one
+    for beam in (1, 3):  # random models never stop: outputs of source length + 8 (not 50), padded in the batch
+        search = {"beam": beam, "max_len_offset": 8}
+        one_by_one = [translate_hypotheses(model, tokenizer, [line], **search)[1][0][0].tokens for line in lines]
+        batched = [hyps[0].tokens for hyps in translate_hypotheses(model, tokenizer, lines, **search)[1]]
+        assert batched == one_by_one and len({len(tokens) for tokens in batched}) > 1
 
 
 def test_translate_and_evaluate_take_a_list_of_checkpoints(tmp_path, checkpoints):
