@@ -49,6 +49,7 @@ def table(header: list[str], rows: list[list]) -> str:
 # --- runs D, E and F of the recipe (docs/quality/run_{D,E,F}_{reproduce,results}.json) ----------------------
 
 RECIPE_RUNS = {  # run: what distinguishes it (words, not numbers)
+    "G": "the recipe with seed=2, F's host (issue 31's seeds)",
     "F": "the recipe again, on a slower host (issue 31's ensemble study)",
     "E": "the recipe (its bf16 setting), today's step",
     "D": "the same settings, the step before dropout.py and the CPU loss chunks",
@@ -578,6 +579,7 @@ BLOCKS = {
     "benchmarks-decode-issue31": decode_search_issue31,
     "quality-ensemble-recent": lambda root: ensemble_study(root, "ensemble_recent_F.json"),
     "quality-ensemble-seeds": lambda root: ensemble_study(root, "ensemble_seeds_base.json"),
+    "quality-ensemble-recipe-seeds": lambda root: ensemble_study(root, "ensemble_seeds_recipe.json"),
     "evaluation-samples-source": decoding_samples_source,
     "evaluation-sample-ensemble": lambda root: decoding_sample(root, ("ensemble",)),
     "evaluation-sample-n-best": lambda root: decoding_sample(root, ("n_best",)),
