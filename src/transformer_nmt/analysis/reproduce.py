@@ -143,11 +143,61 @@ def run_directory(train_overrides: list[str], root: Path) -> Path:
     return root / cfg.hydra.run.dir
 
 
-def evaluate(ckpt: Path, split: str, beam: int, out: Path, timings: dict, root: Path) -> dict:
-    name = f"{split}_{ckpt.stem}_beam{beam}"
+def evaluate(ckpt: Path, split: str, search: dict, out: Path, timings: dict, root: Path) -> dict:
+    """``ckpt`` on ``split`` with ``search`` (beam, length_penalty, alpha), through ``transformer_nmt.evaluate``."""
+    beam = search["beam"]
+    name = f"{split}_{ckpt.stem}_beam{beam}" + (f"_{search['length_penalty']}{search['alpha']:g}" if beam > 1 else "")
     run_step(f"evaluate {name}", ["transformer_nmt.evaluate", f"ckpt={ckpt}", f"split={split}", f"beam={beam}",
+                                  f"length_penalty={search['length_penalty']}", f"alpha={search['alpha']}",
                                   f"out={out}", f"name={name}"], timings, root)
     return json.loads((out / f"{name}.json").read_text())
+
+
+def run_search(run_config, alphas: str | None) -> tuple[dict, list[float]]:
+    """The run's search (its config's ``decode``: beam, length_penalty, alpha; DecodeConfig's defaults for a run
+    older than that node) and the length-penalty exponents to choose among on val (``alphas=A,B,...``; default:
+    the run's alone)."""
+    from transformer_nmt.inference.decode_config import DecodeConfig
+
+    default = DecodeConfig()
+    decode = run_config.get("decode") or {}
+    search = {"beam": int(decode.get("beam", default.beam)),
+              "length_penalty": str(decode.get("length_penalty", default.length_penalty)),
+              "alpha": float(decode.get("alpha", default.alpha))}
+    if not alphas:
+        return search, [search["alpha"]]
+    try:
+        values = [float(a) for a in alphas.strip("[]").split(",") if a.strip()]
+    except ValueError:
+        sys.exit(f"alphas={alphas!r}: give numbers, alphas=0.6,1.0,1.4")
+    if not values:
+        sys.exit(f"alphas={alphas!r}: give numbers, alphas=0.6,1.0,1.4")
+    return search, values
+
+
+def planned_and_trained(results: dict, run_config) -> dict:
+    """What the run was planned to train (max_steps, max_epochs, max_time) against what it trained (steps, epochs),
+    so that a slow host reads "trained 2,100 of 3,500 planned updates" rather than a silent shortfall."""
+    trainer = run_config.get("trainer") or {}
+    planned = {"max_steps": trainer.get("max_steps"), "max_epochs": trainer.get("max_epochs"),
+               "max_time": trainer.get("max_time")}
+    trained = {"steps": results.get("steps"), "epochs": results.get("epochs")}
+    return {"planned": planned, "trained": trained}
+
+
+def describe_budget(budget: dict) -> str:
+    planned, trained = budget["planned"], budget["trained"]
+    parts = []
+    if planned.get("max_steps") not in (None, -1) and trained.get("steps") is not None:
+        parts.append(f"trained {trained['steps']:,} of {planned['max_steps']:,} planned updates")
+    elif trained.get("steps") is not None:
+        parts.append(f"trained {trained['steps']:,} updates")
+    if trained.get("epochs") is not None:
+        parts.append(f"{trained['epochs']} epochs" + (f" (at most {planned['max_epochs']})"
+                                                     if planned.get("max_epochs") not in (None, -1) else ""))
+    if planned.get("max_time"):
+        parts.append(f"time limit {planned['max_time']}")
+    return ", ".join(parts)
 
 
 def validation_curve(run_dir: Path) -> list[tuple[float, int, float]]:
@@ -174,7 +224,7 @@ def main(argv: list[str], root: Path | None = None) -> dict:
     the script passes its checkout)."""
     root = Path.cwd() if root is None else root
     provenance = collect_provenance()  # the load at the start; its config: the run's, once trained
-    own = {"run_dir": None, "train": "true"}
+    own = {"run_dir": None, "train": "true", "experiment": "multi30k_cpu", "alphas": None}
     for arg in argv:
         key, _, value = arg.partition("=")
         if key in own:
@@ -182,12 +232,10 @@ def main(argv: list[str], root: Path | None = None) -> dict:
     if own["train"] not in ("true", "false"):
         sys.exit(f"train={own['train']!r}: use true or false")
     from transformer_nmt.training.launch import run_name
-    from transformer_nmt.inference.decode_config import DecodeConfig
-
     overrides = [a for a in argv if a.partition("=")[0] not in own]
     if not any(a.startswith("run_id=") for a in overrides):
         overrides.append(f"run_id={run_name(None)}")  # fixed here, so that this script knows the run dir
-    train_overrides = ["experiment=multi30k_cpu", *overrides]
+    train_overrides = [f"experiment={own['experiment']}", *overrides]
     run_dir = Path(own["run_dir"]).resolve() if own["run_dir"] else run_directory(train_overrides, root)
     eval_dir = run_dir / run_files.EVAL
     timings: dict[str, float] = {}
@@ -202,25 +250,37 @@ def main(argv: list[str], root: Path | None = None) -> dict:
     run_config = OmegaConf.load(run_dir / run_files.CONFIG)  # written resolved by the run: read as data
     provenance["config"] = relative_strings(OmegaConf.to_container(run_config, resolve=False), root)
     keep = run_config.checkpoint.recent.keep
-    beam = DecodeConfig().beam
+    search, alphas = run_search(run_config, own["alphas"])
+    beam = search["beam"]
     averaged, last = run_dir / run_files.AVERAGED, run_files.last_checkpoint(run_dir)
     recent = run_dir / run_files.CHECKPOINTS / run_files.RECENT
     run_step("average", ["transformer_nmt.average", f"dir={recent}", f"last={keep}", f"output={averaged}"], timings,
              root)
-    val = {ckpt.stem: evaluate(ckpt, "val", beam, eval_dir, timings, root) for ckpt in (averaged, last)}
+    val = {ckpt.stem: evaluate(ckpt, "val", search, eval_dir, timings, root) for ckpt in (averaged, last)}
     chosen = max((averaged, last), key=lambda c: val[c.stem]["bleu"])  # ties: the averaged one (first)
+    # The length penalty's exponent, chosen on val among alphas= (the run's own first: ties keep it)
+    by_alpha = {search["alpha"]: val[chosen.stem]}
+    for alpha in alphas:
+        if alpha not in by_alpha:
+            by_alpha[alpha] = evaluate(chosen, "val", {**search, "alpha": alpha}, eval_dir, timings, root)
+    chosen_alpha = max(by_alpha, key=lambda a: by_alpha[a]["bleu"])
+    chosen_search = {**search, "alpha": chosen_alpha}
+    greedy = {**search, "beam": 1}
     scores = {
-        ("val", beam): val[chosen.stem],
-        ("test", beam): evaluate(chosen, "test", beam, eval_dir, timings, root),
-        ("val", 1): evaluate(chosen, "val", 1, eval_dir, timings, root),
-        ("test", 1): evaluate(chosen, "test", 1, eval_dir, timings, root),
+        ("val", beam): by_alpha[chosen_alpha],
+        ("test", beam): evaluate(chosen, "test", chosen_search, eval_dir, timings, root),
+        ("val", 1): evaluate(chosen, "val", greedy, eval_dir, timings, root),
+        ("test", 1): evaluate(chosen, "test", greedy, eval_dir, timings, root),
     }
     curve = validation_curve(run_dir)
     results_file = run_dir / run_files.RESULTS
     results = json.loads(results_file.read_text()) if results_file.is_file() else {}
     budget = where_the_time_went(results, train_seconds) if results else None
+    length = planned_and_trained(results, run_config)
     report = {
-        "run_dir": relative_path(run_dir, root), "overrides": overrides, "cpu_flags": reported_cpu_flags(),
+        "run_dir": relative_path(run_dir, root), "experiment": own["experiment"], "overrides": overrides,
+        "cpu_flags": reported_cpu_flags(), **length,
+        "search": chosen_search, "val_bleu_by_alpha": {f"{a:g}": by_alpha[a]["bleu"] for a in by_alpha},
         "train_minutes": timings.get("train"), "total_minutes": round(sum(timings.values()), 2), "timings": timings,
         "val_bleu_chosen_on": {stem: s["bleu"] for stem, s in val.items()}, "chosen": chosen.name,
         "scores": {f"{split}_beam{width}": {k: s.get(k) for k in SCORE_KEYS} for (split, width), s in scores.items()},
@@ -232,6 +292,7 @@ def main(argv: list[str], root: Path | None = None) -> dict:
     (run_dir / "reproduce.json").write_text(json.dumps(report, indent=2) + "\n")
 
     print(f"\nCPU flags: {' '.join(report['cpu_flags'])}; run dir {run_dir}")
+    print(f"length: {describe_budget(length)}")
     print("\n| step | minutes |\n| --- | --- |")
     for name, minutes in timings.items():
         print(f"| {name} | {minutes} |")
@@ -240,8 +301,11 @@ def main(argv: list[str], root: Path | None = None) -> dict:
     print("\n| minutes | step | greedy val BLEU |\n| --- | --- | --- |")
     for minutes, step, bleu in curve:
         print(f"| {minutes} | {step} | {bleu} |")
-    print(f"\nval BLEU, beam {beam}: averaged {val['averaged']['bleu']}, last {val['last']['bleu']} "
-          f"-> chosen {chosen.name}")
+    print(f"\nval BLEU, beam {beam} ({search['length_penalty']} length penalty, alpha {search['alpha']:g}): "
+          f"averaged {val['averaged']['bleu']}, last {val['last']['bleu']} -> chosen {chosen.name}")
+    if len(by_alpha) > 1:
+        print("val BLEU by alpha: " + ", ".join(f"{a:g} {r['bleu']}" for a, r in by_alpha.items())
+              + f" -> alpha {chosen_alpha:g}")
     print("\n| split | decoder | BLEU | BLEU lowercased | BLEU Multi30k (lc, Moses-tok) | chrF | length ratio | BP |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for (split, width), s in scores.items():

@@ -13,9 +13,10 @@ other things differ, and are bridged here:
   is exact, and faster than a call per limit (many small batches). Beam: the limit changes the search
   (every live candidate finishes on the last step), so sentences are translated in groups of equal limit, one
   call per group, all posted at once (``asynchronous``): with ``inter_threads`` > 1 the groups run in parallel.
-- CTranslate2 normalises by length ** alpha, ours by GNMT's ((5 + length) / 6) ** alpha. Both apply the
-  penalty only to finished hypotheses, so the search is the same: we ask for all k finished ones with the eos
-  kept (the length ours counts), undo CTranslate2's penalty and rank them by ours. (When the step that
+- CTranslate2 normalises by length ** alpha (our ``length_penalty=power``), ours by default by GNMT's
+  ((5 + length) / 6) ** alpha. Both apply the penalty only to finished hypotheses, so the search is the same: we
+  ask for all k finished ones with the eos kept (the length ours counts), undo CTranslate2's penalty and rank
+  them by ours. (When the step that
   completes k finishes several, ours keeps them in rank order, CTranslate2 by its score: rarely, the sets
   differ.)
 - it refuses eos on the first step unless min_decoding_length is 0; an empty translation is allowed here.
@@ -117,7 +118,7 @@ class CTranslate2Model:
             limits = [min(max(limit, len(p)), self.config.max_positions - 1) for limit, p in zip(limits, prefixes)]
         if beam == 1:  # greedy: the first `limit` tokens are the output of a search stopped at `limit`
             outputs = self._translate(sources, range(len(sources)), max(limits), beam, alpha, max_tokens, prefixes)
-            return [[Hypothesis(h.tokens[:limit], 0.0) for h in self._hypotheses(output, beam, alpha, n_best)]
+            return [[Hypothesis(h.tokens[:limit], 0.0) for h in self._hypotheses(output, beam, alpha, n_best, decode.length_penalty)]
                     for output, limit in zip(outputs, limits)]
         groups: dict[int, list[int]] = defaultdict(list)
         for i, limit in enumerate(limits):
@@ -127,7 +128,7 @@ class CTranslate2Model:
         results: list[list[Hypothesis]] = [[] for _ in sources]
         for rows, outputs in pending:
             for i, output in zip(rows, outputs):
-                results[i] = self._hypotheses(output.result(), beam, alpha, n_best)
+                results[i] = self._hypotheses(output.result(), beam, alpha, n_best, decode.length_penalty)
         return results
 
     def _translate(self, sources: list[list[int]], rows, limit: int, beam: int, alpha: float, max_tokens: int,
@@ -143,7 +144,7 @@ class CTranslate2Model:
             return_scores=beam > 1,  # greedy scores 0.0: no log-softmax per step
             max_decoding_length=limit, min_decoding_length=0, max_input_length=0, asynchronous=beam > 1, **prefix)
 
-    def _hypotheses(self, output, beam: int, alpha: float, n_best: int) -> list[Hypothesis]:
+    def _hypotheses(self, output, beam: int, alpha: float, n_best: int, penalty: str = "gnmt") -> list[Hypothesis]:
         eos = self.pieces[self.tokenizer.eos_id]
         hypotheses = []
         for tokens, score in zip(output.hypotheses, output.scores or [0.0] * len(output.hypotheses)):
@@ -151,7 +152,7 @@ class CTranslate2Model:
             ids = [self.ids[t] for t in (tokens[:-1] if tokens and tokens[-1] == eos else tokens)]
             total = score * length ** alpha  # CTranslate2 divided the summed log-probability by length ** alpha
             hypotheses.append(Hypothesis(ids, 0.0, 0.0) if beam == 1 else
-                              Hypothesis(ids, total / length_penalty(length, alpha), total))
+                              Hypothesis(ids, total / length_penalty(length, alpha, penalty), total))
         return sorted(hypotheses, key=lambda h: h.score, reverse=True)[:n_best]
 
     def score_ids(self, sources: list[list[int]], targets: list[list[int]], max_tokens: int) -> list[list[float]]:

@@ -10,7 +10,10 @@ from dataclasses import dataclass, field, replace
 @dataclass
 class DecodeConfig:
     beam: int = field(default=4, metadata={"help": "beam size; 1: greedy decoding"})
-    alpha: float = field(default=0.6, metadata={"help": "GNMT length penalty ((5 + |Y|) / 6) ** alpha"})
+    alpha: float = field(default=0.6, metadata={"help": "length penalty exponent (of length_penalty's form)"})
+    length_penalty: str = field(default="gnmt", metadata={
+        "help": "gnmt: scores / ((5 + |Y|) / 6) ** alpha (the paper's) | power: scores / |Y| ** alpha (fairseq's "
+                "--lenpen, CTranslate2's and transformers' length_penalty)"})
     max_len_offset: int = field(default=50, metadata={"help": "at most source length + this many tokens out"})
     max_tokens: int = field(default=4096, metadata={"help": "source tokens per batch, padding counted"})
     n_best: int = field(default=1, metadata={"help": "hypotheses per input, best first (<= beam)"})

@@ -139,7 +139,8 @@ def main(argv: list[str] | None = None) -> dict:
               "engine": options.engine, "compute_type": options.compute_type,
               "threads": getattr(model, "threads", torch.get_num_threads()),
               "inter_threads": getattr(model, "inter_threads", None),
-              "beam": decode.beam, "alpha": decode.alpha, "max_len_offset": decode.max_len_offset,
+              "beam": decode.beam, "alpha": decode.alpha, "length_penalty": decode.length_penalty,
+              "max_len_offset": decode.max_len_offset,
               "decode_seconds": round(seconds, 1), "global_step": meta.get("global_step"),
               PROVENANCE_KEY: collect_provenance(config={"options": asdict(options)})}
     (out_dir / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")

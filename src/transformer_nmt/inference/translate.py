@@ -76,6 +76,7 @@ class ModelOptions:
                                             "transformer_nmt.export (instead of ckpt, which is exported to a cache)")
     beam: int = option_of(DecodeConfig, "beam")
     alpha: float = option_of(DecodeConfig, "alpha")
+    length_penalty: str = option_of(DecodeConfig, "length_penalty")
     max_len_offset: int = option_of(DecodeConfig, "max_len_offset")
     max_tokens: int = option_of(DecodeConfig, "max_tokens")
     device: str = option_of(DecodeConfig, "device")
@@ -211,7 +212,7 @@ def translate_hypotheses(model: Transformer | Ensemble | CTranslate2Model, token
                                                   max_len_offset=max_len_offset, prefix=prefix, **choose)]
         else:
             outputs = beam_search(model, src, beam, decode.alpha, max_len_offset, n_best, tokenizer.bos_id,
-                                  tokenizer.eos_id, prefix=prefix)
+                                  tokenizer.eos_id, prefix=prefix, penalty=decode.length_penalty)
         for i, hyps in zip(rows, outputs):
             results[i] = hyps
     return sources, results

@@ -26,9 +26,22 @@ from transformer_nmt.data.tokenizer import BOS_ID, EOS_ID
 STOP_RULES = ("bound", "k_finished")
 
 
-def length_penalty(length: int | Tensor, alpha: float):
-    """GNMT length penalty ((5 + length) / 6) ** alpha; scores are divided by it."""
+LENGTH_PENALTIES = ("gnmt", "power")
+
+
+def length_penalty(length: int | Tensor, alpha: float, style: str = "gnmt"):
+    """What a finished hypothesis's summed log-probability is divided by: GNMT's ((5 + length) / 6) ** alpha (the
+    paper's, Wu et al. 2016), or ``power``: length ** alpha (fairseq's --lenpen, CTranslate2's and transformers'
+    length_penalty). Both grow with the length for alpha > 0 and are 1 at alpha 0."""
+    if style == "power":
+        return (length if isinstance(length, Tensor) else float(length)) ** alpha
     return ((5.0 + length) / 6.0) ** alpha
+
+
+def check_length_penalty(style: str) -> str:
+    if style not in LENGTH_PENALTIES:
+        raise ValueError(f"length_penalty={style!r}: use one of {LENGTH_PENALTIES}")
+    return style
 
 
 def max_output_lengths(model: Transformer, src: Tensor, max_len_offset: int) -> Tensor:
@@ -143,7 +156,8 @@ def reorder_beams(cache: DecoderCache, beam_rows: Tensor, sentence_rows: Tensor 
 @torch.no_grad()
 def beam_search(model: Transformer, src: Tensor, beam_size: int, alpha: float,
                 max_len_offset: int, n_best: int = 1, bos_id: int = BOS_ID,
-                eos_id: int = EOS_ID, stop: str = "bound", prefix: Tensor | None = None) -> list[list[Hypothesis]]:
+                eos_id: int = EOS_ID, stop: str = "bound", prefix: Tensor | None = None,
+                penalty: str = "gnmt") -> list[list[Hypothesis]]:
     """Batched beam search. src (B, S) -> for each sentence its ``n_best`` hypotheses, best first.
 
     Each step expands the k live beams of every sentence and takes its 2k best continuations (one
@@ -159,8 +173,10 @@ def beam_search(model: Transformer, src: Tensor, beam_size: int, alpha: float,
     - ``k_finished`` (the rule before; kept to compare against): as soon as k hypotheses have
       finished. Short hypotheses finish first, so it stops before longer, better ones can end.
 
-    Each hypothesis's ``log_prob`` is its score times the length penalty of its length.
+    Each hypothesis's ``log_prob`` is its score times the length penalty of its length (``penalty``: gnmt or
+    power, ``length_penalty``).
     """
+    check_length_penalty(penalty)
     if not 1 <= n_best <= beam_size:
         raise ValueError(f"n_best ({n_best}) must be between 1 and beam_size ({beam_size})")
     if stop not in STOP_RULES:
@@ -200,7 +216,7 @@ def beam_search(model: Transformer, src: Tensor, beam_size: int, alpha: float,
         is_eos = tokens == eos_id  # (b, 2k)
         at_limit = step + 1 >= limits  # (b,)
         finishing = (is_eos & (rank < k)) | (at_limit.unsqueeze(1) & ~is_eos)
-        new_fin = torch.where(finishing, top_scores / length_penalty(step + 1, alpha), float("-inf"))
+        new_fin = torch.where(finishing, top_scores / length_penalty(step + 1, alpha, penalty), float("-inf"))
         fin_tokens = torch.cat([fin_tokens, torch.full((b, k, 1), eos_id, device=device)], dim=-1)
         fin_scores, best = torch.cat([fin_scores, new_fin], dim=1).topk(k, dim=1)  # (b, k)
         fin_tokens = torch.cat([fin_tokens, sequences], dim=1).gather(
@@ -213,7 +229,7 @@ def beam_search(model: Transformer, src: Tensor, beam_size: int, alpha: float,
         beam_rows = (torch.arange(b, device=device) * width).unsqueeze(1) + origins.gather(1, pick)  # (b, k)
 
         if stop == "bound":
-            best_reachable = alive_scores[:, 0] / length_penalty(limits.float(), alpha)  # (b,)
+            best_reachable = alive_scores[:, 0] / length_penalty(limits.float(), alpha, penalty)  # (b,)
             done = at_limit | (fin_scores[:, n_best - 1] >= best_reachable)
         else:
             done = at_limit | (fin_scores[:, -1] > float("-inf"))
@@ -237,7 +253,7 @@ def beam_search(model: Transformer, src: Tensor, beam_size: int, alpha: float,
         last = alive_tokens[:, :, -1].reshape(-1, 1)  # (b'*k, 1)
 
     scores, tokens = out_scores.tolist(), out_tokens.tolist()
-    return [[Hypothesis(ids, score, score * length_penalty(output_length(ids, all_limits[i]), alpha))
+    return [[Hypothesis(ids, score, score * length_penalty(output_length(ids, all_limits[i]), alpha, penalty))
              for ids, score in zip(until_eos(tokens[i], eos_id), scores[i])
              if score > float("-inf")][:n_best] for i in range(B)]
 

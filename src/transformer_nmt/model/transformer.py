@@ -43,6 +43,8 @@ class TransformerConfig:
     d_ff: int = field(default=2048, metadata={"help": "inner size of the feed-forward sub-layers"})
     dropout: float = field(default=0.1, metadata={"help": "P_drop: sub-layer outputs and embedding sums (5.4)"})
     attention_dropout: float = field(default=0.0, metadata={"help": "on attention weights; the paper has none"})
+    activation_dropout: float = field(default=0.0, metadata={
+        "help": "inside the feed-forward, after the non-linearity (fairseq's activation_dropout); the paper has none"})
     max_positions: int = field(default=1024, metadata={"help": "longest sequence the position table holds"})
     positions: str = field(default="sinusoidal", metadata={
         "help": "sinusoidal (3.5) | learned: a trained (max_positions, d_model) table (row E)"})
@@ -91,17 +93,19 @@ def sinusoidal_positions(max_positions: int, d_model: int) -> Tensor:
 
 
 class FeedForward(nn.Module):
-    """Section 3.3: FFN(x) = max(0, x W1 + b1) W2 + b2 (relu; or swish, gelu: ``activation``)."""
+    """Section 3.3: FFN(x) = max(0, x W1 + b1) W2 + b2 (relu; or swish, gelu: ``activation``), with optional
+    dropout on the hidden activations (``dropout``; the paper has none)."""
 
-    def __init__(self, d_model: int, d_ff: int, activation: str = "relu"):
+    def __init__(self, d_model: int, d_ff: int, activation: str = "relu", dropout: float = 0.0):
         super().__init__()
         self.linear1 = nn.Linear(d_model, d_ff)
         self.linear2 = nn.Linear(d_ff, d_model)
         self.activation = ACTIVATIONS[activation]
+        self.dropout = Dropout(dropout)
 
     def forward(self, x: Tensor) -> Tensor:
         """x (B, L, d_model) -> (B, L, d_model), through (B, L, d_ff)."""
-        return self.linear2(self.activation(self.linear1(x)))
+        return self.linear2(self.dropout(self.activation(self.linear1(x))))
 
 
 class SublayerConnection(nn.Module):
@@ -126,7 +130,7 @@ class EncoderLayer(nn.Module):
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
         self.self_attn = _attention(cfg)
-        self.feed_forward = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation)
+        self.feed_forward = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation, cfg.activation_dropout)
         self.attn_block = SublayerConnection(cfg.d_model, cfg.dropout, cfg.norm_first)
         self.ff_block = SublayerConnection(cfg.d_model, cfg.dropout, cfg.norm_first)
 
@@ -142,7 +146,7 @@ class DecoderLayer(nn.Module):
         super().__init__()
         self.self_attn = _attention(cfg)
         self.cross_attn = _attention(cfg)
-        self.feed_forward = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation)
+        self.feed_forward = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation, cfg.activation_dropout)
         self.self_attn_block = SublayerConnection(cfg.d_model, cfg.dropout, cfg.norm_first)
         self.cross_attn_block = SublayerConnection(cfg.d_model, cfg.dropout, cfg.norm_first)
         self.ff_block = SublayerConnection(cfg.d_model, cfg.dropout, cfg.norm_first)

@@ -44,7 +44,7 @@ from transformer_nmt.provenance import collect as collect_provenance
 from transformer_nmt.training.precision import compute_dtype, precision_dependent, resolve_precision
 from transformer_nmt.training.time_budget import TimeBudget
 from transformer_nmt.training.config import schema_error
-from transformer_nmt.training.module import TranslationModule
+from transformer_nmt.training.module import TranslationModule, peak_lr
 
 log = logging.getLogger(__name__)
 
@@ -200,8 +200,10 @@ def summary(cfg: DictConfig, datamodule, module: TranslationModule, trainer: pl.
         f"devices     {trainer.num_nodes} node(s) x {trainer.num_devices} {type(trainer.accelerator).__name__}, "
         f"strategy {type(trainer.strategy).__name__}, precision {trainer.precision} ({trainer_precision(cfg)[1]})",
         f"attention   {attention_kernel(c.attention, trainer)}",
-        f"schedule    warmup {cfg.train.warmup_steps} steps, lr_factor {cfg.train.lr_factor}, "
-        f"max_steps {trainer.max_steps}, max_epochs {trainer.max_epochs}",
+        f"schedule    peak lr {peak_lr(module.optim, c.d_model):.3g} at step {cfg.train.warmup_steps} ("
+        + ("train.lr" if cfg.train.get("lr") is not None else f"lr_factor {cfg.train.lr_factor}")
+        + (f", warmup from {cfg.train.warmup_init_lr:g}" if cfg.train.get("warmup_init_lr") else "")
+        + f", then inverse sqrt), max_steps {trainer.max_steps}, max_epochs {trainer.max_epochs}",
         f"run dir     {trainer.default_root_dir}",
         f"resume      {resume}",
     ]
@@ -241,13 +243,24 @@ def run_results(module: TranslationModule, trainer: pl.Trainer, metrics: dict, o
         "val_loss": metric("val/loss"), "val_ppl": metric("val/ppl"), "val_bleu": metric("val/bleu"),
         "test_bleu": metric("test/bleu"),
         "train_tgt_tokens_per_sec": round(tokens_per_sec, 1) if tokens_per_sec is not None else None,
-        "steps": trainer.global_step,
+        "steps": trainer.global_step, "epochs": epochs_trained(trainer),
+        "planned": {"max_steps": trainer.max_steps, "max_epochs": trainer.max_epochs},
         "wall_seconds": round(wall_seconds, 1),
         "precision": str(trainer.precision), "torch_threads": torch.get_num_threads(),
         "cpu_flags": reported_cpu_flags(),
         "time_budget": budget.report(wall_seconds) if budget is not None else None,
         PROVENANCE_KEY: provenance,
     }
+
+
+def epochs_trained(trainer: pl.Trainer) -> float | None:
+    """Epochs the run's optimizer steps amount to (steps / optimizer steps per epoch of this launch's sampler), to
+    a hundredth; None before a training epoch has its length."""
+    batches = trainer.num_training_batches
+    if not isinstance(batches, int) or batches < 1:
+        return None
+    per_epoch = max(batches // max(trainer.accumulate_grad_batches, 1), 1)
+    return round(trainer.global_step / per_epoch, 2)
 
 
 def write_hypotheses(module: TranslationModule, datamodule, run_dir: Path) -> None:

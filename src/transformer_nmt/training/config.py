@@ -24,6 +24,7 @@ from omegaconf.errors import OmegaConfBaseException
 from transformer_nmt.options import option, show
 from transformer_nmt.conf import CONF_DIR
 from transformer_nmt.data.config import DataConfig
+from transformer_nmt.inference.decode_config import DecodeConfig
 from transformer_nmt.model.transformer import TransformerConfig
 
 
@@ -44,6 +45,11 @@ class TrainConfig:
     label_smoothing: float = option(0.1, "eps_ls: label smoothing of the loss (5.4)")
     lr_factor: float = option(1.0, "lr = factor * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5) (5.3: 1.0)")
     warmup_steps: int = option(4000, "optimizer steps of linear warmup, then inverse square root decay (5.3)")
+    lr: float | None = option(None, "the peak lr, at step warmup_steps, given directly (fairseq's --lr with "
+                                     "--lr-scheduler inverse_sqrt): lr * min(step / warmup, (warmup / step)^0.5); "
+                                     "null: from lr_factor and d_model as in 5.3")
+    warmup_init_lr: float = option(0.0, "the lr the linear warmup starts from (fairseq's --warmup-init-lr); the "
+                                        "paper's starts from 0")
     betas: list[float] = option(help="Adam's (beta1, beta2) (5.3)", factory=lambda: [0.9, 0.98])
     eps: float = option(1e-9, "Adam's epsilon (5.3)")
     clip_grad_norm: float | None = option(None, "max global L2 norm of the gradients; null: no clipping (the "
@@ -132,6 +138,9 @@ class TrainAppConfig:
     callbacks: dict[str, Any] = option(help="NAME: {_target_: CLASS, ...} Lightning callbacks, built in order "
                                              "(conf/callbacks/); callbacks.NAME=null drops one", factory=dict)
     logger: dict[str, Any] | None = option(None, "{_target_: CLASS, ...}: the Lightning logger (conf/logger/)")
+    decode: DecodeConfig = option(help="how this run's checkpoints are searched when scored after training "
+                                       "(transformer_nmt.reproduce: beam, length_penalty, alpha); validation "
+                                       "BLEU is greedy", factory=DecodeConfig)
     ablation: dict[str, Any] = option(help="free knobs an experiment interpolates into other settings "
                                             "(ablation.n_layers)", factory=dict)
 

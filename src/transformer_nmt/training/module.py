@@ -136,9 +136,32 @@ def inverse_sqrt_lr(step: int, d_model: int, warmup_steps: int, factor: float = 
     return factor * d_model ** -0.5 * min(step ** -0.5, step * warmup_steps ** -1.5)
 
 
-def _scheduler_factor(scheduler_step: int, d_model: int, warmup_steps: int, factor: float) -> float:
+def warmup_inverse_sqrt_lr(step: int, peak: float, warmup_steps: int, init: float = 0.0) -> float:
+    """The same schedule by its peak, as fairseq's ``inverse_sqrt`` states it: linear from ``init`` at step 0 to
+    ``peak`` at ``warmup_steps``, then peak * (warmup_steps / step)^0.5. With ``init`` 0 and peak
+    factor * (d_model * warmup_steps)^-0.5 it is ``inverse_sqrt_lr``."""
+    step = max(step, 1)
+    if step < warmup_steps:
+        return init + (peak - init) * step / warmup_steps
+    return peak * (warmup_steps / step) ** 0.5
+
+
+def peak_lr(optim: dict, d_model: int) -> float:
+    """The schedule's peak (at step warmup_steps): ``train.lr`` where given, else 5.3's factor * (d_model *
+    warmup)^-0.5."""
+    if optim.get("lr") is not None:
+        return float(optim["lr"])
+    return inverse_sqrt_lr(optim["warmup_steps"], d_model, optim["warmup_steps"], optim["lr_factor"])
+
+
+def _scheduler_factor(scheduler_step: int, d_model: int, warmup_steps: int, factor: float,
+                      peak: float | None = None, init: float = 0.0) -> float:
     # LambdaLR's step counter is 0 before the first optimizer step; the paper counts from 1.
-    return inverse_sqrt_lr(scheduler_step + 1, d_model, warmup_steps, factor)
+    if peak is None and init == 0.0:
+        return inverse_sqrt_lr(scheduler_step + 1, d_model, warmup_steps, factor)
+    if peak is None:
+        peak = inverse_sqrt_lr(warmup_steps, d_model, warmup_steps, factor)
+    return warmup_inverse_sqrt_lr(scheduler_step + 1, peak, warmup_steps, init)
 
 
 def dropout_seed(seed: int, rank: int, global_step: int, batch_idx: int) -> int:
@@ -193,8 +216,8 @@ class TranslationModule(pl.LightningModule):
         o = self.optim
         fused = True if o["fused_adam"] and self.device.type == "cuda" else None  # None: torch's default
         optimizer = torch.optim.Adam(self.parameters(), lr=1.0, betas=tuple(o["betas"]), eps=o["eps"], fused=fused)
-        schedule = partial(_scheduler_factor, d_model=self.model.config.d_model,
-                           warmup_steps=o["warmup_steps"], factor=o["lr_factor"])
+        schedule = partial(_scheduler_factor, d_model=self.model.config.d_model, warmup_steps=o["warmup_steps"],
+                           factor=o["lr_factor"], peak=o["lr"], init=o["warmup_init_lr"])
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
         # interval "step": Lightning steps it once per optimizer step, i.e. after accumulation.
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
