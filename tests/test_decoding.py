@@ -55,10 +55,12 @@ def reference_greedy(model, src_row, max_len, next_log_probs=None):
 
 
 @torch.no_grad()
-def reference_beam(model, src_row, k, alpha, max_len, stop="bound", n_best=1, next_log_probs=None):
+def reference_beam(model, src_row, k, alpha, max_len, stop="bound", n_best=1, next_log_probs=None, lp=None):
     """One sentence, no cache, no batching: the beam search rule written as plainly as possible.
-    Returns the n_best finished (tokens, normalised score), best first."""
+    Returns the n_best finished (tokens, normalised score), best first. ``lp(n, alpha)``: the length penalty
+    (default GNMT's)."""
     next_log_probs = next_log_probs or model_log_probs(model)
+    length_penalty = lp or globals()["length_penalty"]
     src = src_row[src_row != PAD].unsqueeze(0)
     beams = [([], 0.0)]  # (generated tokens, sum of log-probs)
     finished = []
@@ -118,6 +120,28 @@ def test_cached_batched_beam_search_equals_slow_reference(seed, k, alpha, stop):
         assert hyps[0].score == pytest.approx(score, abs=1e-4)
 
 
+@pytest.mark.parametrize("seed, k, alpha", [(0, 4, 1.0), (1, 3, 0.8), (4, 5, 1.0)])
+def test_power_length_penalty_search_equals_slow_reference(seed, k, alpha):
+    """decode.length_penalty=power (fairseq's --lenpen, CTranslate2's length_penalty): scores / |Y| ** alpha."""
+    model, src = random_model(seed), random_sources(seed)
+    lengths = (src != PAD).sum(1)
+    results = beam_search(model, src, beam_size=k, alpha=alpha, max_len_offset=4, n_best=2, penalty="power")
+    for i, hyps in enumerate(results):
+        reference = reference_beam(model, src[i], k, alpha, int(lengths[i]) + 4, n_best=2,
+                                   lp=lambda n, a: float(n) ** a)
+        assert [h.tokens for h in hyps] == [tokens for tokens, _ in reference]
+        assert [h.score for h in hyps] == pytest.approx([score for _, score in reference], abs=1e-4)
+        for h in hyps:  # log_prob: the score times the penalty of the length (eos counted, none at the limit)
+            length = len(h.tokens) + (len(h.tokens) < int(lengths[i]) + 4)
+            assert h.log_prob == pytest.approx(h.score * length ** alpha, abs=1e-4)
+
+
+def test_an_unknown_length_penalty_is_refused_naming_the_choices():
+    model, src = random_model(0), random_sources(0)
+    with pytest.raises(ValueError, match=r"length_penalty='fairseq'.*\('gnmt', 'power'\)"):
+        beam_search(model, src, beam_size=2, alpha=1.0, max_len_offset=2, penalty="fairseq")
+
+
 def test_n_best_equal_slow_reference():
     model, src = random_model(5), random_sources(5)
     lengths = (src != PAD).sum(1)
@@ -152,6 +176,9 @@ def test_output_length_is_bounded_by_source_length_plus_offset():
 def test_length_penalty_formula():
     assert length_penalty(7, 0.6) == pytest.approx(2.0 ** 0.6)
     assert length_penalty(10, 0.0) == 1.0
+    assert length_penalty(7, 0.6, "power") == pytest.approx(7 ** 0.6)
+    assert length_penalty(torch.tensor([4.0, 9.0]), 0.5, "power").tolist() == pytest.approx([2.0, 3.0])
+    assert length_penalty(10, 0.0, "power") == 1.0
 
 
 class MarkovTable:

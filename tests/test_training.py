@@ -2,6 +2,7 @@
 LightningModule step logs, and self-contained checkpoints."""
 
 import math
+from functools import partial
 import random
 import time
 from types import SimpleNamespace
@@ -22,7 +23,8 @@ from transformer_nmt.inference.decode_config import DecodeConfig
 from transformer_nmt.model.transformer import Transformer
 from transformer_nmt.training.app import train
 from transformer_nmt.training.module import (TranslationModule, dropout_seed, inverse_sqrt_lr,
-                                             label_smoothed_cross_entropy, loss_chunk_elements)
+                                             label_smoothed_cross_entropy, loss_chunk_elements, peak_lr,
+                                             warmup_inverse_sqrt_lr)
 
 # --- loss -------------------------------------------------------------------------------------
 
@@ -174,6 +176,51 @@ def test_inverse_sqrt_schedule_warms_up_linearly_then_decays():
     assert inverse_sqrt_lr(16000, d, warmup) == pytest.approx(peak / 2)  # 1/sqrt(step) decay
     assert max(inverse_sqrt_lr(s, d, warmup) for s in range(1, 20000, 7)) <= peak
     assert inverse_sqrt_lr(100, d, warmup, factor=2.0) == pytest.approx(2 * inverse_sqrt_lr(100, d, warmup))
+
+
+def test_a_peak_given_directly_and_a_warmup_from_an_initial_lr_as_fairseq_states_them():
+    """fairseq's inverse_sqrt (--lr 0.005 --warmup-updates 2000 --warmup-init-lr 1e-7): linear from 1e-7 to 0.005
+    over 2000 updates, then 0.005 * sqrt(2000 / step). Values computed by hand."""
+    lr = partial(warmup_inverse_sqrt_lr, peak=0.005, warmup_steps=2000, init=1e-7)
+    assert lr(1000) == pytest.approx(1e-7 + (0.005 - 1e-7) / 2)
+    assert lr(2000) == pytest.approx(0.005)
+    assert lr(8000) == pytest.approx(0.0025)
+    # Without init, a peak of factor * (d * warmup)^-0.5 is the paper's schedule at every step
+    d, warmup = 512, 4000
+    paper = [inverse_sqrt_lr(s, d, warmup, 1.5) for s in (1, 100, 3999, 4000, 4001, 20000)]
+    assert [warmup_inverse_sqrt_lr(s, 1.5 * (d * warmup) ** -0.5, warmup) for s in (1, 100, 3999, 4000, 4001, 20000)] \
+        == pytest.approx(paper)
+    # The optimizer's lr through the module: train.lr and train.warmup_init_lr as given, the first step at step 1
+    module = TranslationModule(dict(vocab_size=20, d_model=16, n_heads=2, n_encoder_layers=1, n_decoder_layers=1,
+                                    d_ff=32), {"lr": 0.005, "warmup_steps": 2000, "warmup_init_lr": 1e-7})
+    scheduler = module.configure_optimizers()["lr_scheduler"]["scheduler"]
+    optimizer = scheduler.optimizer
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(1e-7 + (0.005 - 1e-7) / 2000)
+    for _ in range(1999):
+        optimizer.step()
+        scheduler.step()
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(0.005)
+    assert peak_lr(module.optim, 16) == 0.005
+    assert peak_lr({"lr": None, "warmup_steps": 4000, "lr_factor": 1.0}, 512) == pytest.approx((512 * 4000) ** -0.5)
+
+
+def test_activation_dropout_drops_inside_the_feed_forward_only_in_training():
+    from transformer_nmt.model.transformer import FeedForward
+
+    torch.manual_seed(0)
+    ff = FeedForward(8, 32, "relu", dropout=0.5)
+    x = torch.randn(2, 3, 8)
+    hidden = torch.relu(ff.linear1(x))
+    ff.train()
+    torch.manual_seed(1)
+    out = ff(x)
+    torch.manual_seed(1)
+    from transformer_nmt.model.dropout import dropout
+    assert torch.equal(out, ff.linear2(dropout(hidden, 0.5)))  # the mask falls on the d_ff activations
+    assert not torch.allclose(out, ff.linear2(hidden))
+    ff.eval()
+    assert torch.equal(ff(x), ff.linear2(hidden))
+    assert set(FeedForward(8, 32, "relu", 0.1).state_dict()) == set(FeedForward(8, 32).state_dict())  # no weights
 
 
 def test_dropout_seeds_depend_on_rank_and_position_only():

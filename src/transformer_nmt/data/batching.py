@@ -117,19 +117,14 @@ class TokenBucketBatchSampler:
     plan_ahead_seconds = 1.0
 
     def __init__(self, widths, max_tokens: int, shuffle: bool = True, seed: int = 0, num_replicas: int = 1,
-                 rank: int = 0, pad_to_multiple: int = 1):
+                 rank: int = 0, pad_to_multiple: int = 1, epoch_widths=None):
         if not 0 <= rank < num_replicas:
             raise ValueError(f"rank {rank} is outside 0..{num_replicas - 1}")
-        self.widths = np.asarray(widths)
-        if pad_to_multiple > 1:  # as pad_pairs pads: the plan bounds the widths the batches will have
-            self.widths = -(-self.widths // pad_to_multiple) * pad_to_multiple
-        if len(self.widths) and self.widths.max() > max_tokens:
-            raise ValueError(
-                f"data.max_tokens={max_tokens} is smaller than the longest pair ({self.widths.max()} padded tokens "
-                f"with bos/eos): raise data.max_tokens or lower data.max_positions"
-            )
-        self.max_tokens, self.shuffle, self.seed = max_tokens, shuffle, seed
-        self.pad_to_multiple = pad_to_multiple
+        self.max_tokens, self.pad_to_multiple = max_tokens, pad_to_multiple
+        self.widths = self._checked(widths)
+        # epoch -> (n,) widths, where every epoch has its own (subword sampling: data/subword_sampling.py)
+        self.epoch_widths = epoch_widths
+        self.shuffle, self.seed = shuffle, seed
         self.num_replicas, self.rank = num_replicas, rank
         self.epoch = 0
         self.dealt_before: list[tuple[int, int]] = []  # earlier runs of this epoch: (ranks, batches per rank)
@@ -139,6 +134,26 @@ class TokenBucketBatchSampler:
         self._mine: tuple[tuple, list[np.ndarray], int] | None = None  # (key, this rank's batches, repeats)
         self._ahead: tuple[tuple, Future] | None = None
         self._executor: ThreadPoolExecutor | None = None
+
+    def _checked(self, widths) -> np.ndarray:
+        widths = np.asarray(widths)
+        if self.pad_to_multiple > 1:  # as pad_pairs pads: the plan bounds the widths the batches will have
+            widths = -(-widths // self.pad_to_multiple) * self.pad_to_multiple
+        if len(widths) and widths.max() > self.max_tokens:
+            raise ValueError(
+                f"data.max_tokens={self.max_tokens} is smaller than the longest pair ({widths.max()} padded tokens "
+                f"with bos/eos): raise data.max_tokens or lower data.max_positions"
+            )
+        return widths
+
+    def widths_of(self, epoch: int) -> np.ndarray:
+        """The pairs' padded widths in ``epoch`` (the same every epoch unless ``epoch_widths`` was given)."""
+        if self.epoch_widths is None:
+            return self.widths
+        widths = self._checked(self.epoch_widths(epoch))
+        if len(widths) != len(self.widths):
+            raise ValueError(f"epoch {epoch} has widths for {len(widths)} pairs, not {len(self.widths)}")
+        return widths
 
     @property
     def sampler(self):
@@ -155,7 +170,8 @@ class TokenBucketBatchSampler:
 
     def _remaining(self, epoch: int, dealt_before: tuple) -> tuple[list[np.ndarray], int]:
         ranks = [r for r, _ in dealt_before] + [self.num_replicas]
-        batches, repeated = plan_epoch(self.widths, self.max_tokens, self.seed, epoch, ranks[0], self.shuffle)
+        batches, repeated = plan_epoch(self.widths_of(epoch), self.max_tokens, self.seed, epoch, ranks[0],
+                                       self.shuffle)
         for (replicas, taken), following in zip(dealt_before, ranks[1:]):
             batches, repeated = equalize(batches[replicas * taken:], following)
         return batches, repeated

@@ -41,6 +41,7 @@ from transformer_nmt.durable import publish_directory, temporary_directory
 from transformer_nmt.data.batching import TokenBucketBatchSampler, pad_pairs, pair_widths
 from transformer_nmt.data.corpus import (FilterReport, both_sides, file_fingerprint, filter_pairs, split_inputs,
                                          write_split)
+from transformer_nmt.data.subword_sampling import SampledSegmentation, take_rows
 from transformer_nmt.hardware import available_cpus
 from transformer_nmt.data.tokenizer import Tokenizer, tokenize_dataset, train_sentencepiece
 
@@ -124,6 +125,29 @@ class PairDataset(torch.utils.data.Dataset):
         return pad_pairs(ragged[0], ragged[1], indices, self.pad_to_multiple)
 
 
+class SampledPairDataset(PairDataset):
+    """The training pairs in the segmentation of the epoch being read (subword sampling, data.spm_alpha):
+    ``set_epoch`` says which; the ids come from ``SampledSegmentation``, not from the Arrow table."""
+
+    def __init__(self, segmentation: SampledSegmentation, pad_to_multiple: int = 1):
+        self.segmentation, self.pad_to_multiple, self.epoch = segmentation, pad_to_multiple, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return len(self.segmentation)
+
+    def __getitem__(self, index: int) -> dict:
+        (s_flat, s_off), (t_flat, t_off) = self.segmentation.epoch(self.epoch)
+        return {"src": s_flat[s_off[index]:s_off[index + 1]].tolist(),
+                "tgt": t_flat[t_off[index]:t_off[index + 1]].tolist(), "index": index}
+
+    def __getitems__(self, indices: list[int]) -> dict[str, torch.Tensor]:
+        src, tgt = self.segmentation.epoch(self.epoch)
+        return pad_pairs(take_rows(src, indices), take_rows(tgt, indices), indices, self.pad_to_multiple)
+
+
 def _padded_already(batch: dict) -> dict:
     return batch
 
@@ -143,6 +167,8 @@ class ResumableDataLoader(DataLoader):
     def __iter__(self):
         sampler = self.batch_sampler
         self._epoch, self._dealt_before, self._consumed = sampler.epoch, list(sampler.dealt_before), 0
+        if hasattr(self.dataset, "set_epoch"):  # subword sampling: the ids of this epoch's segmentation
+            self.dataset.set_epoch(sampler.epoch)
         for batch in super().__iter__():
             self._consumed += 1
             yield batch
@@ -201,6 +227,7 @@ class TranslationDataModule(L.LightningDataModule):
         self.tokenizer_path_used: Path | None = None
         self.splits: dict[str, Split] = {}
         self._samplers: dict[str, TokenBucketBatchSampler] = {}
+        self._segmentation: SampledSegmentation | None = None
 
     # -------------------------------------------------------------------------------------------- setup
 
@@ -330,20 +357,45 @@ class TranslationDataModule(L.LightningDataModule):
         s = self._split(split)
         return s.raw.data.column(self.src_lang).take(s.keep).to_pylist()
 
+    def segmentation(self) -> SampledSegmentation | None:
+        """The training split's sampled segmentations (data.spm_alpha > 0), built once; None when off."""
+        if not self.config.spm_alpha:
+            return None
+        if self._segmentation is None:
+            if self.num_workers:
+                raise ValueError("data.spm_alpha > 0 reads each epoch's segmentation in the main process: set "
+                                 "data.num_workers=0")
+            s = self._split("train")
+            fallback = tuple(self._kept_ids(s, lang) for lang in (self.src_lang, self.tgt_lang))
+            self._segmentation = SampledSegmentation(self.tokenizer, self.sources("train"), self.references("train"),
+                                                     self.config.spm_alpha, self.seed, self.max_positions, fallback)
+        return self._segmentation
+
+    @staticmethod
+    def _kept_ids(s: Split, lang: str):
+        """The deterministic ids of the kept pairs of a split, one language, as a ragged array."""
+        ids = s.tokens.data.column(f"{lang}_ids").take(s.keep).combine_chunks()
+        offsets = ids.offsets.to_numpy().astype(np.int64)
+        return ids.flatten().to_numpy(), offsets - offsets[0]
+
     def batch_sampler(self, split: str) -> TokenBucketBatchSampler:
         """The split's batch sampler, for this process's rank (trainer attached) or a single process."""
         s = self._split(split)
         trainer = getattr(self, "trainer", None)
         replicas, rank = (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
         train = split == "train"
+        segmentation = self.segmentation() if train else None
         return TokenBucketBatchSampler(s.widths, self.max_tokens if train else self.eval_max_tokens,
                                        shuffle=train, seed=self.seed, num_replicas=replicas, rank=rank,
-                                       pad_to_multiple=self.pad_to_multiple)
+                                       pad_to_multiple=self.pad_to_multiple,
+                                       epoch_widths=segmentation.widths if segmentation is not None else None)
 
     def dataloader(self, split: str) -> ResumableDataLoader:
         s = self._split(split)
         device = getattr(getattr(getattr(self, "trainer", None), "strategy", None), "root_device", None)
+        segmentation = self.segmentation() if split == "train" else None
         return ResumableDataLoader(
+            SampledPairDataset(segmentation, self.pad_to_multiple) if segmentation is not None else
             PairDataset(s.tokens, s.keep, self.src_lang, self.tgt_lang, self.pad_to_multiple),
             batch_sampler=self.batch_sampler(split),
             collate_fn=_padded_already,

@@ -125,6 +125,16 @@ class Tokenizer:
             return sp.encode(texts, num_threads=num_threads)
         return [self._to_ids(pieces) for pieces in sp.encode(texts, out_type=str, num_threads=num_threads)]
 
+    def encode_sampled(self, texts: list[str], alpha: float, target: bool = False) -> list[list[int]]:
+        """One sampled segmentation of each sentence (subword regularization: SentencePiece's sampling, which is
+        BPE-dropout with merge-drop probability ``alpha`` for a BPE model, and sampling from the unigram lattice
+        with smoothing ``alpha`` for a unigram one). On one thread, in order: the draws follow SentencePiece's
+        generator of the calling thread (data/subword_sampling.py seeds a fresh one per epoch)."""
+        sp = self._sentencepiece(target)
+        sampled = sp.encode(texts, out_type=int if self._pieces is None else str, enable_sampling=True,
+                            alpha=alpha, nbest_size=-1, num_threads=1)
+        return sampled if self._pieces is None else [self._to_ids(pieces) for pieces in sampled]
+
     def decode(self, ids: Iterable[int]) -> str:
         """Detokenized text (the target side's); special ids (pad, bos, eos) are dropped."""
         kept = [int(i) for i in ids if i not in (PAD_ID, BOS_ID, EOS_ID)]

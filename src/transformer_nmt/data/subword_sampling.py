@@ -1,0 +1,136 @@
+"""Subword regularization on the training side (Kudo 2018; BPE-dropout, Provilkov et al. 2020): each epoch sees
+every training sentence in a segmentation drawn anew, while validation and test keep the deterministic one.
+
+``data.spm_alpha`` > 0 turns it on. An epoch's segmentation is a pure function of (seed, epoch): the whole
+training split is encoded in corpus order on one fresh thread whose SentencePiece generator is seeded from
+(seed, epoch) (SentencePiece keeps one generator per thread, seeded when the thread first samples), so a resumed
+run draws what an uninterrupted one drew, and every rank of a DDP run draws the same. The batch sampler plans each
+epoch with that epoch's lengths (``SampledSegmentation.widths``), so batches stay within ``data.max_tokens``. A
+sentence whose sampled ids would not fit ``data.max_positions`` keeps its deterministic ids (counted).
+
+Cost: one single-threaded pass of SentencePiece over the training text per epoch (Multi30k's 29k pairs: about a
+second), kept in memory as ragged arrays. A pair kept by the filter stays kept: the filter runs once, on the
+deterministic ids.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+from collections.abc import Sequence
+
+import numpy as np
+
+from transformer_nmt.data.batching import pair_widths
+from transformer_nmt.data.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+
+Ragged = tuple[np.ndarray, np.ndarray]  # (flat ids, offsets of n + 1 rows)
+
+
+def epoch_seed(seed: int, epoch: int) -> int:
+    """SentencePiece's generator seed for an epoch: a hash of (seed, epoch), within its 32-bit range."""
+    digest = hashlib.sha256(f"subword-sampling/{seed}/{epoch}".encode()).digest()
+    return int.from_bytes(digest[:4], "little") or 1
+
+
+def _ragged(rows: Sequence[Sequence[int]]) -> Ragged:
+    lengths = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
+    offsets = np.zeros(len(rows) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    flat = np.fromiter((i for row in rows for i in row), dtype=np.int32, count=int(offsets[-1]))
+    return flat, offsets
+
+
+def sample_on_fresh_thread(tokenizer: Tokenizer, texts: list[str], alpha: float, seed: int,
+                           target: bool) -> list[list[int]]:
+    """``tokenizer.encode_sampled(texts, alpha)`` on a new thread whose generator starts from ``seed``."""
+    import sentencepiece as spm
+
+    result: list = []
+
+    def work():
+        spm.set_random_generator_seed(seed)  # read when this thread first samples: its generator starts here
+        result.append(tokenizer.encode_sampled(texts, alpha, target=target))
+
+    thread = threading.Thread(target=work, name="subword-sampling")
+    thread.start()
+    thread.join()
+    if not result:
+        raise RuntimeError("subword sampling failed on its thread (see the error above)")
+    return result[0]
+
+
+class SampledSegmentation:
+    """The training split's sampled token ids, one epoch at a time (see the module doc).
+
+    ``sources``/``targets``: the kept pairs' raw sentences, in the filtered split's order; ``fallback``: their
+    deterministic ids ((src Ragged, tgt Ragged)), used where a sample is too long for ``max_positions``.
+    """
+
+    def __init__(self, tokenizer: Tokenizer, sources: list[str], targets: list[str], alpha: float, seed: int,
+                 max_positions: int, fallback: tuple[Ragged, Ragged]):
+        if not 0.0 < alpha < 1.0:
+            raise ValueError(f"data.spm_alpha={alpha}: give a probability in (0, 1), or 0 for no sampling")
+        if len(sources) != len(targets):
+            raise ValueError(f"{len(sources)} source but {len(targets)} target sentences")
+        self.tokenizer, self.sources, self.targets = tokenizer, sources, targets
+        self.alpha, self.seed, self.max_positions = alpha, seed, max_positions
+        self.fallback = fallback
+        # epoch -> ((source ids, target ids), widths): the epoch being read and the one the batch sampler may plan
+        # ahead (batching.TokenBucketBatchSampler._plan_ahead), never more
+        self._epochs: dict[int, tuple[tuple[Ragged, Ragged], np.ndarray]] = {}
+        self.fallbacks: dict[int, int] = {}  # per epoch: pairs that kept their deterministic ids
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self.sources)
+
+    def _build(self, epoch: int) -> tuple[tuple[Ragged, Ragged], np.ndarray]:
+        seed = epoch_seed(self.seed, epoch)
+        src = sample_on_fresh_thread(self.tokenizer, self.sources, self.alpha, seed, target=False)
+        tgt = sample_on_fresh_thread(self.tokenizer, self.targets, self.alpha, seed ^ 0x5EED, target=True)
+        too_long = 0
+        (s_flat, s_off), (t_flat, t_off) = self.fallback
+        for i in range(len(src)):  # source + eos and bos + target + eos must fit the positions, as the filter says
+            if len(src[i]) + 1 > self.max_positions or len(tgt[i]) + 2 > self.max_positions:
+                src[i] = s_flat[s_off[i]:s_off[i + 1]].tolist()
+                tgt[i] = t_flat[t_off[i]:t_off[i + 1]].tolist()
+                too_long += 1
+        ids = (_ragged(src), _ragged(tgt))
+        self.fallbacks[epoch] = too_long
+        if too_long:
+            log.info("subword sampling, epoch %d: %d sentence pair(s) kept their deterministic ids (a sample was "
+                     "longer than data.max_positions)", epoch, too_long)
+        return ids, pair_widths(np.diff(ids[0][1]), np.diff(ids[1][1]))
+
+    def _get(self, epoch: int) -> tuple[tuple[Ragged, Ragged], np.ndarray]:
+        with self._lock:
+            if epoch not in self._epochs:
+                self._epochs[epoch] = self._build(epoch)
+                while len(self._epochs) > 2:  # the oldest epoch goes
+                    del self._epochs[min(self._epochs)]
+            return self._epochs[epoch]
+
+    def epoch(self, epoch: int) -> tuple[Ragged, Ragged]:
+        """(source ids, target ids) of every kept pair in ``epoch``'s segmentation, as ragged arrays."""
+        return self._get(epoch)[0]
+
+    def widths(self, epoch: int) -> np.ndarray:
+        """(n,) padded width of every kept pair in ``epoch``'s segmentation (``batching.pair_widths``)."""
+        return self._get(epoch)[1]
+
+
+def take_rows(ragged: Ragged, rows: Sequence[int]) -> Ragged:
+    """The ``rows`` of a ragged array, as a ragged batch (values, offsets from 0), in the order given."""
+    flat, offsets = ragged
+    rows = np.asarray(rows, dtype=np.int64)
+    starts, ends = offsets[rows], offsets[rows + 1]
+    lengths = ends - starts
+    out_offsets = np.zeros(len(rows) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=out_offsets[1:])
+    # every token's position in flat: its row's start + its place in the row
+    positions = np.repeat(starts - out_offsets[:-1], lengths) + np.arange(int(out_offsets[-1]))
+    return flat[positions], out_offsets
