@@ -94,8 +94,8 @@ class SampledSegmentation:
         tgt = sample_on_fresh_thread(self.tokenizer, self.targets, self.alpha, seed ^ 0x5EED, target=True)
         too_long = 0
         (s_flat, s_off), (t_flat, t_off) = self.fallback
-        for i in range(len(src)):  # source + eos and bos + target + eos must fit the positions, as the filter says
-            if len(src[i]) + 1 > self.max_positions or len(tgt[i]) + 2 > self.max_positions:
+        for i in range(len(src)):  # source + eos and bos + target must fit the positions, as the filter says
+            if max(len(src[i]), len(tgt[i])) + 1 > self.max_positions:
                 src[i] = s_flat[s_off[i]:s_off[i + 1]].tolist()
                 tgt[i] = t_flat[t_off[i]:t_off[i + 1]].tolist()
                 too_long += 1
