@@ -59,3 +59,36 @@ def test_paths_below_the_launch_directory_become_relative_and_nothing_else_chang
         "run_dir": "outputs/x/RUN", "callbacks": {"last": {"dirpath": "outputs/x/RUN/c"}},
         "argv": [f"hydra.run.dir={tmp_path}/outputs", "/etc/elsewhere", f"{tmp_path}"], "steps": 3, "none": None,
         "sibling": f"{tmp_path}-other/outputs"}
+
+
+def test_the_search_is_the_runs_own_and_the_alphas_to_choose_among(reproduce):
+    from omegaconf import OmegaConf
+
+    tiny = OmegaConf.create({"decode": {"beam": 5, "length_penalty": "power", "alpha": 1.0}})
+    assert reproduce.run_search(tiny, None) == ({"beam": 5, "length_penalty": "power", "alpha": 1.0}, [1.0])
+    assert reproduce.run_search(tiny, "0.6,1.0,1.4")[1] == [0.6, 1.0, 1.4]
+    older = OmegaConf.create({"model": {}})  # a run written before the decode node: the paper's search
+    assert reproduce.run_search(older, None) == ({"beam": 4, "length_penalty": "gnmt", "alpha": 0.6}, [0.6])
+    with pytest.raises(SystemExit, match="alphas='x'"):
+        reproduce.run_search(tiny, "x")
+
+
+def test_what_the_run_trained_is_said_against_what_it_planned(reproduce):
+    from omegaconf import OmegaConf
+
+    config = OmegaConf.create({"trainer": {"max_steps": 8000, "max_epochs": 1000, "max_time": "00:01:25:00"}})
+    budget = reproduce.planned_and_trained({"steps": 2143, "epochs": 35.13}, config)
+    assert budget == {"planned": {"max_steps": 8000, "max_epochs": 1000, "max_time": "00:01:25:00"},
+                      "trained": {"steps": 2143, "epochs": 35.13}}
+    assert reproduce.describe_budget(budget) == ("trained 2,143 of 8,000 planned updates, 35.13 epochs (at most "
+                                                 "1000), time limit 00:01:25:00")
+    hour = reproduce.planned_and_trained({"steps": 5900}, OmegaConf.create({"trainer": {"max_steps": -1}}))
+    assert reproduce.describe_budget(hour) == "trained 5,900 updates"
+
+
+def test_the_package_command_scores_in_the_launch_directory(tmp_path):
+    """python -m transformer_nmt.reproduce is the script's command with the launch directory as the root."""
+    command = subprocess.run([sys.executable, "-m", "transformer_nmt.reproduce", "train=false", f"run_dir={tmp_path}"],
+                             capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert command.returncode == 1 and f"{tmp_path}/checkpoints/last.ckpt does not exist" in command.stderr, \
+        command.stderr

@@ -1,22 +1,28 @@
-"""The Multi30k headline in one command: train the CPU recipe, average, choose on val, score on test.
+"""The Multi30k headline in one command: train a recipe, average, choose on val, score on test.
 
-    python scripts/reproduce_multi30k.py [run_id=NAME] [KEY=VALUE ...]
-    python scripts/reproduce_multi30k.py train=false run_id=NAME [KEY=VALUE ...]   # steps 2-4 of a trained run
-    python scripts/reproduce_multi30k.py train=false run_dir=RUN                   # the same, by its directory
+    python -m transformer_nmt.reproduce [experiment=multi30k_tiny] [run_id=NAME] [alphas=A,B] [KEY=VALUE ...]
+    python -m transformer_nmt.reproduce train=false run_id=NAME [KEY=VALUE ...]   # steps 2-4 of a trained run
+    python -m transformer_nmt.reproduce train=false run_dir=RUN                   # the same, by its directory
 
-KEY=VALUE pairs other than ``train`` and ``run_dir`` go to training, after ``experiment=multi30k_cpu``
-(e.g. ``data.src_lang=de data.tgt_lang=en``). The run directory is the one ``transformer_nmt.train`` picks,
-``outputs/multi30k_cpu_SRC_TGT/NAME`` (NAME: ``run_id``, default the launch time); running again with the
-same NAME resumes its training (``ckpt_path=auto``). Each step is a separate process, timed:
+(``python scripts/reproduce_multi30k.py ...`` is the same command, launched in its checkout.) ``experiment``: the
+recipe (default ``multi30k_cpu``, the CPU hour; ``multi30k_tiny``, the published Transformer-Tiny); ``alphas``: the
+length penalty's exponents to choose among on val (default: the run's own, ``decode.alpha``). Other KEY=VALUE pairs
+go to training, after ``experiment=...`` (e.g. ``data.src_lang=de data.tgt_lang=en``). The run directory is the one
+``transformer_nmt.train`` picks, ``outputs/NAME_OF_THE_EXPERIMENT/RUN_ID`` (``run_id`` defaults to the launch
+time); running again with the same run_id resumes its training (``ckpt_path=auto``). Each step is a separate
+process, timed:
 
 1. train (data preparation, fit, and the recipe's own greedy test of its best checkpoint);
-2. average the checkpoints ``checkpoints/recent`` keeps (the run's ``checkpoint.recent.keep``) into
-   ``averaged.ckpt``;
-3. the averaged and the last checkpoint on val with ``evaluate``'s beam (4): the higher val BLEU is the
-   chosen checkpoint (the test set is never used for a choice);
-4. the chosen checkpoint on test with that beam, and greedy (beam 1) on val and on test.
+2. average the checkpoints ``checkpoints/recent`` keeps (the run's ``checkpoint.recent.keep``: step-spaced, or one
+   per epoch where the recipe writes one after every validation) into ``averaged.ckpt``;
+3. the averaged and the last checkpoint on val with the run's search (its config's ``decode``: beam, length
+   penalty and its exponent alpha; the paper's beam 4, GNMT 0.6 for a run older than that node): the higher val
+   BLEU is the chosen checkpoint, then the exponent among ``alphas`` with the higher val BLEU (the test set is
+   never used for a choice);
+4. the chosen checkpoint on test with that search, and greedy (beam 1) on val and on test.
 
-Prints the CPU flags, the time of each step, greedy validation BLEU against minutes since the run's first
+Prints the CPU flags, what the run trained against what it planned ("trained 2,100 of 8,000 planned updates, 34.4
+epochs"; ``planned``/``trained`` in reproduce.json), the time of each step, greedy validation BLEU against minutes since the run's first
 TensorBoard event file (written as training starts, after data preparation; a resumed run's minutes include
 the time between its launches), where the train step's wall time went (training steps, validation,
 checkpointing, attention maps, the rest; from the run's results.json, written by time_budget.TimeBudget: a
