@@ -92,3 +92,14 @@ def test_the_package_command_scores_in_the_launch_directory(tmp_path):
                              capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert command.returncode == 1 and f"{tmp_path}/checkpoints/last.ckpt does not exist" in command.stderr, \
         command.stderr
+
+
+def test_a_scalar_curve_keeps_the_later_value_of_a_step_logged_twice(reproduce, tmp_path):
+    for version, values in (("version_0", [(61, 5.5), (122, 4.9)]), ("version_1", [(122, 4.8), (183, 4.2)])):
+        writer = SummaryWriter(tmp_path / "tensorboard" / version)
+        created = int(next((tmp_path / "tensorboard" / version).glob("events.out.tfevents.*")).name.split(".")[3])
+        for n, (step, loss) in enumerate(values):
+            writer.add_scalar("val/loss", loss, step, walltime=created + 1000 * int(version[-1]) + n)
+        writer.close()
+    assert reproduce.scalar_curve(tmp_path, "val/loss") == [(61, 5.5), (122, 4.8), (183, 4.2)]
+    assert reproduce.scalar_curve(tmp_path, "val/bleu") == []

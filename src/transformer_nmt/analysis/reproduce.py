@@ -225,6 +225,22 @@ def validation_curve(run_dir: Path) -> list[tuple[float, int, float]]:
     return sorted(curve)
 
 
+def scalar_curve(run_dir: Path, tag: str) -> list[tuple[int, float]]:
+    """(optimizer step, value) of every event of the scalar ``tag`` (``val/loss``, ...) in the run's TensorBoard
+    events, in step order; a step logged twice (a resumed run) keeps its later value."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    values: dict[int, tuple[float, float]] = {}
+    for events in sorted((run_dir / run_files.TENSORBOARD).rglob("events.out.tfevents.*")):
+        accumulator = EventAccumulator(str(events), size_guidance={"scalars": 0})
+        accumulator.Reload()
+        if tag in accumulator.Tags()["scalars"]:
+            for e in accumulator.Scalars(tag):
+                if e.step not in values or e.wall_time >= values[e.step][0]:
+                    values[e.step] = (e.wall_time, round(e.value, 4))
+    return [(step, value) for step, (_, value) in sorted(values.items())]
+
+
 def main(argv: list[str], root: Path | None = None) -> dict:
     """The command line of scripts/reproduce_multi30k.py, launched in ``root`` (default: the current directory;
     the script passes its checkout)."""
@@ -291,6 +307,7 @@ def main(argv: list[str], root: Path | None = None) -> dict:
         "val_bleu_chosen_on": {stem: s["bleu"] for stem, s in val.items()}, "chosen": chosen.name,
         "scores": {f"{split}_beam{width}": {k: s.get(k) for k in SCORE_KEYS} for (split, width), s in scores.items()},
         "val_curve": [{"minutes": m, "step": step, "greedy_val_bleu": b} for m, step, b in curve],
+        "val_loss_curve": [{"step": step, "val_loss": loss} for step, loss in scalar_curve(run_dir, "val/loss")],
         "precision": results.get("precision"), "torch_threads": results.get("torch_threads"),
         "time_budget": budget,
         PROVENANCE_KEY: provenance,
