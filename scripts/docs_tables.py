@@ -160,7 +160,7 @@ def quality_headline(root: Path) -> str:
     rep_d, _ = recipe_run(root, "D")
     rep_f, _ = recipe_run(root, "F")
     scoring = rep_e["total_minutes"] - rep_e["train_minutes"]
-    return (f"```bash\npython scripts/reproduce_multi30k.py run_id=NAME     # run E: {rep_e['total_minutes']:.1f} "
+    return (f"```bash\npython -m transformer_nmt.reproduce run_id=NAME     # run E: {rep_e['total_minutes']:.1f} "
             f"minutes on 2 cores, {rep_e['train_minutes']:.1f} train, {scoring:.2f} averaging and scoring\n```\n\n"
             f"On 2 cores it gives **{rep_e['scores']['test_beam4']['bleu']:.2f} test BLEU on a CPU with native bf16** "
             f"(run E: {rep_e['total_minutes']:.1f} minutes; {rep_d['scores']['test_beam4']['bleu']:.2f} in run D, "
@@ -183,7 +183,7 @@ def recipe_beam(root: Path) -> str:
     return "Beam 4 against greedy on the recipe's models: " + "; ".join(parts) + "."
 
 
-# --- the BLEU conventions (docs/quality/bleu_conventions.json, scripts/bleu_conventions.py) ------------------
+# --- the BLEU conventions (docs/quality/bleu_conventions.json, studies/bleu_conventions.py) ------------------
 
 def bleu_conventions(root: Path) -> str:
     conventions = read_json(root, QUALITY / "bleu_conventions.json")
@@ -384,13 +384,13 @@ def step_benchmark_ab(root: Path) -> str:
                   "after / before (median of 3 pairs)", "pairs"], rows)
 
 
-# --- alignments (docs/alignment/alignment_aer.txt: python scripts/alignment_aer.py > it) ----------------------
+# --- alignments (docs/alignment/alignment_aer.txt: python -m transformer_nmt.alignment_aer > it) ----------------------
 
 ALIGNMENT = Path("docs/alignment/alignment_aer.txt")
 
 
 def aer_output(root: Path) -> tuple[dict, list[list[str]]]:
-    """(the provenance line's record, the AER table's rows) of scripts/alignment_aer.py's output."""
+    """(the provenance line's record, the AER table's rows) of transformer_nmt.alignment_aer's output."""
     text = (root / ALIGNMENT).read_text(encoding="utf-8")
     first = text.splitlines()[0]
     if not first.startswith("provenance: "):
@@ -413,7 +413,7 @@ def alignment_table(root: Path) -> str:
     last = len(rows) - 1
     body = [[f"{r[0]} (last, the default)" if i == last else r[0], r[1], r[2]] for i, r in enumerate(rows)]
     return (table(["decoder layer", "AER, output position", "AER, input position"], body)
-            + f"\n\n`python scripts/alignment_aer.py` ({measured_on(record)}; raw output: "
+            + f"\n\n`python -m transformer_nmt.alignment_aer` ({measured_on(record)}; raw output: "
               f"[alignment_aer.txt](alignment/alignment_aer.txt)).")
 
 
@@ -425,7 +425,7 @@ def readme_alignment(root: Path) -> str:
 
 
 def hf_race(root: Path) -> str:
-    """scripts/benchmark_hf_race.py's raw numbers: training throughput (median of the rounds), the dev BLEU
+    """benchmarks/benchmark_hf_race.py's raw numbers: training throughput (median of the rounds), the dev BLEU
     after the same wall time, decoding three ways."""
     data = read_json(root, BENCHMARKS / "hf_race" / "race.json")
     ours = statistics.median(r["ours"]["train_tgt_tokens_per_sec"] for r in data["rounds"])
@@ -463,14 +463,14 @@ def readme_suite(root: Path) -> str:
 
 
 def decode_search_issue31(root: Path) -> str:
-    """The search table of scripts/benchmark_decode.py as it printed it (docs/benchmarks/decode_search_issue31.txt),
+    """The search table of benchmarks/benchmark_decode.py as it printed it (docs/benchmarks/decode_search_issue31.txt),
     with its run's line."""
     lines = (root / BENCHMARKS / "decode_search_issue31.txt").read_text(encoding="utf-8").splitlines()
     run = next(line for line in lines if line.startswith("search, "))
     return "\n".join([*(line for line in lines if line.startswith("|")), "", run])
 
 
-# --- ensembles against averages and single models (scripts/ensemble_study.py's JSON in docs/quality/) ----------
+# --- ensembles against averages and single models (studies/ensemble_study.py's JSON in docs/quality/) ----------
 
 def ensemble_reference(group: str, rows: list[dict]) -> tuple[str, dict]:
     """What an ensemble is weighed against: for recent checkpoints the average of the most (the recipe's own
@@ -520,13 +520,13 @@ def ensemble_study(root: Path, file: str) -> str:
     command = " ".join(data["provenance"]["argv"][1:])
     threads = sorted({row[split]["threads"] for rows in data["groups"].values() for row in rows
                       for split in (first, last)})
-    lines.append(f"`python scripts/ensemble_study.py {command}` (beam {options['beam']}, "
+    lines.append(f"`python studies/ensemble_study.py {command}` (beam {options['beam']}, "
                  f"{'/'.join(map(str, threads))} threads; {measured_on(data['provenance'])}; raw file: "
                  f"[{Path(file).name}](quality/{file})).")
     return "\n".join(lines)
 
 
-# --- the decoding modes' samples (scripts/decoding_samples.py's JSON in docs/evaluation/) ----------------------
+# --- the decoding modes' samples (studies/decoding_samples.py's JSON in docs/evaluation/) ----------------------
 
 SAMPLES = Path("docs/evaluation/decoding_samples.json")
 
@@ -538,7 +538,7 @@ def decoding_samples_source(root: Path) -> str:
     inputs = " and ".join(f"*{line}*" for line in data["input"])
     return (f"The samples below are real outputs of the recipe's averaged model (RUN/averaged.ckpt) and its newest "
             f"recent checkpoints, from `translate` on two lines, {inputs} "
-            f"(`python scripts/decoding_samples.py {command}`; {measured_on(data['provenance'])}; raw file: "
+            f"(`python studies/decoding_samples.py {command}`; {measured_on(data['provenance'])}; raw file: "
             f"[decoding_samples.json](evaluation/decoding_samples.json)).")
 
 

@@ -127,7 +127,7 @@ o_empty, w_empty = scaled_dot_product_attention(q[:1], k[:1], v[:1], nobody)
 print("a query that sees no key -> zeros, no NaN:", bool((o_empty == 0).all() and (w_empty == 0).all()))"""),
     ("md", """## 5. Long sequences without the n x n matrix
 `blocked_attention` walks over key blocks with a running max, a running sum and a running weighted sum
-(online softmax). It equals plain attention; `scripts/benchmark_model.py` measures its memory."""),
+(online softmax). It equals plain attention; `benchmarks/benchmark_model.py` measures its memory."""),
     ("code", """q, k, v = torch.randn(1, 2, 300, 16), torch.randn(1, 2, 300, 16), torch.randn(1, 2, 300, 16)
 plain, _ = scaled_dot_product_attention(q, k, v, causal_mask(300))
 blocked = blocked_attention(q, k, v, causal_mask(300), block_size=64)

@@ -90,7 +90,7 @@ def test_hard_alignments_recover_a_known_permutation():
 
 
 def read_raw_alignment() -> tuple[dict, list[str]]:
-    """(the provenance record, the table's lines) of the committed output of scripts/alignment_aer.py."""
+    """(the provenance record, the table's lines) of the committed output of transformer_nmt.alignment_aer."""
     lines = (REPO / "docs" / "alignment" / "alignment_aer.txt").read_text(encoding="utf-8").splitlines()
     assert lines[0].startswith("provenance: ")
     return json.loads(lines[0].removeprefix("provenance: ")), [line for line in lines if line.startswith("|")]

@@ -329,7 +329,7 @@ def test_choose_kernel():
         assert choose_kernel(kernel, "cuda", need_weights=False) == kernel
     for dtype in (torch.float32, torch.bfloat16, torch.float16):  # on CUDA only fused can reach Flash
         assert choose_kernel("auto", "cuda", need_weights=False, dtype=dtype) == "fused"
-    # on CPU, what scripts/benchmark_model.py measured faster: fused in fp32, plain under bf16 autocast
+    # on CPU, what benchmarks/benchmark_model.py measured faster: fused in fp32, plain under bf16 autocast
     assert choose_kernel("auto", "cpu", need_weights=False, dtype=torch.float32) == "fused"
     assert choose_kernel("auto", "cpu", need_weights=False, dtype=torch.bfloat16) == "plain"
     assert choose_kernel("auto", "cpu", need_weights=False, dtype=torch.float16) == "plain"

@@ -1,6 +1,6 @@
-"""scripts/benchmark_step.py (the training step's tokens/s and share of the matmul ceiling per precision, batch size,
+"""benchmarks/benchmark_step.py (the training step's tokens/s and share of the matmul ceiling per precision, batch size,
 kernel, torch.compile), run as the command it is: a one-round table of every variant comes out, its batches are the
-recipe's, its baselines (scripts/baselines.py) pass their check against the current code, and a wrong reference stops
+recipe's, its baselines (benchmarks/baselines.py) pass their check against the current code, and a wrong reference stops
 it before timing."""
 
 import json
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "benchmark_step.py"
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "benchmark_step.py"
 
 
 def benchmark(*args: str) -> subprocess.CompletedProcess:

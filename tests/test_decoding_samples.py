@@ -1,4 +1,4 @@
-"""scripts/decoding_samples.py on a run of small random models: every mode's command is recorded as a user types
+"""studies/decoding_samples.py on a run of small random models: every mode's command is recorded as a user types
 it, its output has the shape translate's docstring gives, and the prefix and ensemble samples are what translate
 itself writes for those options."""
 
@@ -12,7 +12,7 @@ from transformer_nmt.inference.translate import main as translate_main
 
 from tiny_checkpoint import tiny_tokenizer, write_checkpoint
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "decoding_samples.py"
+SCRIPT = Path(__file__).resolve().parents[1] / "studies" / "decoding_samples.py"
 
 
 @pytest.fixture(scope="module")

@@ -1,8 +1,9 @@
 """The docs (README.md and every docs/*.md) say only what the project has.
 
 - Every relative link and image resolves: the file exists and a `#anchor` names a heading of it.
-- Every `python -m transformer_nmt.X` and `python scripts/X.py` names a module or script that exists, and every
-  `scripts/`, `tests/` or `notebooks/` file a command or code span names exists.
+- Every `python -m transformer_nmt.X` and `python scripts|benchmarks|studies/X.py` names a module or script that
+  exists, and every `scripts/`, `benchmarks/`, `studies/`, `tests/` or `notebooks/` file a command or code span names
+  exists.
 - Every key=value in those commands is an option of that command: for the Hydra apps (train, prepare) the
   overrides compose, in-process, as `--cfg job` would compose them; the checkpoint tools and scripts parse it
   with their option parser (transformer_nmt.options, over the command's OPTIONS dataclass), and a script's
@@ -36,6 +37,7 @@ from omegaconf import OmegaConf
 
 
 ROOT = Path(__file__).resolve().parents[1]
+SCRIPT_HOMES = ("scripts", "benchmarks", "studies")  # the commands that are not the package's: docs, studies, benchmarks
 CONF_DIR = ROOT / "src" / "transformer_nmt" / "conf"
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
@@ -44,8 +46,8 @@ INLINE = re.compile(r"`([^`\n]+(?:\n(?!\n)[^`\n]*)*)`")  # a code span, which ma
 LINK = re.compile(r"!?\[[^\]\n]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
 HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$", re.M)
 COMMAND = re.compile(r"(?:python3? +-m +transformer_nmt\.(\w+)|(?<![\w-])-m +transformer_nmt\.(\w+)"
-                     r"|python3? +(scripts/[\w./-]+)|(transformer-nmt-(?:train|prepare)))")
-PATH = re.compile(r"(?<![\w./-])((?:scripts|tests|notebooks)/[\w./-]+\.(?:py|sh|sbatch|ipynb))")
+                     r"|python3? +((?:scripts|benchmarks|studies)/[\w./-]+)|(transformer-nmt-(?:train|prepare)))")
+PATH = re.compile(r"(?<![\w./-])((?:scripts|benchmarks|studies|tests|notebooks)/[\w./-]+\.(?:py|sh|sbatch|ipynb))")
 OVERRIDE = re.compile(r"^[+~]{0,2}[A-Za-z_][\w.@/-]*=")
 PYTHON_VALUE = re.compile(r"=(True|False|None|\"[^\"]*\"|'[^']*')$")  # is_causal=True: a Python argument
 ENV_VAR = re.compile(r"^[A-Z][A-Z0-9_]*=")  # NMT_CKPT=..., an environment variable, not an option
@@ -133,9 +135,9 @@ def tool_options() -> dict[str, object]:
         options = getattr(home, "OPTIONS", None)  # a command's options dataclass
         if options is not None:
             tools[module.name] = options
-    for script in sorted((ROOT / "scripts").glob("*.py")):  # the scripts with an OPTIONS table of key=value
+    for script in sorted(p for home in SCRIPT_HOMES for p in (ROOT / home).glob("*.py")):  # key=value scripts
         if re.search(r"^OPTIONS = ", script.read_text(encoding="utf-8"), flags=re.M):
-            tools[f"scripts/{script.name}"] = script_options(script)
+            tools[f"{script.parent.name}/{script.name}"] = script_options(script)
     return tools
 
 
@@ -230,13 +232,15 @@ def argv_problems(tool: str, argv: list[str]) -> list[str]:
         problems = [f"{word!r} is neither an override nor a flag of {tool}" for word in loose]
         problem = hydra_problem(tool, tuple(pairs), multirun=bool(HYDRA_FLAGS & set(rest)))
         return problems + ([f"overrides {pairs} do not compose: {problem}"] if problem else [])
-    if tool == "scripts/reproduce_multi30k.py":  # its own run_dir= and train=, then overrides of the recipe
-        train = tuple(["experiment=multi30k_cpu", *(p for p in pairs if p.split("=")[0] not in ("run_dir", "train"))])
+    if tool == "reproduce":  # its own run_dir=, train=, experiment=, alphas=, then overrides of the recipe
+        own = dict(p.split("=", 1) for p in pairs if p.split("=")[0] in ("run_dir", "train", "experiment", "alphas"))
+        train = tuple([f"experiment={own.get('experiment', 'multi30k_cpu')}",
+                       *(p for p in pairs if p.split("=")[0] not in own)])
         problem = hydra_problem("train", train)
         return [f"overrides {list(train)} do not compose: {problem}"] if problem else []
-    if tool.startswith("scripts/") and script_parses_flags(tool):
+    if tool.startswith(tuple(f"{home}/" for home in SCRIPT_HOMES)) and script_parses_flags(tool):
         return flag_problems(tool, argv)  # key=value words too: its parser says what it makes of them
-    if tool.startswith("scripts/"):
+    if tool.startswith(tuple(f"{home}/" for home in SCRIPT_HOMES)):
         problems = [f"{tool} parses no --flags (no argparse), given {word}" for word in rest if word.startswith("-")]
         if pairs and tool not in tool_options():
             problems.append(f"{tool} takes no key=value options, given {pairs}")
@@ -378,14 +382,14 @@ python -m transformer_nmt.translate ckpt=RUN/a.ckpt bream=4
 python -m transformer_nmt.translate ckpt=RUN/a.ckpt in.en
 python -m transformer_nmt.explore ckpt=RUN/a.ckpt "A dog runs." beam=1
 python -m transformer_nmt.hardware d_model=4
-python scripts/summarize_ablation.py multirun/x
+python -m transformer_nmt.summarize_ablation multirun/x
 python scripts/no_such_script.py
-python scripts/benchmark_model.py --tables kernels --no-such-flag
-python scripts/benchmark_step.py --tokens 256 --no-previous-loss
-python scripts/benchmark_model.py --tables kernal
-python scripts/benchmark_model.py --quic
-python scripts/benchmark_step.py --tokens many
-python scripts/table3.py run --fast
+python benchmarks/benchmark_model.py --tables kernels --no-such-flag
+python benchmarks/benchmark_step.py --tokens 256 --no-previous-loss
+python benchmarks/benchmark_model.py --tables kernal
+python benchmarks/benchmark_model.py --quic
+python benchmarks/benchmark_step.py --tokens many
+python scripts/make_notebooks.py --fast
 ```
 
 See `tests/no_such_test.py` and `scripts/gpu_check.sh`.
@@ -399,7 +403,7 @@ See `tests/no_such_test.py` and `scripts/gpu_check.sh`.
     expected = ["transformer_nmt.trian", "no_such_recipe", "n_haeds", "needs -m", "bream", "'in.en' is not",
                 "transformer_nmt.hardware takes no key=value options", "no_such_script.py",
                 "--no-such-flag", "--no-previous-loss", "invalid choice: 'kernal'", "--quic",
-                "invalid int value: 'many'", "table3.py parses no --flags", "tests/no_such_test.py", "data.no_such_key"]
+                "invalid int value: 'many'", "make_notebooks.py parses no --flags", "tests/no_such_test.py", "data.no_such_key"]
     assert len(problems) == len(expected), problems
     for word, problem in zip(expected, problems):
         assert word in problem, (word, problem)
@@ -472,7 +476,7 @@ def test_readme_layout_names_every_module_and_script():
     package = ROOT / "src" / "transformer_nmt"
     files = [p for p in package.rglob("*") if p.is_file() and p.suffix in (".py", ".js", ".css")
              and p.name != "__init__.py" and "conf" not in p.relative_to(package).parts]
-    files += [p for p in (ROOT / "scripts").iterdir() if p.is_file()]
+    files += [p for home in SCRIPT_HOMES for p in (ROOT / home).iterdir() if p.is_file()]
     # the commands at the top are named as commands (`train`), every other file by its name
     missing = [str(p.relative_to(ROOT)) for p in files
                if f"`{p.name}`" not in layout and not (p.parent == package and f"`{p.stem}`" in layout)]

@@ -1,4 +1,4 @@
-"""scripts/ensemble_study.py decodes whole splits with recipe-sized models, so CI checks its logic with evaluate
+"""studies/ensemble_study.py decodes whole splits with recipe-sized models, so CI checks its logic with evaluate
 replaced by a table of known scores: which checkpoints each row decodes (the newest k, the first k seeds), that the
 averages it writes are the mean of those weights, that the choice is made on val and never on test, what its JSON
 records, and the docs table scripts/docs_tables.py writes from that JSON."""
@@ -14,7 +14,7 @@ from transformer_nmt.checkpoint import load_checkpoint
 
 from tiny_checkpoint import tiny_tokenizer, write_checkpoint
 
-SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+SCRIPTS = Path(__file__).resolve().parents[1] / "studies"
 
 
 def script(name: str):
@@ -178,7 +178,7 @@ def test_the_docs_table_weighs_seed_ensembles_against_the_mean_run_and_refuses_o
     # the runs alone: val 11, 10, 10 (mean 31/3), test 13, 12, 12 (mean 37/3), 2.0 s each
     assert ("Seeded runs: chosen on val, ensemble of 2 seeds gives 15.00 on test, +2.67 against the mean of the 3 "
             "runs alone (12.33; on val +3.67), decoding in 2.0x its seconds.") in lines
-    assert lines[-1].startswith(f"`python scripts/ensemble_study.py seeds=[{runs[0]},")
+    assert lines[-1].startswith(f"`python studies/ensemble_study.py seeds=[{runs[0]},")
     assert "(beam 4, 2 threads;" in lines[-1]
     data = json.loads(out.read_text(encoding="utf-8"))
     data["options"]["splits"] = ["val"]

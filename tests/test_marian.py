@@ -30,7 +30,7 @@ from transformer_nmt.interchange.marian import (ConversionError, check_exportabl
 from transformer_nmt.model.decoding import max_output_lengths  # noqa: E402
 from transformer_nmt.model.transformer import Transformer, TransformerConfig  # noqa: E402
 
-N_SENTENCES = 24  # scripts/marian_exactness.py runs the same proofs on 300
+N_SENTENCES = 24  # studies/marian_exactness.py runs the same proofs on 300
 TOLERANCE = 1e-4  # fp32 logits: the two implementations sum in other orders
 OFFSET = DecodeConfig().max_len_offset
 

@@ -1,4 +1,4 @@
-"""scripts/reproduce_multi30k.py (transformer_nmt.analysis.reproduce) trains for an hour, so CI checks its pieces:
+"""transformer_nmt.reproduce (transformer_nmt.analysis.reproduce) trains for an hour, so CI checks its pieces:
 the run directory it scores (the one ``transformer_nmt.train`` picks), the BLEU-against-minutes curve read back
 from TensorBoard events, and the refusal to score a run that was never trained."""
 
@@ -42,13 +42,6 @@ def test_scoring_a_run_without_checkpoints_names_the_missing_file(reproduce, tmp
         reproduce.main(["train=false", f"run_dir={tmp_path}"])
     with pytest.raises(SystemExit, match="train='maybe'"):
         reproduce.main(["train=maybe"])
-
-
-def test_the_script_is_the_package_command():
-    """scripts/reproduce_multi30k.py hands its arguments to the package's main (its own checkout as the root)."""
-    script = subprocess.run([sys.executable, str(REPO / "scripts" / "reproduce_multi30k.py"), "train=maybe"],
-                            capture_output=True, text=True, timeout=60)
-    assert script.returncode == 1 and "train='maybe': use true or false" in script.stderr, script.stderr
 
 
 def test_paths_below_the_launch_directory_become_relative_and_nothing_else_changes(reproduce, tmp_path):

@@ -1,4 +1,4 @@
-"""transformer_nmt.analysis.ablation (scripts/summarize_ablation.py) on synthetic runs (results.json +
+"""transformer_nmt.analysis.ablation (transformer_nmt.summarize_ablation) on synthetic runs (results.json +
 val_hypotheses.txt): grouping over seeds and sweep directories, mean ± std, Table 3 rows, paired significance
 against the base, CSV and plots; no training."""
 

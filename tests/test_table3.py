@@ -1,4 +1,4 @@
-"""transformer_nmt.analysis.table3 (scripts/table3.py) without training: the plan covers every row of Table 3
+"""transformer_nmt.analysis.table3 (transformer_nmt.table3) without training: the plan covers every row of Table 3
 with the seeds the study needs, a finished run's small files are kept under docs/table3 once, with the machine
 it ran on, only when its overrides and settings are the plan's, and the done marker is written whole."""
 

@@ -1,6 +1,6 @@
 """Where a training run's time goes (time_budget.TimeBudget) and its model FLOPs (flops.py): the FLOPs formula
 against a hand count, the exclusive phase accounting on a fake clock, and a tiny run whose phases add up to its
-measured wall time, read back by scripts/reproduce_multi30k.py."""
+measured wall time, read back by transformer_nmt.reproduce."""
 
 import json
 import time

@@ -1,7 +1,7 @@
 """Summarize ablation runs in the layout of the paper's Table 3: one row per configuration, over seeds.
 
-    python scripts/summarize_ablation.py SWEEP_DIR [SWEEP_DIR ...] [--out DIR] [--resamples N]
-    python scripts/summarize_ablation.py multirun/ablation_heads/RUN multirun/ablation_base/RUN
+    python -m transformer_nmt.summarize_ablation SWEEP_DIR [SWEEP_DIR ...] [--out DIR] [--resamples N]
+    python -m transformer_nmt.summarize_ablation multirun/ablation_heads/RUN multirun/ablation_base/RUN
 
 Reads every ``results.json`` under the given directories, at any depth (a Hydra sweep's numbered run
 directories, or docs/table3/CELL/seedK), groups the runs by configuration (N, d_model, d_ff, h, d_k, d_v,
@@ -406,7 +406,7 @@ def summarize(directories: list[Path], out: Path, resamples: int = DEFAULT_RESAM
 
 
 def main(argv: list[str] | None = None) -> None:
-    """The command line of scripts/summarize_ablation.py."""
+    """The command line of transformer_nmt.summarize_ablation."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("directories", nargs="+", type=Path, metavar="SWEEP_DIR")
     parser.add_argument("--out", type=Path, help="where the table and plots go (default: the first SWEEP_DIR)")

@@ -3,7 +3,7 @@ fixed reordering (target position j holds source position PERMUTATION[j]), then 
 decoder layer, and of each position (input or output, see transformer_nmt.alignment), are scored with AER
 against the gold pairs (PERMUTATION[j], j). A few seconds on one CPU core:
 
-    python scripts/alignment_aer.py            # prints the markdown table of AER per layer and position
+    python -m transformer_nmt.alignment_aer            # prints the markdown table of AER per layer and position
 
 tests/test_alignment.py checks the default alignments against the gold permutation with the same pieces.
 """
@@ -86,7 +86,7 @@ def markdown(table: dict[tuple[int, str], float]) -> str:
 
 
 def main() -> None:
-    """The command line of scripts/alignment_aer.py: train, then print the table."""
+    """The command line of transformer_nmt.alignment_aer: train, then print the table."""
     torch.set_num_threads(1)
     print(provenance_line({"recipe": RECIPE, "model": MODEL, "permutation": list(PERMUTATION)}))
     start = time.perf_counter()

@@ -4,7 +4,7 @@
     python -m transformer_nmt.reproduce train=false run_id=NAME [KEY=VALUE ...]   # steps 2-4 of a trained run
     python -m transformer_nmt.reproduce train=false run_dir=RUN                   # the same, by its directory
 
-(``python scripts/reproduce_multi30k.py ...`` is the same command, launched in its checkout.) ``experiment``: the
+(``python -m transformer_nmt.reproduce ...`` is the same command, launched in its checkout.) ``experiment``: the
 recipe (default ``multi30k_cpu``, the CPU hour; ``multi30k_tiny``, the published Transformer-Tiny); ``alphas``: the
 length penalty's exponents to choose among on val (default: the run's own, ``decode.alpha``). Other KEY=VALUE pairs
 go to training, after ``experiment=...`` (e.g. ``data.src_lang=de data.tgt_lang=en``). The run directory is the one
@@ -242,7 +242,7 @@ def scalar_curve(run_dir: Path, tag: str) -> list[tuple[int, float]]:
 
 
 def main(argv: list[str], root: Path | None = None) -> dict:
-    """The command line of scripts/reproduce_multi30k.py, launched in ``root`` (default: the current directory;
+    """The command line of transformer_nmt.reproduce, launched in ``root`` (default: the current directory;
     the script passes its checkout)."""
     root = Path.cwd() if root is None else root
     provenance = collect_provenance()  # the load at the start; its config: the run's, once trained

@@ -1,8 +1,11 @@
 """The Table 3 study on Multi30k: run what is missing, keep each run's small files, build the table.
 
-    python scripts/table3.py status              # every (cell, seed) of the plan: done or missing, time left
-    python scripts/table3.py run [--max-runs N] [--cells base heads1 ...]   # the missing runs, one at a time
-    python scripts/table3.py table               # docs/table3/ablation.md, ablation.csv, plots
+    python -m transformer_nmt.table3 status [--study DIR]   # every (cell, seed) of the plan: done or missing, time left
+    python -m transformer_nmt.table3 run [--max-runs N] [--cells base heads1 ...]   # the missing runs, one at a time
+    python -m transformer_nmt.table3 table                  # STUDY/ablation.md, ablation.csv, plots
+
+The study's kept files go to ``--study`` (default ``table3/`` in the launch directory; this repository's committed
+study is ``--study docs/table3``); the runs to outputs/table3/ there.
 
 The plan (PLAN) is Table 3 scaled down: the base (conf/experiment/ablation_base.yaml) under BASE_SEEDS seeds,
 so that its run-to-run noise is measured, and every other cell, one setting changed (rows A-E), under SEEDS.
@@ -66,8 +69,9 @@ class Study:
     outputs: Path
 
     @classmethod
-    def of(cls, root: Path) -> "Study":
-        return cls(root, root / "docs" / "table3", root / "outputs" / "table3")
+    def of(cls, root: Path, docs: Path | str = "table3") -> "Study":
+        """The study launched in ``root``, its kept files in ``docs`` (relative: to ``root``)."""
+        return cls(root, root / docs, root / "outputs" / "table3")
 
 
 def runs(cells: list[str] | None = None) -> list[tuple[str, list[str], int]]:
@@ -247,13 +251,15 @@ def table(study: Study) -> None:
 
 
 def main(argv: list[str], root: Path) -> None:
-    """The command line of scripts/table3.py, the study kept under ``root`` (the checkout)."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    """The command line of ``python -m transformer_nmt.table3``, launched in ``root``."""
+    parser = argparse.ArgumentParser(prog="python -m transformer_nmt.table3", description=__doc__.split("\n\n")[0])
     parser.add_argument("command", choices=("status", "run", "table"))
+    parser.add_argument("--study", default="table3", help="where the study's kept files go (relative: to the launch "
+                                                           "directory); this repository's: docs/table3")
     parser.add_argument("--cells", nargs="+", choices=[cell for cell, _, _ in PLAN], help="only these cells")
     parser.add_argument("--max-runs", type=int, help="run: stop after this many runs")
     args = parser.parse_args(argv)
-    study = Study.of(root)
+    study = Study.of(root, args.study)
     study.docs.mkdir(parents=True, exist_ok=True)
     if args.command == "status":
         status(study, args.cells)

@@ -4,7 +4,7 @@ A target piece is aligned through the cross-attention of one decoder query: with
 (the default, as fairseq) the query that *predicts* the piece, with ``position="input"`` the query whose
 *input* is the piece (the shifted position, which predicts the next piece). Shift-Att (Chen et al. 2020)
 finds the input position aligns better in large NMT models; on the permutation task of
-scripts/alignment_aer.py, where the truth is known, the output position is right (AER <= 0.01) and the
+transformer_nmt.alignment_aer, where the truth is known, the output position is right (AER <= 0.01) and the
 input position wrong (AER ~0.9), so output is the default. The weights are averaged over ``heads``
 (default: all) of decoder layer ``layer`` (default: the last, -1).
 

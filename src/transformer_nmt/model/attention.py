@@ -63,7 +63,7 @@ LOW_PRECISION = (torch.bfloat16, torch.float16)
 
 def auto_kernel(device_type: str, dtype: torch.dtype) -> tuple[str, str]:
     """(the kernel ``auto`` runs where no weights are asked for, why), by device and the dtype the
-    projections give (bf16 under bf16 autocast); each is the kernel scripts/benchmark_model.py measured faster
+    projections give (bf16 under bf16 autocast); each is the kernel benchmarks/benchmark_model.py measured faster
     there (docs/benchmarks.md, "Attention kernels" and "The model against nn.Transformer"):
 
     - CUDA: ``fused``, the only kernel that can reach Flash.

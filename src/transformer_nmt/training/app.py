@@ -265,7 +265,7 @@ def epochs_trained(trainer: pl.Trainer) -> float | None:
 
 def write_hypotheses(module: TranslationModule, datamodule, run_dir: Path) -> None:
     """The last validation's greedy hypotheses and their references, one sentence a line in split order, for
-    paired significance tests between runs (scripts/summarize_ablation.py); nothing when BLEU was off."""
+    paired significance tests between runs (transformer_nmt.summarize_ablation); nothing when BLEU was off."""
     hypotheses = module.hypotheses.get("val")
     if not hypotheses:
         return

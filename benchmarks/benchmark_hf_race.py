@@ -1,9 +1,9 @@
 """The race a user would run: our trainer against transformers' Seq2SeqTrainer on a MarianMTModel of the same
 shape, on Multi30k en->de, then decoding the same model three ways.
 
-    python scripts/benchmark_hf_race.py                     # the full race (hours: for a quiet machine)
-    python scripts/benchmark_hf_race.py --quick             # a few steps and sentences: shows it works
-    python scripts/benchmark_hf_race.py --steps 200 --rounds 3 --minutes 30 --threads 2 --json race.json
+    python benchmarks/benchmark_hf_race.py                     # the full race (hours: for a quiet machine)
+    python benchmarks/benchmark_hf_race.py --quick             # a few steps and sentences: shows it works
+    python benchmarks/benchmark_hf_race.py --steps 200 --rounds 3 --minutes 30 --threads 2 --json race.json
 
 Both sides train the recipe's shape (conf/experiment/multi30k_cpu.yaml: model=small, 3+3 layers, d_model 256,
 4 heads, d_ff 1024, the 8k vocabulary the datamodule trains, its dropout, learning-rate peak and warmup, label

@@ -1,11 +1,11 @@
 """The CPU recipe's training step: target tokens/s and share of the matmul ceiling, by precision, batch size,
 attention kernel and torch.compile, side by side in one process.
 
-    python scripts/benchmark_step.py                       # the default table (about 3 minutes on 2 loaded cores)
-    python scripts/benchmark_step.py --tokens 1024 2048 --rounds 5 --no-compile
-    python scripts/benchmark_step.py --threads 2           # the recipe's thread count (a quiet machine only)
-    python scripts/benchmark_step.py --tokens 2048 --no-compile --kernels plain fused --previous-loss
-    python scripts/benchmark_step.py --tokens 1024 4096 --no-compile --kernels plain --precisions bf16-mixed \
+    python benchmarks/benchmark_step.py                       # the default table (about 3 minutes on 2 loaded cores)
+    python benchmarks/benchmark_step.py --tokens 1024 2048 --rounds 5 --no-compile
+    python benchmarks/benchmark_step.py --threads 2           # the recipe's thread count (a quiet machine only)
+    python benchmarks/benchmark_step.py --tokens 2048 --no-compile --kernels plain fused --previous-loss
+    python benchmarks/benchmark_step.py --tokens 1024 4096 --no-compile --kernels plain --precisions bf16-mixed \
         --previous-dropout --previous-chunks --reference "bf16-mixed plain" --threads 2 --rounds 9
 
 The recipe's small model and training settings (conf/train.yaml with model=small, composed as the app composes
@@ -22,7 +22,7 @@ subwords per word for the 8k BPE vocabulary, + eos), bucketed by the project's T
 Variants (every one at every batch size): each precision with each attention kernel eagerly, and with
 ``--compile`` the model's forward under torch.compile (as train.compile=true does) with each precision's
 ``auto`` kernel, at one batch size (``--compile-tokens``; compiling takes minutes here). Each of these adds
-every precision's ``auto`` kernel with one part as it was (scripts/baselines.py, checked against the current
+every precision's ``auto`` kernel with one part as it was (benchmarks/baselines.py, checked against the current
 code before timing): ``--previous-loss`` the loss before its fused log_softmax/softmax kernels (in the chunks of
 then, 2^25 logits), called by training_step in place of today's; ``--previous-chunks`` today's loss in chunks
 of 2^25 logits (128 MiB in fp32), as it ran on CPU before training.LOSS_CHUNK_ELEMENTS_CPU;
@@ -64,7 +64,7 @@ from transformer_nmt.provenance import provenance_line
 from transformer_nmt.training.precision import compute_dtype
 from transformer_nmt.training.module import LOSS_CHUNK_ELEMENTS, TranslationModule, label_smoothed_cross_entropy
 
-from baselines import check_loss, previous_loss, with_torch_dropout  # scripts/: the parts as they were
+from baselines import check_loss, previous_loss, with_torch_dropout  # benchmarks/: the parts as they were
 from recipe import small_recipe
 
 REPO = Path(__file__).resolve().parents[1]

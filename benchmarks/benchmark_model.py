@@ -1,8 +1,8 @@
 """Benchmark the model against torch.nn.Transformer, the attention kernels against each other, cached decoding.
 
-    python scripts/benchmark_model.py                          # every table (several minutes on 2 CPU cores)
-    python scripts/benchmark_model.py --quick                  # fewer steps, smaller memory probe
-    python scripts/benchmark_model.py --tables kernels decode_kernels   # only the kernel tables
+    python benchmarks/benchmark_model.py                          # every table (several minutes on 2 CPU cores)
+    python benchmarks/benchmark_model.py --quick                  # fewer steps, smaller memory probe
+    python benchmarks/benchmark_model.py --tables kernels decode_kernels   # only the kernel tables
 
 Prints markdown tables (``--tables`` picks them):
 - ``throughput``: training throughput (target tokens/s for forward + backward + Adam step) of our model
@@ -42,7 +42,7 @@ from transformer_nmt.model.transformer import Transformer, TransformerConfig
 from transformer_nmt.hardware import cpu_native_bf16, reported_cpu_flags
 from transformer_nmt.provenance import provenance_line
 
-from recipe import recipe_adam, small_recipe  # scripts/
+from recipe import recipe_adam, small_recipe  # benchmarks/
 
 # the recipe's small model (each table sets the kernel), positions up to the recipe's data.max_positions
 DIMS = {**{k: v for k, v in small_recipe()[0].items() if k != "attention"}, "max_positions": 256}

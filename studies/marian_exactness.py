@@ -1,7 +1,7 @@
 """The MarianMT export's proof at full size: a checkpoint exported and run by transformers against our own
 code on the first ``n`` Multi30k validation sentences (the proofs tests/test_marian.py runs on 24).
 
-    python scripts/marian_exactness.py ckpt=RUN/checkpoints/last.ckpt [n=300] [out=DIR] [threads=2]
+    python studies/marian_exactness.py ckpt=RUN/checkpoints/last.ckpt [n=300] [out=DIR] [threads=2]
 
 Rows: teacher-forced logits (max |ours - transformers'| over every scored position and the whole vocabulary,
 fp32); greedy search (ids identical line for line, our length limit applied to transformers' output, which has
@@ -62,7 +62,7 @@ def main(argv: list[str]) -> dict:
     out_dir.mkdir(parents=True, exist_ok=True)
     model, tokenizer, meta = load_checkpoint(options["ckpt"])
     directory = export_marian(model, tokenizer, out_dir / "marian", meta, force=True,
-                              command="python scripts/marian_exactness.py " + " ".join(argv))
+                              command="python studies/marian_exactness.py " + " ".join(argv))
     hf_model = transformers.MarianMTModel.from_pretrained(directory).eval()
     hf_tokenizer = transformers.MarianTokenizer.from_pretrained(directory)
     generation = hf_model.generation_config

@@ -1,9 +1,9 @@
 """Throughput and memory of the data pipeline on synthetic corpora.
 
-    python scripts/benchmark_data.py                       # N = 100k and 1M pairs
-    python scripts/benchmark_data.py --pairs 100000 --num-proc 2 --vocab-size 8000
-    python scripts/benchmark_data.py --wmt --pairs 1000000 4500000 [--ddp]   # WMT scale, see wmt_scale()
-    python scripts/benchmark_data.py --plans --pairs 4500000                 # the epoch plan alone
+    python benchmarks/benchmark_data.py                       # N = 100k and 1M pairs
+    python benchmarks/benchmark_data.py --pairs 100000 --num-proc 2 --vocab-size 8000
+    python benchmarks/benchmark_data.py --wmt --pairs 1000000 4500000 [--ddp]   # WMT scale, see wmt_scale()
+    python benchmarks/benchmark_data.py --plans --pairs 4500000                 # the epoch plan alone
 
 For each N, three phases each run in a fresh process so that its peak RSS is its own: reading the
 text files into Arrow, training the SentencePiece vocabulary (on a sample of ``--input-sentence-size``

@@ -1,7 +1,7 @@
 """The samples of docs/evaluation.md's decoding modes from a trained run: each mode's translate command run on the
 same input lines, its output kept as translate wrote it.
 
-    python scripts/decoding_samples.py run=outputs/multi30k_cpu_en_de/RUN out=docs/evaluation/decoding_samples.json
+    python studies/decoding_samples.py run=outputs/multi30k_cpu_en_de/RUN out=docs/evaluation/decoding_samples.json
 
 MODES holds each sample's options; in them RUN stands for the run directory, ``in.en``, ``ref.de`` and
 ``prefix.de`` for files this script writes from INPUT, REFERENCE and PREFIX, and ENSEMBLE for the run's newest
@@ -24,7 +24,7 @@ from transformer_nmt.provenance import PROVENANCE_KEY
 from transformer_nmt.provenance import collect as collect_provenance
 
 OPTIONS = {"run": None, "ensemble": 3, "out": "decoding_samples.json"}
-USAGE = "python scripts/decoding_samples.py run=RUN [ensemble=3] [out=FILE.json]"
+USAGE = "python studies/decoding_samples.py run=RUN [ensemble=3] [out=FILE.json]"
 
 INPUT = ["A man in a blue shirt is riding a bike.", "Two dogs play in the snow."]
 REFERENCE = ["Ein Mann in einem blauen Hemd fährt Fahrrad.", "Zwei Hunde spielen im Schnee."]
@@ -55,7 +55,7 @@ def main(argv: list[str]) -> dict:
         raise SystemExit("give run=RUN: a run directory with averaged.ckpt and checkpoints/recent/")
     run = Path(options["run"])
     if not (run / "averaged.ckpt").is_file():
-        raise SystemExit(f"run={run}: no averaged.ckpt (python scripts/reproduce_multi30k.py train=false "
+        raise SystemExit(f"run={run}: no averaged.ckpt (python -m transformer_nmt.reproduce train=false "
                          f"run_dir={run} writes it)")
     provenance = collect_provenance({"options": options}, argv=[sys.argv[0], *argv])
     recent = last_checkpoints(run / "checkpoints" / "recent", options["ensemble"])

@@ -1,16 +1,16 @@
 """Old implementations, kept only to be timed side by side with the package's current ones (imported by the
-benchmark scripts, which run with scripts/ on sys.path). Each is as it was, so that a benchmark's "before" rows
+benchmark scripts, which run with benchmarks/ on sys.path). Each is as it was, so that a benchmark's "before" rows
 measure what the project had. So that a speed-up never hides a different result, the losses are checked against
 the current one before anything is timed (``check_loss``), dropout swaps must leave none of dropout.py's, and the
 search table counts the outputs identical to the baseline's ("same").
 
 - ``before_greedy``, ``before_beam``: the search before decoding.py's batched one (commit b8dae0a), one Python loop
-  over sentences per step (scripts/benchmark_decode.py's ``search`` table).
+  over sentences per step (benchmarks/benchmark_decode.py's ``search`` table).
 - ``previous_greedy``, ``previous_beam``: decoding.py's batched searches before issue 31 (commit 9584b1c), before
-  ensembles, prefixes and log-probabilities (scripts/benchmark_decode.py's ``search`` table: "before issue 31").
-- ``unchunked_loss``: the label-smoothed loss before it ran in chunks (scripts/benchmark_loss.py's "before");
+  ensembles, prefixes and log-probabilities (benchmarks/benchmark_decode.py's ``search`` table: "before issue 31").
+- ``unchunked_loss``: the label-smoothed loss before it ran in chunks (benchmarks/benchmark_loss.py's "before");
   ``previous_loss``: the chunked one before its fused log_softmax/softmax kernels (training.module's
-  ``_SmoothedCrossEntropy``), in the chunks of then (scripts/benchmark_step.py ``--previous-loss``).
+  ``_SmoothedCrossEntropy``), in the chunks of then (benchmarks/benchmark_step.py ``--previous-loss``).
 - ``with_torch_dropout``: torch's ``nn.Dropout`` in place of dropout.py's (``--previous-dropout``).
 """
 
@@ -267,7 +267,7 @@ class LogSumExpLoss(torch.autograd.Function):
 
 def unchunked_loss(logits, labels, epsilon, pad_id):
     """The label-smoothed loss before the chunked one (fp32 log-softmax kept for backward, boolean indexing):
-    scripts/benchmark_loss.py's "before"."""
+    benchmarks/benchmark_loss.py's "before"."""
     log_probs = F.log_softmax(logits.float(), dim=-1)  # (B, T, V)
     nll = -log_probs.gather(-1, labels.unsqueeze(-1)).squeeze(-1)  # (B, T)
     uniform = -log_probs.mean(dim=-1)  # (B, T)

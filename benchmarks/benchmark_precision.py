@@ -1,6 +1,6 @@
 """Training-step time in 32-true against bf16-mixed on this machine's CPU (what trainer.precision=auto decides).
 
-    python scripts/benchmark_precision.py [--steps 3] [--batch 64] [--length 20]
+    python benchmarks/benchmark_precision.py [--steps 3] [--batch 64] [--length 20]
 
 The small model (conf/model/small.yaml: d_model 256, 4 heads, 3+3 layers, d_ff 1024; vocabulary 8000) takes
 forward, label-smoothed loss, backward and an Adam step on one batch, alternating one step in fp32 and one in
@@ -22,7 +22,7 @@ from transformer_nmt.provenance import provenance_line
 from transformer_nmt.training.precision import resolve_precision
 from transformer_nmt.training.module import label_smoothed_cross_entropy
 
-from recipe import recipe_adam, small_recipe  # scripts/
+from recipe import recipe_adam, small_recipe  # benchmarks/
 
 SMALL = small_recipe()[0]
 

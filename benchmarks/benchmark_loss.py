@@ -1,7 +1,7 @@
 """Peak memory of one training step at the paper's batch: 25,000 target tokens x 37,000-token vocabulary.
 
-    python scripts/benchmark_loss.py                  # 25k x 37k (needs ~16 GiB free for the old loss)
-    python scripts/benchmark_loss.py --vocab 9250     # a quarter of the vocabulary
+    python benchmarks/benchmark_loss.py                  # 25k x 37k (needs ~16 GiB free for the old loss)
+    python benchmarks/benchmark_loss.py --vocab 9250     # a quarter of the vocabulary
 
 Each variant runs in a fresh process: a small model (d_model 64, 1+1 layers; the output layer and the loss
 dominate at this vocabulary) takes one step (forward, label-smoothed loss, backward, Adam) on a batch of
@@ -28,7 +28,7 @@ from transformer_nmt.model.transformer import Transformer, TransformerConfig
 from transformer_nmt.provenance import provenance_line
 from transformer_nmt.training.module import label_smoothed_cross_entropy
 
-from baselines import check_loss, unchunked_loss  # scripts/: the loss as it was
+from baselines import check_loss, unchunked_loss  # benchmarks/: the loss as it was
 from recipe import recipe_adam
 
 VARIANTS = ("before", "chunked", "chunked, in place")

@@ -1,7 +1,7 @@
 """Cold start of ``translate``: what one sentence costs beyond importing torch, in fresh processes.
 
-    python scripts/benchmark_cold_start.py --runs 5 --json docs/benchmarks/cold_start.json
-    python scripts/benchmark_cold_start.py --before /tmp/old/src   # also a checkout's src/, e.g. an older commit
+    python benchmarks/benchmark_cold_start.py --runs 5 --json docs/benchmarks/cold_start.json
+    python benchmarks/benchmark_cold_start.py --before /tmp/old/src   # also a checkout's src/, e.g. an older commit
 
 Writes a tiny checkpoint (a random 1+1-layer model, a SentencePiece model trained on Multi30k's first lines) to a
 temporary directory, then alternates ``--runs`` times between ``python -c "import torch"`` and

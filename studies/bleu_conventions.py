@@ -2,7 +2,7 @@
 sacreBLEU, and the Multi30k literature's lowercased, Moses-tokenized BLEU (inference/multi30k_bleu.py), each
 computed with ``evaluate``'s own ``score`` over committed hypotheses and their references.
 
-    python scripts/bleu_conventions.py --json docs/quality/bleu_conventions.json
+    python studies/bleu_conventions.py --json docs/quality/bleu_conventions.json
 
 By default: every Table 3 run's greedy val hypotheses (docs/table3/CELL/seedK/val_hypotheses.txt, en->de, all
 1,014 val sentences) against docs/table3/val_references.txt. Needs sacremoses (``transformer_nmt[compare]``).

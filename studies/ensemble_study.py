@@ -1,7 +1,7 @@
 """Does ensembling a recipe's own checkpoints beat averaging them, and seeded runs each alone? (issue 31)
 
-    python scripts/ensemble_study.py run=outputs/multi30k_cpu_en_de/RUN last=5 sizes=[2,3] out=study_run.json
-    python scripts/ensemble_study.py seeds=[multirun/ablation_base/ID/0,multirun/ablation_base/ID/1] out=seeds.json
+    python studies/ensemble_study.py run=outputs/multi30k_cpu_en_de/RUN last=5 sizes=[2,3] out=study_run.json
+    python studies/ensemble_study.py seeds=[multirun/ablation_base/ID/0,multirun/ablation_base/ID/1] out=seeds.json
 
 Two comparisons, each scored with ``evaluate`` (beam ``beam``, sacreBLEU) on every split of ``splits``, decode
 seconds beside (``threads``: 0 is torch's default):
@@ -38,7 +38,7 @@ from transformer_nmt.provenance import collect as collect_provenance
 OPTIONS = {"run": None, "last": 5, "sizes": [], "seeds": [], "beam": 4, "splits": ["val", "test"],
            "threads": 0, "max_tokens": 4096, "out": "ensemble_study.json", "work": None}
 WORK = Path("outputs") / "ensemble_study"  # evaluate's files and the averages, under WORK/<out's stem> unless work=
-USAGE = ("python scripts/ensemble_study.py [run=RUN] [last=5] [sizes=[2,3]] [seeds=[RUN_A,RUN_B]] [beam=4] "
+USAGE = ("python studies/ensemble_study.py [run=RUN] [last=5] [sizes=[2,3]] [seeds=[RUN_A,RUN_B]] [beam=4] "
          "[out=FILE.json]")
 SCORES = ("bleu", "bleu_lowercase", "bleu_multi30k", "chrf", "length_ratio", "decode_seconds", "sentences",
           "threads")

@@ -1,5 +1,5 @@
-"""The recipe's small model and its training settings, for the benchmarks (run as ``python scripts/X.py``, which
-puts scripts/ on sys.path): conf/train.yaml with model=small, composed from the package's configs as the app
+"""The recipe's small model and its training settings, for the benchmarks (run as ``python benchmarks/X.py``, which
+puts benchmarks/ on sys.path): conf/train.yaml with model=small, composed from the package's configs as the app
 composes them, so that a benchmark measures the model and optimizer a run trains, not a copy of their numbers."""
 
 from __future__ import annotations

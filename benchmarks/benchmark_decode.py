@@ -1,6 +1,6 @@
 """Decoding speed on the 1,000 Multi30k test sentences, two tables, each from one run in one process.
 
-    python scripts/benchmark_decode.py ckpt=RUN/checkpoints/averaged.ckpt [max_tokens=4096] [limit=1000] [beam=4]
+    python benchmarks/benchmark_decode.py ckpt=RUN/checkpoints/averaged.ckpt [max_tokens=4096] [limit=1000] [beam=4]
         [rounds=1] [threads=[2,1]] [ctranslate2=true] [tables=[serving,search]]
 
 ``serving`` (what a user of ``translate``/``evaluate`` gets): for beam ``beam`` and for greedy, the native
@@ -15,7 +15,7 @@ to that native row's; "busy threads" is the median over rounds of the threads of
 a quarter of the pass (read from /proc), so a row that does not use the threads it names shows it. BLEU
 against ``ref``.
 
-``search`` (the history of our search): the per-sentence search this project had (scripts/baselines.py), the batched
+``search`` (the history of our search): the per-sentence search this project had (benchmarks/baselines.py), the batched
 one of decoding.py (``after``) under both stopping rules, the batched searches as they were before issue 31
 (ensembles, prefixes, log-probabilities: "before issue 31", against today's), our default on more threads and CTranslate2 against
 our search under its stopping rule (k finished); "x baseline" as "x native" above, against the row named.
@@ -54,7 +54,7 @@ from transformer_nmt.options import parse_options
 from transformer_nmt.provenance import provenance_line
 from transformer_nmt.inference.translate import encode_sources, read_lines, token_batches, translate_lines
 
-from baselines import before_beam, before_greedy, previous_beam, previous_greedy  # scripts/: the searches as they were
+from baselines import before_beam, before_greedy, previous_beam, previous_greedy  # benchmarks/: the searches as they were
 
 ROOT = Path(__file__).resolve().parent.parent
 DECODE = DecodeConfig()  # the defaults of translate's search
