@@ -265,7 +265,8 @@ def epochs_trained(trainer: pl.Trainer) -> float | None:
 
 def write_hypotheses(module: TranslationModule, datamodule, run_dir: Path) -> None:
     """The last validation's greedy hypotheses and their references, one sentence a line in split order, for
-    paired significance tests between runs (scripts/summarize_ablation.py); nothing when BLEU was off."""
+    paired significance tests between runs (scripts/summarize_ablation.py); nothing when BLEU was off. Each file
+    is written atomically (durable.atomic_write): a link planted in the run dir is replaced, never written through."""
     hypotheses = module.hypotheses.get("val")
     if not hypotheses:
         return
@@ -273,7 +274,8 @@ def write_hypotheses(module: TranslationModule, datamodule, run_dir: Path) -> No
     indices = sorted(hypotheses)
     for name, lines in ((run_files.HYPOTHESES, [hypotheses[i] for i in indices]),
                         (run_files.REFERENCES, [references[i] for i in indices])):
-        (run_dir / name).write_text("".join(" ".join(line.splitlines()) + "\n" for line in lines), encoding="utf-8")
+        text = "".join(" ".join(line.splitlines()) + "\n" for line in lines)
+        atomic_write(run_dir / name, lambda f: f.write(text.encode("utf-8")))  # replaces a link, never writes through
 
 
 def train(cfg: DictConfig, run_dir: str | Path, overrides: Sequence[str] = (), sweep: bool = False) -> pl.Trainer:
@@ -304,7 +306,8 @@ def _fit_and_test(cfg: DictConfig, run_dir: Path, overrides: Sequence[str], swee
     check_resume(cfg, ckpt_path, list(overrides) if sweep else None, trainer=trainer)
     if rank_zero_only.rank == 0:
         run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / run_files.CONFIG).write_text(OmegaConf.to_yaml(cfg, resolve=True))
+        config_text = OmegaConf.to_yaml(cfg, resolve=True)  # atomically: a link planted there is replaced
+        atomic_write(run_dir / run_files.CONFIG, lambda f: f.write(config_text.encode("utf-8")))
     pl.seed_everything(cfg.seed, workers=True)
     # torch.compile: batch widths a multiple of 8 too, so that shapes repeat (and the user's multiple still holds)
     compile_pad = {"pad_to_multiple": math.lcm(cfg.data.pad_to_multiple, 8)} if cfg.train.compile else {}
