@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path, PurePath
@@ -163,6 +164,21 @@ def default_out_dir(checkpoint: str | os.PathLike) -> Path:
     return out_dir
 
 
+def warn_replacing(path: Path, ckpt) -> None:
+    """A warning on stderr where ``path`` (NAME.json) holds an evaluation of another checkpoint than ``ckpt``, which
+    this one replaces with its NAME.hyp, .ref and .json (``name=`` keeps both)."""
+    try:
+        earlier = json.loads(path.read_text(encoding="utf-8")).get("checkpoint")
+    except FileNotFoundError:
+        return
+    except (OSError, ValueError, AttributeError):
+        earlier = "a file that is not a readable evaluation"
+    current = ckpt if isinstance(ckpt, list) else str(ckpt)
+    if earlier != current:
+        print(f"warning: {path} holds the evaluation of {earlier}; replacing it with that of {current} (give name=NAME "
+              f"to keep both)", file=sys.stderr)
+
+
 def write_text(path: Path, text: str) -> None:
     """``text`` (UTF-8) to ``path`` atomically (durable.atomic_write): a temporary file beside it, fsynced, renamed
     over it; a symbolic link at ``path`` is replaced by the file, its target left as it was."""
@@ -186,6 +202,7 @@ def main(argv: list[str] | None = None) -> dict:
     hypotheses, references = [one_line(h) for h in hypotheses], [one_line(r) for r in references]
 
     out_dir = Path(options.out) if options.out else default_out_dir(first)
+    warn_replacing(out_dir / f"{name}.json", ckpt)
     write_text(out_dir / f"{name}.hyp", "".join(h + "\n" for h in hypotheses))
     write_text(out_dir / f"{name}.ref", "".join(r + "\n" for r in references))
     lang = options.lang or (meta.get("data_config") or {}).get("tgt_lang")  # the language it translates into

@@ -38,6 +38,7 @@ the model's ``max_positions`` is cut to fit, with a warning naming the line, and
 from __future__ import annotations
 
 import gzip
+import os
 import sys
 import warnings
 from contextlib import nullcontext
@@ -89,7 +90,8 @@ class ModelOptions:
 @dataclass
 class TranslateOptions(ModelOptions):
     input: Optional[str] = option(None, "the text to translate, one sentence a line (.gz too); null: stdin")
-    output: Optional[str] = option(None, "where the translations go, one line per input line; null: stdout")
+    output: Optional[str] = option(None, "where the translations go, one line per input line; null: stdout. Never a "
+                                         "file translate reads (input=, prefix=, score_reference=, ckpt=): refused")
     n_best: int = option_of(DecodeConfig, "n_best", help="hypotheses per input, best first (<= beam); n > 1: "
                                                            "n lines LINE_NUMBER<TAB>SCORE<TAB>LOG_PROB<TAB>"
                                                            "TRANSLATION each")
@@ -286,9 +288,31 @@ def load_model(options) -> tuple[Transformer | Ensemble | CTranslate2Model, Toke
     raise SystemExit(f"engine={options.engine!r}: use native or ctranslate2")
 
 
+def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
+    """Whether paths ``a`` and ``b`` name one file (another spelling, a symbolic or a hard link), or would."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one of them does not exist (yet)
+        return os.path.realpath(a) == os.path.realpath(b)
+
+
+def check_output(options: TranslateOptions) -> None:
+    """A SystemExit where ``output=`` names a file translate reads: opened for writing, it would be emptied before
+    it is read."""
+    if not options.output:
+        return
+    reads = [("input", options.input), ("prefix", options.prefix), ("score_reference", options.score_reference)]
+    reads += [("ckpt", path) for path in (checkpoint_paths(options.ckpt) if options.ckpt else [])]
+    for name, path in reads:
+        if path and same_file(options.output, path):
+            raise SystemExit(f"output={options.output} is the file {name}={path} names: writing the translations "
+                             f"there would empty it before it is read; write them to another file")
+
+
 def main(argv: list[str] | None = None) -> None:
     options = parse_options(command_argv(argv), TranslateOptions, __doc__, USAGE)
     require_checkpoint(options)
+    check_output(options)
     mode = options.print_alignment
     chosen = values_of(AlignmentOptions, options)
     alignment = (chosen.alignment_layer, chosen.alignment_heads, chosen.alignment_position)
@@ -319,13 +343,16 @@ def main(argv: list[str] | None = None) -> None:
         except ValueError as error:
             raise SystemExit(str(error)) from None
     lines = read_lines(options.input)
-    out_file = open(options.output, "w", encoding="utf-8") if options.output else nullcontext(sys.stdout)
+
+    def out_file():  # opened once every input is read
+        return open(options.output, "w", encoding="utf-8") if options.output else nullcontext(sys.stdout)
+
     if options.score_reference:
         try:
             scores = token_log_probs(model, tokenizer, lines, read_lines(options.score_reference), decode.max_tokens)
         except ValueError as error:
             raise SystemExit(f"score_reference={options.score_reference}: {error}") from None
-        with out_file as out:
+        with out_file() as out:
             for token_scores in scores:
                 total = sum(token_scores)
                 out.write(f"{total:.4f}\t{total / len(token_scores):.4f}\t{len(token_scores)}\n")
@@ -335,7 +362,7 @@ def main(argv: list[str] | None = None) -> None:
         sources, results = translate_hypotheses(model, tokenizer, lines, decode, prefixes=prefixes)
     except ValueError as error:
         raise SystemExit(f"prefix={options.prefix}: {error}" if prefixes is not None else str(error)) from None
-    with out_file as out:
+    with out_file() as out:
         for number, (src, hyps) in enumerate(zip(sources, results), start=1):
             for h in hyps:
                 text = tokenizer.decode(h.tokens)
