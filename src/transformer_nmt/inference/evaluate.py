@@ -39,7 +39,9 @@ from transformer_nmt.data.corpus import ReadStats, read_pairs
 from transformer_nmt.durable import atomic_write
 from transformer_nmt.inference.decode_config import DecodeConfig
 from transformer_nmt.inference.multi30k_bleu import multi30k_bleu
-from transformer_nmt.inference.translate import ModelOptions, load_model, read_lines, translate_lines
+# one_line: the score is computed on these lines (sacreBLEU's tokenizers split words at whitespace, and a line break
+# is whitespace to them too)
+from transformer_nmt.inference.translate import ModelOptions, load_model, one_line, read_lines, translate_lines
 from transformer_nmt.provenance import PROVENANCE_KEY
 from transformer_nmt.provenance import collect as collect_provenance
 from transformer_nmt.options import command_argv, option, parse_options, require_checkpoint, values_of
@@ -128,14 +130,6 @@ def evaluation_pairs(options, meta: dict) -> tuple[list[str], list[str], str]:
     if len(sources) != len(references):
         raise SystemExit(f"{len(sources)} source lines but {len(references)} reference lines")
     return sources, references, name
-
-
-def one_line(text: str) -> str:
-    """``text`` as one line of a file that any reader splits as we do: every line boundary ``str.splitlines``
-    knows (a lone CR, LF, VT, FF, U+001C-U+001E, NEL, U+2028, U+2029) becomes a space, and trailing whitespace,
-    which sacrebleu's command line strips, goes. The score is computed on these lines (sacreBLEU's tokenizers
-    split words at whitespace, and a line break is whitespace to them too)."""
-    return " ".join(text.splitlines()).rstrip()
 
 
 def score(hypotheses: list[str], references: list[str], lang: str | None = None) -> dict:

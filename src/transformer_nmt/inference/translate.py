@@ -32,13 +32,18 @@ input: the query whose input it is) choose the cross-attention used; without ``p
 error, not ignored.
 
 Nothing is dropped or reordered: an empty (or blank) line gives an empty line; a line longer than
-the model's ``max_positions`` is cut to fit, with a warning naming the line, and still translated.
+the model's ``max_positions`` is cut to fit, with a warning naming the line, and still translated. Each
+translation is written as one line of plain text (``plain_line``): a line break inside it (any boundary
+``str.splitlines`` knows) becomes a space, and so does every other control character (C0, tab included, DEL,
+C1); trailing whitespace goes. So a model that decodes a line feed or a tab keeps one line per input line and
+the n-best TSV four fields, and no escape sequence reaches the terminal.
 """
 
 from __future__ import annotations
 
 import gzip
 import os
+import re
 import sys
 import warnings
 from contextlib import nullcontext
@@ -90,8 +95,10 @@ class ModelOptions:
 @dataclass
 class TranslateOptions(ModelOptions):
     input: Optional[str] = option(None, "the text to translate, one sentence a line (.gz too); null: stdin")
-    output: Optional[str] = option(None, "where the translations go, one line per input line; null: stdout. Never a "
-                                         "file translate reads (input=, prefix=, score_reference=, ckpt=): refused")
+    output: Optional[str] = option(None, "where the translations go, one line per input line (line breaks, tabs and "
+                                         "other control characters inside a translation written as spaces); null: "
+                                         "stdout. Never a file translate reads (input=, prefix=, score_reference=, "
+                                         "ckpt=): refused")
     n_best: int = option_of(DecodeConfig, "n_best", help="hypotheses per input, best first (<= beam); n > 1: "
                                                            "n lines LINE_NUMBER<TAB>SCORE<TAB>LOG_PROB<TAB>"
                                                            "TRANSLATION each")
@@ -113,6 +120,24 @@ class TranslateOptions(ModelOptions):
 
 
 OPTIONS = TranslateOptions  # what test_docs checks the docs' commands against
+
+
+def one_line(text: str) -> str:
+    """``text`` as one line of a file that any reader splits as we do: every line boundary ``str.splitlines``
+    knows (a lone CR, LF, VT, FF, U+001C-U+001E, NEL, U+2028, U+2029) becomes a space, and trailing whitespace,
+    which sacrebleu's command line strips, goes."""
+    return " ".join(text.splitlines()).rstrip()
+
+
+CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")  # C0 (tab included), DEL, C1
+
+
+def plain_line(text: str) -> str:
+    """A decoded translation as translate writes it: ``one_line(text)``, then every control character (C0, tab
+    included, DEL, C1) a space. One line per input line holds whatever a vocabulary decodes to (a byte-fallback
+    piece, an imported model's pieces), a tab never splits the n-best TSV, and no escape sequence reaches a
+    terminal."""
+    return CONTROL.sub(" ", one_line(text))
 
 
 def encode_sources(tokenizer: Tokenizer, lines: list[str], max_positions: int) -> list[list[int] | None]:
@@ -365,7 +390,7 @@ def main(argv: list[str] | None = None) -> None:
     with out_file() as out:
         for number, (src, hyps) in enumerate(zip(sources, results), start=1):
             for h in hyps:
-                text = tokenizer.decode(h.tokens)
+                text = plain_line(tokenizer.decode(h.tokens))  # one line, no tab, no control character
                 fields_ = [text] if options.n_best == 1 else [str(number), f"{h.score:.4f}", f"{h.log_prob:.4f}", text]
                 if mode:
                     fields_.append(alignment_line(align(model, tokenizer, src, h.tokens, *alignment), mode)
