@@ -19,12 +19,14 @@ Filtering (``filter_pairs``) works on token lengths and reports what it dropped 
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import inspect
 import io
 import json
 import os
 import re
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from itertools import zip_longest
@@ -154,10 +156,24 @@ def _chunks(pairs: Iterator[tuple[str, str]], stats: ReadStats) -> Iterator[tupl
         yield chunk0, chunk1
 
 
-def _open_lines(path: Path) -> io.BufferedIOBase:
+@contextlib.contextmanager
+def _open_lines(path: Path) -> Iterator[Iterator[bytes]]:
+    """The raw lines of ``path``, gunzipped where it starts with gzip's magic bytes; a gzip stream that breaks off
+    (a truncated download or copy) is a ``CorpusError`` naming the file and the last line read."""
     with open(path, "rb") as f:
         gzipped = f.read(2) == b"\x1f\x8b"
-    return gzip.open(path, "rb") if gzipped else open(path, "rb")
+    with (gzip.open(path, "rb") if gzipped else open(path, "rb")) as f:
+        yield _gzip_lines(f, path) if gzipped else f
+
+
+def _gzip_lines(f: io.BufferedIOBase, path: Path) -> Iterator[bytes]:
+    line_no = 0
+    try:
+        for line_no, raw in enumerate(f, start=1):
+            yield raw
+    except (EOFError, OSError, zlib.error) as error:
+        raise CorpusError(f"{path}: the gzip stream breaks off after line {line_no} ({error}): the file is truncated "
+                          f"or corrupt; download, copy or compress it again") from None
 
 
 def _decode(raw: bytes, path: Path, line_no: int, errors: str, stats: ReadStats) -> str:

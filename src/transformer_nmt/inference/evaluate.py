@@ -129,6 +129,10 @@ def evaluation_pairs(options, meta: dict) -> tuple[list[str], list[str], str]:
         raise SystemExit("give split=val|test, or src=FILE ref=FILE")
     if len(sources) != len(references):
         raise SystemExit(f"{len(sources)} source lines but {len(references)} reference lines")
+    if not any(reference.strip() for reference in references):
+        where = f"ref={options.ref}" if not options.split else f"split={options.split} of {meta.get('path')}"
+        raise SystemExit(f"{where}: every reference line is blank ({len(references)} lines): there is nothing to "
+                         f"score against; give the references of the source")
     return sources, references, name
 
 
@@ -136,6 +140,8 @@ def score(hypotheses: list[str], references: list[str], lang: str | None = None)
     """sacreBLEU BLEU (cased and lowercased) and chrF, with their signatures; beside the cased BLEU its
     length ratio (hypothesis / reference tokens) and brevity penalty; and the Multi30k literature's BLEU
     (``bleu_multi30k``: lowercased, Moses-tokenized for the target language ``lang``; multi30k_bleu.py)."""
+    if not any(reference.strip() for reference in references):  # sacreBLEU would divide by 0 reference tokens
+        raise ValueError(f"every reference line is blank ({len(references)} lines): there is nothing to score against")
     metrics = {}
     for name, metric in (("bleu", BLEU()), ("bleu_lowercase", BLEU(lowercase=True)), ("chrf", CHRF())):
         result = metric.corpus_score(hypotheses, [references])

@@ -46,6 +46,7 @@ import os
 import re
 import sys
 import warnings
+import zlib
 from contextlib import nullcontext
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -264,14 +265,21 @@ def translate_lines(model: Transformer | CTranslate2Model, tokenizer: Tokenizer,
 def read_lines(path: str | Path | None) -> list[str]:
     """Lines of a UTF-8 file (``.gz`` too) or of stdin, split on "\n" only: universal newlines or
     str.splitlines would also split on a lone "\r" or Unicode separators and change the line count. A final
-    line without newline is kept; invalid UTF-8 is an error naming the file and line."""
+    line without newline is kept; invalid UTF-8, and a ``.gz`` cut short or corrupt, are errors naming the file."""
     name = "<stdin>" if path is None else str(path)
     if path is None:
         raw = sys.stdin.buffer.read()
     elif not Path(path).is_file():
         raise SystemExit(f"file {path} does not exist")
+    elif name.endswith(".gz"):
+        try:
+            with gzip.open(path, "rb") as f:
+                raw = f.read()
+        except (EOFError, OSError, zlib.error) as error:  # cut short, or not gzip at all
+            raise SystemExit(f"{name}: not a complete gzip file ({error}): it is truncated or corrupt; copy or "
+                             f"compress it again") from None
     else:
-        raw = gzip.open(path, "rb").read() if name.endswith(".gz") else Path(path).read_bytes()
+        raw = Path(path).read_bytes()
     lines = raw.split(b"\n")
     if lines and lines[-1] == b"":
         lines.pop()  # the newline that ends the last line

@@ -31,8 +31,8 @@ from omegaconf import DictConfig, OmegaConf
 from transformer_nmt import run_files
 from transformer_nmt.model.attention import auto_kernel, check_attention
 from transformer_nmt.training.callbacks import LastCheckpoint, StepBoundaryTimer, early_stopping
-from transformer_nmt.checkpoint import (CKPT_MODEL_CONFIG, MODEL_PREFIX, atomic_write, checkpoint_tokenizer,
-                                      read_checkpoint)
+from transformer_nmt.checkpoint import (CKPT_MODEL_CONFIG, MODEL_PREFIX, CheckpointError, atomic_write,
+                                      checkpoint_tokenizer, model_config_of, read_checkpoint)
 from transformer_nmt.training.checkpoint_io import AtomicCheckpointIO
 from transformer_nmt.training.fingerprint import (RESULTS_FINGERPRINT, RecordFingerprint, check_finished_run,
                                                   check_resume, results_fingerprint)
@@ -115,8 +115,21 @@ def batch_seed(cfg: DictConfig) -> int:
 INIT_RUN_SETTINGS = ("dropout", "attention_dropout", "attention", "attention_block_size")
 
 
+def read_init(path: str) -> dict:
+    """``init_from``'s checkpoint, its model config checked before anything is built or prepared
+    (checkpoint.model_config_of: fields this version knows, sane sizes, the shapes of the weights it holds); a
+    ``ConfigError`` naming ``init_from``, the file and the field otherwise."""
+    init = read_checkpoint(path)
+    try:
+        config = model_config_of(init, f"init_from={path}")
+    except CheckpointError as error:
+        raise ConfigError(str(error)) from None
+    return {**init, CKPT_MODEL_CONFIG: config.to_dict()}
+
+
 def build_module(cfg: DictConfig, tokenizer, init: dict | None = None) -> TranslationModule:
-    """The module for ``cfg``; with ``init`` (init_from's checkpoint) its architecture and weights."""
+    """The module for ``cfg``; with ``init`` (init_from's checkpoint, as ``read_init`` gives it) its architecture
+    and weights."""
     model_config = {**OmegaConf.to_container(cfg.model, resolve=True), "vocab_size": tokenizer.vocab_size}
     if init is not None:
         model_config = {**init[CKPT_MODEL_CONFIG], **{k: model_config[k] for k in INIT_RUN_SETTINGS}}
@@ -311,7 +324,7 @@ def _fit_and_test(cfg: DictConfig, run_dir: Path, overrides: Sequence[str], swee
     pl.seed_everything(cfg.seed, workers=True)
     # torch.compile: batch widths a multiple of 8 too, so that shapes repeat (and the user's multiple still holds)
     compile_pad = {"pad_to_multiple": math.lcm(cfg.data.pad_to_multiple, 8)} if cfg.train.compile else {}
-    init = read_checkpoint(cfg.init_from) if cfg.get("init_from") else None  # fine-tune: weights, tokenizer
+    init = read_init(cfg.init_from) if cfg.get("init_from") else None  # fine-tune: weights, tokenizer
     datamodule = TranslationDataModule(cfg.data, **compile_pad, seed=batch_seed(cfg),
                                        tokenizer=checkpoint_tokenizer(init, cfg.init_from) if init else None)
     datamodule.setup("fit")  # builds or reuses the vocabulary: the model's vocab_size comes from it
