@@ -155,7 +155,8 @@ def record(corpus, **extra) -> dict:
 @pytest.mark.parametrize("target", [None, OLD_TARGET, "transformer_nmt.data.datamodule.TranslationDataModule"])
 def test_a_checkpoints_data_config_of_any_layout_reads_its_split(corpus, target):
     data_config = record(corpus) if target is None else record(corpus, _target_=target)
-    sources, references = split_pairs({"path": "run/last.ckpt", "data_config": data_config}, "val")
+    sources, references = split_pairs({"path": "run/last.ckpt", "data_config": data_config}, "val",
+                                      trust_paths=True)  # the corpus is a temporary directory
     assert sources == (corpus / "val.en").read_text().splitlines() and len(references) == 3
 
 

@@ -49,7 +49,8 @@ def test_in_loop_val_bleu_equals_evaluate_split_val_beam_1(run, tmp_path):
     trainer, _, _ = run
     best = trainer.checkpoint_callback
     logged = float(best.best_model_score)  # the val/bleu of the validation that wrote the best checkpoint
-    result = evaluate_main([f"ckpt={best.best_model_path}", "split=val", "beam=1", f"out={tmp_path}"])
+    result = evaluate_main([f"ckpt={best.best_model_path}", "split=val", "beam=1", f"out={tmp_path}",
+                           "trust_data_paths=true"])  # the run's data: a temporary directory
     assert result["sentences"] == 8
     assert round(result["bleu"], 2) == round(logged, 2)
     assert 5 < logged < 95  # a real comparison, not 0 == 0 or 100 == 100

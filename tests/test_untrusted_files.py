@@ -108,7 +108,8 @@ def test_a_checkpoint_naming_code_is_refused_by_evaluate_and_never_run(tmp_path,
 def test_a_checkpoints_own_data_config_still_scores_its_test_split(tmp_path, tokenizer, corpus,
                                                                  nothing_is_instantiated):
     ckpt = crafted_checkpoint(tmp_path / "model.ckpt", tokenizer, data_options(corpus))
-    result = evaluate_main([f"ckpt={ckpt}", "split=test", f"out={tmp_path / 'eval'}", "beam=1", "max_len_offset=5"])
+    result = evaluate_main([f"ckpt={ckpt}", "split=test", f"out={tmp_path / 'eval'}", "beam=1", "max_len_offset=5",
+                            "trust_data_paths=true"])  # the corpus: a temporary directory (test_recorded_paths.py)
     assert result["sentences"] == 3
 
 

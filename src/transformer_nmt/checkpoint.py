@@ -11,12 +11,16 @@ killed mid-write leaves the previous ``PATH`` untouched, never a truncated one.
 
 Reading is ``torch.load(weights_only=True)`` (``read_checkpoint``): tensors and plain containers, no object of
 any other class is built and no code the file names runs; the configs inside are rebuilt as dataclasses with
-their keys and types checked (records.from_record), never instantiated. Lightning's own loads (resume,
+their keys and types checked (records.from_record), never instantiated; the model config's sizes are checked
+against sane bounds (``MODEL_LIMITS``) and against the shapes of the weights the file holds before any model is
+built (``model_config_of``): a damaged or crafted config cannot make a reader allocate what it names. Lightning's
+own loads (resume,
 ``trainer.test(ckpt_path=...)``) go through the same reader (training/checkpoint_io.py).
 """
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -41,6 +45,14 @@ CKPT_RUN = "training_run"  # the training run (one id from its fresh start throu
 CKPT_FINGERPRINT = "run_fingerprint"  # the settings that define the run (training/fingerprint.py)
 CKPT_OVERRIDES = "run_overrides"  # the command line's overrides (a sweep job's: Hydra's overrides.task)
 MODEL_PREFIX = "model."  # TranslationModule holds the Transformer as ``self.model``
+
+# The largest value of each size of a model config read from a file: far above any Transformer trained for
+# translation (the paper's big model: d_model 1024, d_ff 4096, 16 heads, 6+6 layers, 37000 pieces), far below
+# what would exhaust a machine's memory on load. A checkpoint above them is damaged or crafted.
+MODEL_LIMITS = {"vocab_size": 2 ** 21, "d_model": 2 ** 16, "d_ff": 2 ** 18, "n_heads": 2 ** 10, "d_k": 2 ** 16,
+                "d_v": 2 ** 16, "n_encoder_layers": 2 ** 10, "n_decoder_layers": 2 ** 10, "max_positions": 2 ** 20,
+                "attention_block_size": 2 ** 16}
+POSITION_TABLE_LIMIT = 2 ** 28  # max_positions x d_model: the sinusoid table is built, never read from the file
 
 
 class CheckpointError(ValueError):
@@ -89,6 +101,49 @@ def tokenizer_entries(tokenizer: Tokenizer) -> dict:
     return entries
 
 
+def model_config_of(checkpoint: dict, source: str) -> TransformerConfig:
+    """The model config a checkpoint (``read_checkpoint``'s dict; ``source`` names it in errors) records, checked
+    before anything is built: its fields and types (records.from_record), each size within ``MODEL_LIMITS``, each
+    weight the file holds of the shape the config gives it, and no more weights described than the file holds (the
+    model is laid out on the meta device, which allocates nothing; a weight may be absent under its name where
+    the loader converts an older layout, e.g. q_proj/k_proj/v_proj into in_proj). So what a reader allocates is
+    bounded by what the file holds. ``CheckpointError`` naming the field or the weight."""
+    version = checkpoint.get(CKPT_VERSION)
+    record = checkpoint.get(CKPT_MODEL_CONFIG)
+    if isinstance(record, dict):
+        for field, limit in MODEL_LIMITS.items():
+            value = record.get(field)
+            if isinstance(value, int) and value > limit:
+                raise CheckpointError(f"{source}: {CKPT_MODEL_CONFIG}.{field}={value} is above {limit}, the most a "
+                                      f"model read from a file may have: the file is damaged or was not written by "
+                                      f"transformer_nmt; refusing to build it")
+    try:
+        config = from_record(TransformerConfig, record, source, CKPT_MODEL_CONFIG, version)
+    except RecordError as error:
+        raise CheckpointError(str(error)) from None
+    if config.max_positions * config.d_model > POSITION_TABLE_LIMIT:
+        raise CheckpointError(f"{source}: {CKPT_MODEL_CONFIG}.max_positions={config.max_positions} x d_model="
+                              f"{config.d_model} is a position table above {POSITION_TABLE_LIMIT} values: the file is "
+                              f"damaged or crafted; refusing to build it")
+    with torch.device("meta"):  # shapes only: nothing is allocated
+        expected = {key: tuple(value.shape) for key, value in Transformer(config).state_dict().items()}
+    weights = {key: value for key, value in (checkpoint.get("state_dict") or {}).items()
+               if key.startswith(MODEL_PREFIX) and isinstance(value, torch.Tensor)}
+    described = (f"vocab_size {config.vocab_size}, d_model {config.d_model}, d_ff {config.d_ff}, layers "
+                 f"{config.n_encoder_layers}+{config.n_decoder_layers}")
+    for key, shape in expected.items():
+        found = weights.get(MODEL_PREFIX + key)
+        if found is not None and tuple(found.shape) != shape:
+            raise CheckpointError(f"{source}: its model config does not describe its weights: {MODEL_PREFIX}{key} is "
+                                  f"{tuple(found.shape)} in the file, {shape} by the config ({described}): the file is "
+                                  f"damaged or was not written by transformer_nmt")
+    needed, held = sum(math.prod(shape) for shape in expected.values()), sum(v.numel() for v in weights.values())
+    if needed > held:
+        raise CheckpointError(f"{source}: its model config describes {needed:,} weights ({described}) but the file "
+                              f"holds {held:,}: the file is damaged or was not written by transformer_nmt")
+    return config
+
+
 def checkpoint_tokenizer(checkpoint: dict, path: str | os.PathLike) -> Tokenizer:
     """The tokenizer that checkpoint ``checkpoint`` (read from ``path``, named in errors) stores."""
     target, pieces = checkpoint.get(CKPT_TARGET_TOKENIZER), checkpoint.get(CKPT_TOKENIZER_PIECES)
@@ -119,11 +174,7 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     """
     checkpoint = read_checkpoint(path)
     version = checkpoint.get(CKPT_VERSION)
-    try:
-        config = from_record(TransformerConfig, checkpoint[CKPT_MODEL_CONFIG], f"checkpoint {path}",
-                             CKPT_MODEL_CONFIG, version)
-    except RecordError as error:
-        raise CheckpointError(str(error)) from None
+    config = model_config_of(checkpoint, f"checkpoint {path}")  # checked before the model is built
     model = Transformer(config)
     weights = {key[len(MODEL_PREFIX):]: value for key, value in checkpoint["state_dict"].items()
                if key.startswith(MODEL_PREFIX)}

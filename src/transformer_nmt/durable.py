@@ -8,11 +8,14 @@ flushed to disk, then renamed into place, and the rename itself made durable.
   directory: after a power loss the new name holds complete contents or does not exist.
 - Published files and directories get the permissions the process's umask gives (mkstemp and mkdtemp make
   them private to the owner).
+- A directory that replaces another (``replace_directory``) is complete before the old one leaves its name, and
+  the old one is removed only once the new one has taken it.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -91,3 +94,21 @@ def publish_directory(tmp: str | os.PathLike, path: str | os.PathLike) -> None:
     fsync_tree(tmp)
     os.replace(tmp, path)
     fsync_directory(Path(path).parent)
+
+
+def replace_directory(tmp: str | os.PathLike, path: str | os.PathLike) -> None:
+    """Publish directory ``tmp`` at ``path``, where a directory stands already: fsync everything under ``tmp``,
+    move the old directory aside (to a fresh ``NAME.old-XXXXXXXX`` beside it), rename ``tmp`` to ``path``, make
+    the renames durable, then remove the old one. A failure of the second rename puts the old directory back; a
+    process killed between the two renames leaves it, complete, under the ``.old-`` name."""
+    path = Path(path)
+    fsync_tree(tmp)
+    old = Path(tempfile.mkdtemp(prefix=f"{path.name}.old-", dir=path.parent))  # empty: a directory renames over it
+    os.replace(path, old)
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        os.replace(old, path)
+        raise
+    fsync_directory(path.parent)
+    shutil.rmtree(old)

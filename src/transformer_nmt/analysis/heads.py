@@ -50,6 +50,7 @@ class HeadsOptions:
     split: Optional[str] = option_of(EvaluateOptions, "split")
     src: Optional[str] = option_of(EvaluateOptions, "src")
     ref: Optional[str] = option_of(EvaluateOptions, "ref")
+    trust_data_paths: bool = option_of(EvaluateOptions, "trust_data_paths")
     out: Optional[str] = option(None, "output directory; null: heads/ beside the checkpoint")
     max_sentences: int = option(300, "the first this many sentences; 0: all")
     beam: int = option_of(DecodeConfig, "beam", default=1, help="beam size of the BLEU decoding; 1: greedy (fast)")

@@ -154,6 +154,7 @@ def evaluate(ckpt: Path, split: str, search: dict, out: Path, timings: dict, roo
     beam = search["beam"]
     name = f"{split}_{ckpt.stem}_beam{beam}" + (f"_{search['length_penalty']}{search['alpha']:g}" if beam > 1 else "")
     run_step(f"evaluate {name}", ["transformer_nmt.evaluate", f"ckpt={ckpt}", f"split={split}", f"beam={beam}",
+                                  "trust_data_paths=true",  # the run this command trained, on its own data
                                   f"length_penalty={search['length_penalty']}", f"alpha={search['alpha']}",
                                   f"out={out}", f"name={name}"], timings, root)
     return json.loads((out / f"{name}.json").read_text())

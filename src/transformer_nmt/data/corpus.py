@@ -19,12 +19,14 @@ Filtering (``filter_pairs``) works on token lengths and reports what it dropped 
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import inspect
 import io
 import json
 import os
 import re
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from itertools import zip_longest
@@ -37,6 +39,9 @@ FORMATS = ("text", "tsv", "jsonl", "hub")
 CHUNK_PAIRS = 20_000  # pairs per Arrow record batch while reading
 CONTROL = re.compile("[\x00-\x08\x0a-\x1f]")  # C0 control characters except tab
 CONTROL_NAMES = {"\x00": "NUL", "\n": "a line feed", "\r": "a carriage return", "\x1b": "ESC"}
+# A language code (data.src_lang, data.tgt_lang): it becomes a file name's suffix (PREFIX.{lang}) and a column name,
+# so nothing but letters, digits, _ and -, a letter first: never a path separator, "..", a newline or a blank.
+LANG_CODE = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,15}")
 
 
 class CorpusError(ValueError):
@@ -57,6 +62,8 @@ class CorpusSpec:
     control_chars: str = "strict"  # strict: error naming file and line | replace: a space, counted
 
     def __post_init__(self):
+        for option, lang in zip(("data.src_lang", "data.tgt_lang"), self.langs):
+            check_lang(lang, option)
         if self.format not in FORMATS:
             raise CorpusError(f"data.format={self.format!r} is not one of {FORMATS}")
         for key in ("utf8_errors", "control_chars"):
@@ -68,6 +75,13 @@ class CorpusSpec:
             raise CorpusError(f"data.columns={list(self.columns)} must name the two languages {list(self.langs)}")
         if self.format == "hub" and not self.hub_name:
             raise CorpusError("data.format=hub needs data.hub_name (e.g. wmt/wmt14, or a local dataset directory)")
+
+
+def check_lang(lang, option: str) -> None:
+    """A ``CorpusError`` naming ``option`` unless ``lang`` is a language code (``LANG_CODE``)."""
+    if not isinstance(lang, str) or not LANG_CODE.fullmatch(lang):
+        raise CorpusError(f"{option}={lang!r:.40} is not a language code: give 1 to 16 letters, digits, _ or -, a "
+                          f"letter first (en, de, pt_BR, zh-Hant); it names the files PREFIX.{{lang}} and the columns")
 
 
 @dataclass
@@ -142,10 +156,24 @@ def _chunks(pairs: Iterator[tuple[str, str]], stats: ReadStats) -> Iterator[tupl
         yield chunk0, chunk1
 
 
-def _open_lines(path: Path) -> io.BufferedIOBase:
+@contextlib.contextmanager
+def _open_lines(path: Path) -> Iterator[Iterator[bytes]]:
+    """The raw lines of ``path``, gunzipped where it starts with gzip's magic bytes; a gzip stream that breaks off
+    (a truncated download or copy) is a ``CorpusError`` naming the file and the last line read."""
     with open(path, "rb") as f:
         gzipped = f.read(2) == b"\x1f\x8b"
-    return gzip.open(path, "rb") if gzipped else open(path, "rb")
+    with (gzip.open(path, "rb") if gzipped else open(path, "rb")) as f:
+        yield _gzip_lines(f, path) if gzipped else f
+
+
+def _gzip_lines(f: io.BufferedIOBase, path: Path) -> Iterator[bytes]:
+    line_no = 0
+    try:
+        for line_no, raw in enumerate(f, start=1):
+            yield raw
+    except (EOFError, OSError, zlib.error) as error:
+        raise CorpusError(f"{path}: the gzip stream breaks off after line {line_no} ({error}): the file is truncated "
+                          f"or corrupt; download, copy or compress it again") from None
 
 
 def _decode(raw: bytes, path: Path, line_no: int, errors: str, stats: ReadStats) -> str:

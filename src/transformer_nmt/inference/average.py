@@ -15,7 +15,9 @@ files an older run left there (a restart with ``ckpt_path=null`` in the same run
 averaged in, or averaged instead of the new run's. ``allow_mixed=true`` averages checkpoints of different runs
 anyway (seeds, say); a different vocabulary is refused even then (the ids of one would mean other pieces in the
 other). An average is never an input: the ``output`` is left out of the ``dir=`` window, and a checkpoint that
-is an average is refused.
+is an average is refused. The ``output`` never replaces what a run needs: ``last.ckpt`` (what a run resumes from)
+is refused as an output, and so is an existing file that is not an earlier average (a training checkpoint, one
+holding optimizer state above all, or a file that is no checkpoint).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from typing import List, Optional
 
 import torch
 
+from transformer_nmt import run_files
 from transformer_nmt.checkpoint import (CKPT_FINGERPRINT, CKPT_MODEL_CONFIG, CKPT_RUN, CKPT_TOKENIZER, CheckpointError,
                                         atomic_torch_save, read_checkpoint)
 from transformer_nmt.options import command_argv, option, parse_options
@@ -165,7 +168,8 @@ class AverageOptions:
     dir: Optional[str] = option(None, "a directory of checkpoints: average its last= (highest steps)")
     last: int = option(5, "with dir=: how many checkpoints, those of the highest training steps (>= 1)")
     inputs: Optional[List[str]] = option(None, "the checkpoints to average, a list (instead of dir=)")
-    output: Optional[str] = option(None, "the averaged checkpoint to write (never read: left out of dir=)")
+    output: Optional[str] = option(None, "the averaged checkpoint to write (never read: left out of dir=); never "
+                                         "last.ckpt, and an existing file only if it is an earlier average")
     allow_mixed: bool = option(False, "average checkpoints of different training runs (another run identity, "
                                       "fingerprint or model config); another vocabulary is refused even so")
 
@@ -173,11 +177,33 @@ class AverageOptions:
 OPTIONS = AverageOptions
 
 
+def check_output(output: Path) -> None:
+    """A SystemExit where writing the average to ``output`` would destroy what a run needs: ``last.ckpt``, or an
+    existing file that is not an earlier average (the average holds weights alone, no optimizer state)."""
+    if output.name == run_files.LAST:
+        raise SystemExit(f"output={output}: {run_files.LAST} is the checkpoint a run resumes from, and an average holds "
+                         f"no optimizer state to resume; write the average elsewhere (e.g. RUN_DIR/{run_files.AVERAGED})")
+    if not (output.exists() or output.is_symlink()):
+        return
+    try:
+        existing = read_checkpoint(output, mmap=True)
+    except (CheckpointError, FileNotFoundError) as error:
+        raise SystemExit(f"output={output} exists and is not a checkpoint ({error}): an average replaces an earlier "
+                         f"average only; write it elsewhere, or remove the file yourself") from None
+    if "optimizer_states" in existing:
+        raise SystemExit(f"output={output} is a training checkpoint that holds optimizer state (a run can resume from "
+                         f"it): the average, weights alone, would replace it; write the average elsewhere")
+    if AVERAGED_FROM not in existing:
+        raise SystemExit(f"output={output} is a checkpoint that is not an average (an input of averaging, not an "
+                         f"output): write the average elsewhere, or remove the file yourself")
+
+
 def main(argv: list[str] | None = None) -> Path:
     options = parse_options(command_argv(argv), AverageOptions, __doc__, USAGE)
     if not options.output:
         raise SystemExit("missing output=PATH")
     output = Path(options.output)
+    check_output(output)
     try:
         if options.inputs is not None:
             paths = [Path(p) for p in options.inputs]

@@ -5,11 +5,14 @@
 
 ``split=val|test`` reads that split of the data the checkpoint was trained on (its data config travels
 in the checkpoint), every pair, unfiltered; ``src=FILE ref=FILE`` scores any pair of plain-text files
-(``.gz`` too). ``ckpt=[A,B,...]`` scores the ensemble of those checkpoints (its first one's data and
+(``.gz`` too). What a checkpoint records never chooses a path on its own: the recorded locations are read only
+when they are relative paths inside the directory evaluate runs in (where the data of one's own runs lives,
+``data/multi30k/...``), or with ``trust_data_paths=true``; any other is refused with the recorded path shown. ``ckpt=[A,B,...]`` scores the ensemble of those checkpoints (its first one's data and
 directory are used). Beam and engine options as in ``translate`` (``--help`` lists them with their defaults;
 ``engine=ctranslate2`` with ``ckpt`` or ``model_dir``). Writes to
 ``out=DIR`` (default: ``eval/`` beside the checkpoint) ``NAME.hyp`` (one line per source line),
-``NAME.ref`` and ``NAME.json`` with sacreBLEU's BLEU (cased and lowercased, with the length ratio and
+``NAME.ref`` and ``NAME.json`` (each written to a temporary file beside it, fsynced, then renamed over it: a
+symbolic link in its place is replaced, never written through) with sacreBLEU's BLEU (cased and lowercased, with the length ratio and
 brevity penalty) and chrF and their signatures, so ``sacrebleu NAME.ref -i NAME.hyp`` reproduces the score
 exactly: both are scored as written, one line each (``one_line``: a line break inside a sentence, a lone CR
 included, is written as a space); the Multi30k literature's BLEU (``bleu_multi30k``: lowercased, Moses-tokenized;
@@ -20,9 +23,11 @@ versions, machine, command, options).
 from __future__ import annotations
 
 import json
+import os
+import sys
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Optional
 
 import torch
@@ -31,9 +36,12 @@ from sacrebleu.metrics import BLEU, CHRF
 from transformer_nmt import run_files
 from transformer_nmt.data.config import DataConfig
 from transformer_nmt.data.corpus import ReadStats, read_pairs
+from transformer_nmt.durable import atomic_write
 from transformer_nmt.inference.decode_config import DecodeConfig
 from transformer_nmt.inference.multi30k_bleu import multi30k_bleu
-from transformer_nmt.inference.translate import ModelOptions, load_model, read_lines, translate_lines
+# one_line: the score is computed on these lines (sacreBLEU's tokenizers split words at whitespace, and a line break
+# is whitespace to them too)
+from transformer_nmt.inference.translate import ModelOptions, load_model, one_line, read_lines, translate_lines
 from transformer_nmt.provenance import PROVENANCE_KEY
 from transformer_nmt.provenance import collect as collect_provenance
 from transformer_nmt.options import command_argv, option, parse_options, require_checkpoint, values_of
@@ -50,21 +58,54 @@ class EvaluateOptions(ModelOptions):
     name: Optional[str] = option(None, "output file names NAME.hyp, .ref, .json; null: the split or the src file")
     lang: Optional[str] = option(None, "target language for bleu_multi30k's Moses tokenizer; null: the "
                                        "checkpoint's data.tgt_lang")
+    trust_data_paths: bool = option(False, "split=: read the data locations the checkpoint records even where they "
+                                           "are absolute or lead out of this directory (only for a checkpoint you "
+                                           "trust); false: only relative paths inside the directory evaluate runs in")
 
 
 OPTIONS = EvaluateOptions
 
 
-def split_pairs(meta: dict, split: str) -> tuple[list[str], list[str]]:
+def outside_launch_dir(location: str) -> bool:
+    """Whether ``location``, a path a file from elsewhere records, may lead out of the directory this process runs
+    in: an absolute path, a ``~`` path, or one with a ``..`` component. (Symbolic links inside that directory
+    are its owner's, and followed.)"""
+    path = PurePath(location)
+    return path.is_absolute() or location.startswith("~") or ".." in path.parts
+
+
+def recorded_locations(config: DataConfig, split: str) -> dict[str, str]:
+    """{option: path} of what reading ``split`` of ``config`` opens: the split's file or prefix, or for
+    format=hub the dataset directory (``hub_name``; its split is a name, not a path)."""
+    if config.format == "hub":
+        return {"data.hub_name": config.hub_name or ""}
+    location = config.corpus_spec().locations.get(split)
+    option_name = "data.val" if split == "val" and isinstance(config.val, (list, tuple)) else f"data.{split}"
+    return {option_name: location or ""}
+
+
+def split_pairs(meta: dict, split: str, trust_paths: bool = False) -> tuple[list[str], list[str]]:
     """All source and reference sentences (unfiltered) of a split of a checkpoint's own training data;
-    ``meta`` as returned by ``load_checkpoint``."""
+    ``meta`` as returned by ``load_checkpoint``. The recorded locations are read only when they stay inside the
+    working directory (``outside_launch_dir``), or with ``trust_paths``; else a SystemExit shows them."""
+    source = meta.get("source") or f"checkpoint {meta['path']}"
     if meta.get("data_config") is None:
-        raise SystemExit(f"checkpoint {meta['path']} does not record its data config; give src=FILE ref=FILE instead")
+        raise SystemExit(f"{source} does not record its data config; give src=FILE ref=FILE instead")
     try:  # read as data options, never instantiated: a checkpoint must not name code to run
-        source = meta.get("source") or f"checkpoint {meta['path']}"
-        spec = DataConfig.from_record(meta["data_config"], source, meta.get("version")).corpus_spec()
+        config = DataConfig.from_record(meta["data_config"], source, meta.get("version"))
     except ValueError as error:
         raise SystemExit(str(error)) from None
+    try:
+        spec = config.corpus_spec()  # language codes checked (corpus.check_lang)
+    except ValueError as error:
+        raise SystemExit(f"{source}: {error}") from None
+    for key, location in recorded_locations(config, split).items():
+        if location and outside_launch_dir(location) and not trust_paths:
+            raise SystemExit(f"{source} records {key}={location!r}, a path outside the directory evaluate runs in "
+                             f"({Path.cwd()}): a recorded path is read only when it is relative and inside it. Give "
+                             f"the files you mean with src=FILE ref=FILE, run evaluate from the directory the "
+                             f"checkpoint's data paths are relative to, or pass trust_data_paths=true to read "
+                             f"{location!r} (only for a checkpoint you trust)")
     sources, references = [], []
     for src_chunk, tgt_chunk in read_pairs(spec, split, ReadStats()):
         sources.extend(src_chunk)
@@ -79,7 +120,7 @@ def evaluation_pairs(options, meta: dict) -> tuple[list[str], list[str], str]:
     if options.split:
         if options.split not in ("val", "test"):
             raise SystemExit(f"split={options.split!r}: use val or test (or src=FILE ref=FILE)")
-        sources, references = split_pairs(meta, options.split)
+        sources, references = split_pairs(meta, options.split, getattr(options, "trust_data_paths", False))
         name = options.split
     elif options.src and options.ref:
         sources, references = read_lines(options.src), read_lines(options.ref)
@@ -88,21 +129,19 @@ def evaluation_pairs(options, meta: dict) -> tuple[list[str], list[str], str]:
         raise SystemExit("give split=val|test, or src=FILE ref=FILE")
     if len(sources) != len(references):
         raise SystemExit(f"{len(sources)} source lines but {len(references)} reference lines")
+    if not any(reference.strip() for reference in references):
+        where = f"ref={options.ref}" if not options.split else f"split={options.split} of {meta.get('path')}"
+        raise SystemExit(f"{where}: every reference line is blank ({len(references)} lines): there is nothing to "
+                         f"score against; give the references of the source")
     return sources, references, name
-
-
-def one_line(text: str) -> str:
-    """``text`` as one line of a file that any reader splits as we do: every line boundary ``str.splitlines``
-    knows (a lone CR, LF, VT, FF, U+001C-U+001E, NEL, U+2028, U+2029) becomes a space, and trailing whitespace,
-    which sacrebleu's command line strips, goes. The score is computed on these lines (sacreBLEU's tokenizers
-    split words at whitespace, and a line break is whitespace to them too)."""
-    return " ".join(text.splitlines()).rstrip()
 
 
 def score(hypotheses: list[str], references: list[str], lang: str | None = None) -> dict:
     """sacreBLEU BLEU (cased and lowercased) and chrF, with their signatures; beside the cased BLEU its
     length ratio (hypothesis / reference tokens) and brevity penalty; and the Multi30k literature's BLEU
     (``bleu_multi30k``: lowercased, Moses-tokenized for the target language ``lang``; multi30k_bleu.py)."""
+    if not any(reference.strip() for reference in references):  # sacreBLEU would divide by 0 reference tokens
+        raise ValueError(f"every reference line is blank ({len(references)} lines): there is nothing to score against")
     metrics = {}
     for name, metric in (("bleu", BLEU()), ("bleu_lowercase", BLEU(lowercase=True)), ("chrf", CHRF())):
         result = metric.corpus_score(hypotheses, [references])
@@ -111,6 +150,39 @@ def score(hypotheses: list[str], references: list[str], lang: str | None = None)
             metrics["length_ratio"], metrics["bp"] = round(result.sys_len / result.ref_len, 4), round(result.bp, 4)
         metrics[f"{name}_signature"] = str(metric.get_signature())
     return {**metrics, **multi30k_bleu(hypotheses, references, lang)}
+
+
+def default_out_dir(checkpoint: str | os.PathLike) -> Path:
+    """``eval/`` beside ``checkpoint``: where evaluate writes when ``out=`` is not given. A symbolic link there
+    (which whoever can write beside the checkpoint may plant) is refused: evaluate writes only where its user
+    named a directory, or into a real one beside the checkpoint."""
+    out_dir = Path(checkpoint).parent / run_files.EVAL
+    if out_dir.is_symlink():
+        raise SystemExit(f"{out_dir} is a symbolic link (to {os.readlink(out_dir)}): evaluate writes its files beside "
+                         f"the checkpoint only into a real directory; remove the link, or name the directory to "
+                         f"write to with out=DIR")
+    return out_dir
+
+
+def warn_replacing(path: Path, ckpt) -> None:
+    """A warning on stderr where ``path`` (NAME.json) holds an evaluation of another checkpoint than ``ckpt``, which
+    this one replaces with its NAME.hyp, .ref and .json (``name=`` keeps both)."""
+    try:
+        earlier = json.loads(path.read_text(encoding="utf-8")).get("checkpoint")
+    except FileNotFoundError:
+        return
+    except (OSError, ValueError, AttributeError):
+        earlier = "a file that is not a readable evaluation"
+    current = ckpt if isinstance(ckpt, list) else str(ckpt)
+    if earlier != current:
+        print(f"warning: {path} holds the evaluation of {earlier}; replacing it with that of {current} (give name=NAME "
+              f"to keep both)", file=sys.stderr)
+
+
+def write_text(path: Path, text: str) -> None:
+    """``text`` (UTF-8) to ``path`` atomically (durable.atomic_write): a temporary file beside it, fsynced, renamed
+    over it; a symbolic link at ``path`` is replaced by the file, its target left as it was."""
+    atomic_write(path, lambda f: f.write(text.encode("utf-8")))
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -129,10 +201,10 @@ def main(argv: list[str] | None = None) -> dict:
     # What is scored is what is written: sacrebleu NAME.ref -i NAME.hyp reads the same lines, the same count
     hypotheses, references = [one_line(h) for h in hypotheses], [one_line(r) for r in references]
 
-    out_dir = Path(options.out or Path(first).parent / run_files.EVAL)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / f"{name}.hyp").write_text("".join(h + "\n" for h in hypotheses), encoding="utf-8")
-    (out_dir / f"{name}.ref").write_text("".join(r + "\n" for r in references), encoding="utf-8")
+    out_dir = Path(options.out) if options.out else default_out_dir(first)
+    warn_replacing(out_dir / f"{name}.json", ckpt)
+    write_text(out_dir / f"{name}.hyp", "".join(h + "\n" for h in hypotheses))
+    write_text(out_dir / f"{name}.ref", "".join(r + "\n" for r in references))
     lang = options.lang or (meta.get("data_config") or {}).get("tgt_lang")  # the language it translates into
     result = {"checkpoint": ckpt if isinstance(ckpt, list) else str(ckpt), "sentences": len(sources),
               **score(hypotheses, references, lang),
@@ -143,7 +215,7 @@ def main(argv: list[str] | None = None) -> dict:
               "max_len_offset": decode.max_len_offset,
               "decode_seconds": round(seconds, 1), "global_step": meta.get("global_step"),
               PROVENANCE_KEY: collect_provenance(config={"options": asdict(options)})}
-    (out_dir / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    write_text(out_dir / f"{name}.json", json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
     return result
 

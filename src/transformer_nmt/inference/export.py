@@ -11,7 +11,10 @@
 (our model and data config, so ``translate``/``evaluate`` need nothing else, the version that wrote it, and
 every other file of the directory with its size: ``check_export`` compares them on every load, so a truncated
 ``model.bin`` is refused, and in the cache exported again). The directory is built under a fresh temporary name
-beside ``output`` (``mkdtemp``), fsynced, then renamed into place.
+beside ``output`` (``mkdtemp``), fsynced, then renamed into place. ``force=true`` replaces an earlier export, and
+nothing else (a run dir, a directory with other files: refused, with what it holds named), and only once the new
+one is complete: the old one is moved aside, the new one renamed in, then the old one removed
+(``durable.replace_directory``).
 
 How our model maps onto CTranslate2's ``TransformerSpec``:
 - post-LN or pre-LN (``pre_norm``; pre-LN's final LayerNorms are the stacks' ``layer_norm``), LayerNorm eps 1e-5;
@@ -46,7 +49,7 @@ from filelock import FileLock
 
 from transformer_nmt import __version__
 from transformer_nmt.checkpoint import load_checkpoint
-from transformer_nmt.durable import fsync_directory, publish_directory, temporary_directory
+from transformer_nmt.durable import fsync_directory, publish_directory, replace_directory, temporary_directory
 from transformer_nmt.model.transformer import Transformer
 from transformer_nmt.options import command_argv, option, parse_options, require_checkpoint
 from transformer_nmt.data.tokenizer import Tokenizer
@@ -65,7 +68,9 @@ class ExportOptions:
     output: Optional[str] = option(None, "the CTranslate2 model directory to write")
     quantization: str = option("none", "none (float32 weights) | int8 | int8_float32 | float16 | ... "
                                        "(CTranslate2's weight types)")
-    force: bool = option(False, "replace output if it exists")
+    force: bool = option(False, "replace output if it is an earlier export (a directory of nothing but the files an "
+                                "export writes; anything else is refused, named); the new export is complete before "
+                                "the old one leaves")
     format: str = option("ctranslate2", "ctranslate2 | marian: a transformers MarianMT directory "
                                         "(interchange/marian.py; pip install -e .[hf])")
 
@@ -245,8 +250,10 @@ def export_model(model: Transformer, tokenizer: Tokenizer, output: str | os.Path
                 "quantization": quantization or "none", "ctranslate2_version": ctranslate2.__version__,
                 "version": __version__, "files": export_files(tmp)}
         (tmp / EXPORT_INFO).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
-        if force and output.exists():
-            shutil.rmtree(output)
+        if force and (output.exists() or output.is_symlink()):
+            check_replaceable(output, tmp)
+            replace_directory(tmp, output)  # the old export goes once the new one has its name
+            return output
         try:
             publish_directory(tmp, output)  # atomic; fails when output is a directory that is not empty
         except OSError:
@@ -257,6 +264,23 @@ def export_model(model: Transformer, tokenizer: Tokenizer, output: str | os.Path
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return output
+
+
+def check_replaceable(output: Path, export: Path) -> None:
+    """A SystemExit, with what ``output`` holds named, unless it is a directory of nothing but files of the names
+    ``export`` (the new export, complete) holds: what ``force=true`` may replace is an earlier export, never a run
+    dir, a checkpoint, a subdirectory or a file of the user's."""
+    if output.is_symlink() or not output.is_dir():
+        raise SystemExit(f"output={output} is {'a symbolic link' if output.is_symlink() else 'a file'}, not an export "
+                         f"directory: force=true replaces an earlier export only; choose another output=DIR")
+    names = {path.name for path in export.iterdir()}
+    foreign = sorted(path.name + ("/" if path.is_dir() else "") for path in output.iterdir()
+                     if path.name not in names or path.is_symlink() or not path.is_file())
+    if foreign:
+        shown = ", ".join(foreign[:8]) + (f" and {len(foreign) - 8} more" if len(foreign) > 8 else "")
+        raise SystemExit(f"output={output} holds {shown}, which is not what an export holds ({', '.join(sorted(names))})"
+                         f": force=true replaces an earlier export only, and nothing was changed; choose another "
+                         f"output=DIR, or remove what is there yourself")
 
 
 def replace_broken(output: Path, export: Path) -> None:

@@ -32,14 +32,21 @@ input: the query whose input it is) choose the cross-attention used; without ``p
 error, not ignored.
 
 Nothing is dropped or reordered: an empty (or blank) line gives an empty line; a line longer than
-the model's ``max_positions`` is cut to fit, with a warning naming the line, and still translated.
+the model's ``max_positions`` is cut to fit, with a warning naming the line, and still translated. Each
+translation is written as one line of plain text (``plain_line``): a line break inside it (any boundary
+``str.splitlines`` knows) becomes a space, and so does every other control character (C0, tab included, DEL,
+C1); trailing whitespace goes. So a model that decodes a line feed or a tab keeps one line per input line and
+the n-best TSV four fields, and no escape sequence reaches the terminal.
 """
 
 from __future__ import annotations
 
 import gzip
+import os
+import re
 import sys
 import warnings
+import zlib
 from contextlib import nullcontext
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -89,7 +96,10 @@ class ModelOptions:
 @dataclass
 class TranslateOptions(ModelOptions):
     input: Optional[str] = option(None, "the text to translate, one sentence a line (.gz too); null: stdin")
-    output: Optional[str] = option(None, "where the translations go, one line per input line; null: stdout")
+    output: Optional[str] = option(None, "where the translations go, one line per input line (line breaks, tabs and "
+                                         "other control characters inside a translation written as spaces); null: "
+                                         "stdout. Never a file translate reads (input=, prefix=, score_reference=, "
+                                         "ckpt=): refused")
     n_best: int = option_of(DecodeConfig, "n_best", help="hypotheses per input, best first (<= beam); n > 1: "
                                                            "n lines LINE_NUMBER<TAB>SCORE<TAB>LOG_PROB<TAB>"
                                                            "TRANSLATION each")
@@ -111,6 +121,24 @@ class TranslateOptions(ModelOptions):
 
 
 OPTIONS = TranslateOptions  # what test_docs checks the docs' commands against
+
+
+def one_line(text: str) -> str:
+    """``text`` as one line of a file that any reader splits as we do: every line boundary ``str.splitlines``
+    knows (a lone CR, LF, VT, FF, U+001C-U+001E, NEL, U+2028, U+2029) becomes a space, and trailing whitespace,
+    which sacrebleu's command line strips, goes."""
+    return " ".join(text.splitlines()).rstrip()
+
+
+CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")  # C0 (tab included), DEL, C1
+
+
+def plain_line(text: str) -> str:
+    """A decoded translation as translate writes it: ``one_line(text)``, then every control character (C0, tab
+    included, DEL, C1) a space. One line per input line holds whatever a vocabulary decodes to (a byte-fallback
+    piece, an imported model's pieces), a tab never splits the n-best TSV, and no escape sequence reaches a
+    terminal."""
+    return CONTROL.sub(" ", one_line(text))
 
 
 def encode_sources(tokenizer: Tokenizer, lines: list[str], max_positions: int) -> list[list[int] | None]:
@@ -237,14 +265,21 @@ def translate_lines(model: Transformer | CTranslate2Model, tokenizer: Tokenizer,
 def read_lines(path: str | Path | None) -> list[str]:
     """Lines of a UTF-8 file (``.gz`` too) or of stdin, split on "\n" only: universal newlines or
     str.splitlines would also split on a lone "\r" or Unicode separators and change the line count. A final
-    line without newline is kept; invalid UTF-8 is an error naming the file and line."""
+    line without newline is kept; invalid UTF-8, and a ``.gz`` cut short or corrupt, are errors naming the file."""
     name = "<stdin>" if path is None else str(path)
     if path is None:
         raw = sys.stdin.buffer.read()
     elif not Path(path).is_file():
         raise SystemExit(f"file {path} does not exist")
+    elif name.endswith(".gz"):
+        try:
+            with gzip.open(path, "rb") as f:
+                raw = f.read()
+        except (EOFError, OSError, zlib.error) as error:  # cut short, or not gzip at all
+            raise SystemExit(f"{name}: not a complete gzip file ({error}): it is truncated or corrupt; copy or "
+                             f"compress it again") from None
     else:
-        raw = gzip.open(path, "rb").read() if name.endswith(".gz") else Path(path).read_bytes()
+        raw = Path(path).read_bytes()
     lines = raw.split(b"\n")
     if lines and lines[-1] == b"":
         lines.pop()  # the newline that ends the last line
@@ -286,9 +321,31 @@ def load_model(options) -> tuple[Transformer | Ensemble | CTranslate2Model, Toke
     raise SystemExit(f"engine={options.engine!r}: use native or ctranslate2")
 
 
+def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
+    """Whether paths ``a`` and ``b`` name one file (another spelling, a symbolic or a hard link), or would."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one of them does not exist (yet)
+        return os.path.realpath(a) == os.path.realpath(b)
+
+
+def check_output(options: TranslateOptions) -> None:
+    """A SystemExit where ``output=`` names a file translate reads: opened for writing, it would be emptied before
+    it is read."""
+    if not options.output:
+        return
+    reads = [("input", options.input), ("prefix", options.prefix), ("score_reference", options.score_reference)]
+    reads += [("ckpt", path) for path in (checkpoint_paths(options.ckpt) if options.ckpt else [])]
+    for name, path in reads:
+        if path and same_file(options.output, path):
+            raise SystemExit(f"output={options.output} is the file {name}={path} names: writing the translations "
+                             f"there would empty it before it is read; write them to another file")
+
+
 def main(argv: list[str] | None = None) -> None:
     options = parse_options(command_argv(argv), TranslateOptions, __doc__, USAGE)
     require_checkpoint(options)
+    check_output(options)
     mode = options.print_alignment
     chosen = values_of(AlignmentOptions, options)
     alignment = (chosen.alignment_layer, chosen.alignment_heads, chosen.alignment_position)
@@ -319,13 +376,16 @@ def main(argv: list[str] | None = None) -> None:
         except ValueError as error:
             raise SystemExit(str(error)) from None
     lines = read_lines(options.input)
-    out_file = open(options.output, "w", encoding="utf-8") if options.output else nullcontext(sys.stdout)
+
+    def out_file():  # opened once every input is read
+        return open(options.output, "w", encoding="utf-8") if options.output else nullcontext(sys.stdout)
+
     if options.score_reference:
         try:
             scores = token_log_probs(model, tokenizer, lines, read_lines(options.score_reference), decode.max_tokens)
         except ValueError as error:
             raise SystemExit(f"score_reference={options.score_reference}: {error}") from None
-        with out_file as out:
+        with out_file() as out:
             for token_scores in scores:
                 total = sum(token_scores)
                 out.write(f"{total:.4f}\t{total / len(token_scores):.4f}\t{len(token_scores)}\n")
@@ -335,10 +395,10 @@ def main(argv: list[str] | None = None) -> None:
         sources, results = translate_hypotheses(model, tokenizer, lines, decode, prefixes=prefixes)
     except ValueError as error:
         raise SystemExit(f"prefix={options.prefix}: {error}" if prefixes is not None else str(error)) from None
-    with out_file as out:
+    with out_file() as out:
         for number, (src, hyps) in enumerate(zip(sources, results), start=1):
             for h in hyps:
-                text = tokenizer.decode(h.tokens)
+                text = plain_line(tokenizer.decode(h.tokens))  # one line, no tab, no control character
                 fields_ = [text] if options.n_best == 1 else [str(number), f"{h.score:.4f}", f"{h.log_prob:.4f}", text]
                 if mode:
                     fields_.append(alignment_line(align(model, tokenizer, src, h.tokens, *alignment), mode)

@@ -47,6 +47,7 @@ from typing import Optional
 
 import torch
 
+from transformer_nmt.durable import publish_directory, replace_directory, temporary_directory
 from transformer_nmt.options import command_argv, option, parse_options
 from transformer_nmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
 from transformer_nmt.model.transformer import Transformer, TransformerConfig
@@ -187,9 +188,12 @@ def generation_config(config: TransformerConfig, tokenizer: Tokenizer, beam: int
 
 def export_marian(model: Transformer, tokenizer: Tokenizer, output: str | os.PathLike, meta: dict | None = None,
                   force: bool = False, command: str | None = None) -> Path:
-    """Write ``model`` as a MarianMT directory ``output`` (under a temporary name, then renamed into place).
-    ``meta`` (as ``load_checkpoint`` gives it) and ``command`` go into the model card."""
+    """Write ``model`` as a MarianMT directory ``output`` (under a fresh temporary name beside it, fsynced, then
+    renamed into place; ``force``: replacing an earlier export, and nothing else, once the new one is complete:
+    export.check_replaceable, durable.replace_directory). ``meta`` (as ``load_checkpoint`` gives it) and
+    ``command`` go into the model card."""
     from transformer_nmt.inference.decode_config import DecodeConfig
+    from transformer_nmt.inference.export import check_replaceable
 
     transformers = import_transformers()
     check_exportable(model.config, tokenizer)
@@ -211,9 +215,7 @@ def export_marian(model: Transformer, tokenizer: Tokenizer, output: str | os.Pat
     decode = DecodeConfig()
     hf_model.generation_config = transformers.GenerationConfig(
         **generation_config(model.config, tokenizer, decode.beam, decode.alpha))
-    tmp = output.with_name(f"{output.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    tmp = temporary_directory(output)  # this process's alone (mkdtemp beside output)
     try:
         hf_model.save_pretrained(tmp)
         pieces = [tokenizer.id_to_piece(i) for i in range(tokenizer.vocab_size)]
@@ -227,9 +229,11 @@ def export_marian(model: Transformer, tokenizer: Tokenizer, output: str | os.Pat
             pad_token=pieces[PAD_ID], model_max_length=model.config.max_positions)
         hf_tokenizer.save_pretrained(tmp)
         (tmp / MODEL_CARD).write_text(model_card(model.config, meta, command), encoding="utf-8")
-        if force and output.exists():
-            shutil.rmtree(output)
-        os.replace(tmp, output)
+        if force and (output.exists() or output.is_symlink()):
+            check_replaceable(output, tmp)  # an earlier export only, never a run dir
+            replace_directory(tmp, output)  # the old export goes once the new one has its name
+        else:
+            publish_directory(tmp, output)  # fsynced, then renamed into place
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return output

@@ -31,8 +31,8 @@ from omegaconf import DictConfig, OmegaConf
 from transformer_nmt import run_files
 from transformer_nmt.model.attention import auto_kernel, check_attention
 from transformer_nmt.training.callbacks import LastCheckpoint, StepBoundaryTimer, early_stopping
-from transformer_nmt.checkpoint import (CKPT_MODEL_CONFIG, MODEL_PREFIX, atomic_write, checkpoint_tokenizer,
-                                      read_checkpoint)
+from transformer_nmt.checkpoint import (CKPT_MODEL_CONFIG, MODEL_PREFIX, CheckpointError, atomic_write,
+                                      checkpoint_tokenizer, model_config_of, read_checkpoint)
 from transformer_nmt.training.checkpoint_io import AtomicCheckpointIO
 from transformer_nmt.training.fingerprint import (RESULTS_FINGERPRINT, RecordFingerprint, check_finished_run,
                                                   check_resume, results_fingerprint)
@@ -115,8 +115,21 @@ def batch_seed(cfg: DictConfig) -> int:
 INIT_RUN_SETTINGS = ("dropout", "attention_dropout", "attention", "attention_block_size")
 
 
+def read_init(path: str) -> dict:
+    """``init_from``'s checkpoint, its model config checked before anything is built or prepared
+    (checkpoint.model_config_of: fields this version knows, sane sizes, the shapes of the weights it holds); a
+    ``ConfigError`` naming ``init_from``, the file and the field otherwise."""
+    init = read_checkpoint(path)
+    try:
+        config = model_config_of(init, f"init_from={path}")
+    except CheckpointError as error:
+        raise ConfigError(str(error)) from None
+    return {**init, CKPT_MODEL_CONFIG: config.to_dict()}
+
+
 def build_module(cfg: DictConfig, tokenizer, init: dict | None = None) -> TranslationModule:
-    """The module for ``cfg``; with ``init`` (init_from's checkpoint) its architecture and weights."""
+    """The module for ``cfg``; with ``init`` (init_from's checkpoint, as ``read_init`` gives it) its architecture
+    and weights."""
     model_config = {**OmegaConf.to_container(cfg.model, resolve=True), "vocab_size": tokenizer.vocab_size}
     if init is not None:
         model_config = {**init[CKPT_MODEL_CONFIG], **{k: model_config[k] for k in INIT_RUN_SETTINGS}}
@@ -265,7 +278,8 @@ def epochs_trained(trainer: pl.Trainer) -> float | None:
 
 def write_hypotheses(module: TranslationModule, datamodule, run_dir: Path) -> None:
     """The last validation's greedy hypotheses and their references, one sentence a line in split order, for
-    paired significance tests between runs (transformer_nmt.summarize_ablation); nothing when BLEU was off."""
+    paired significance tests between runs (transformer_nmt.summarize_ablation); nothing when BLEU was off. Each file
+    is written atomically (durable.atomic_write): a link planted in the run dir is replaced, never written through."""
     hypotheses = module.hypotheses.get("val")
     if not hypotheses:
         return
@@ -273,7 +287,8 @@ def write_hypotheses(module: TranslationModule, datamodule, run_dir: Path) -> No
     indices = sorted(hypotheses)
     for name, lines in ((run_files.HYPOTHESES, [hypotheses[i] for i in indices]),
                         (run_files.REFERENCES, [references[i] for i in indices])):
-        (run_dir / name).write_text("".join(" ".join(line.splitlines()) + "\n" for line in lines), encoding="utf-8")
+        text = "".join(" ".join(line.splitlines()) + "\n" for line in lines)
+        atomic_write(run_dir / name, lambda f: f.write(text.encode("utf-8")))  # replaces a link, never writes through
 
 
 def train(cfg: DictConfig, run_dir: str | Path, overrides: Sequence[str] = (), sweep: bool = False) -> pl.Trainer:
@@ -304,11 +319,12 @@ def _fit_and_test(cfg: DictConfig, run_dir: Path, overrides: Sequence[str], swee
     check_resume(cfg, ckpt_path, list(overrides) if sweep else None, trainer=trainer)
     if rank_zero_only.rank == 0:
         run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / run_files.CONFIG).write_text(OmegaConf.to_yaml(cfg, resolve=True))
+        config_text = OmegaConf.to_yaml(cfg, resolve=True)  # atomically: a link planted there is replaced
+        atomic_write(run_dir / run_files.CONFIG, lambda f: f.write(config_text.encode("utf-8")))
     pl.seed_everything(cfg.seed, workers=True)
     # torch.compile: batch widths a multiple of 8 too, so that shapes repeat (and the user's multiple still holds)
     compile_pad = {"pad_to_multiple": math.lcm(cfg.data.pad_to_multiple, 8)} if cfg.train.compile else {}
-    init = read_checkpoint(cfg.init_from) if cfg.get("init_from") else None  # fine-tune: weights, tokenizer
+    init = read_init(cfg.init_from) if cfg.get("init_from") else None  # fine-tune: weights, tokenizer
     datamodule = TranslationDataModule(cfg.data, **compile_pad, seed=batch_seed(cfg),
                                        tokenizer=checkpoint_tokenizer(init, cfg.init_from) if init else None)
     datamodule.setup("fit")  # builds or reuses the vocabulary: the model's vocab_size comes from it

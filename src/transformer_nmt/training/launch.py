@@ -26,6 +26,7 @@ import logging
 import os
 import signal
 import socket
+import stat
 import subprocess
 import time
 import uuid
@@ -185,13 +186,15 @@ def run_dir_lock(run_dir: Path, wait: bool = False):
     ``run_id``, the same second, one SLURM allocation) would overwrite each other's last.ckpt, config.yaml and
     results.json. Global rank 0 takes it (the other ranks are its run's); a second launch refuses
     (``RunDirBusy``, naming the dir and the holder: pid, host, since when), or with ``wait`` waits for it. The
-    lock goes with the holding process, however it ends; the file stays (removing it would race a waiter)."""
+    lock goes with the holding process, however it ends; the file stays (removing it would race a waiter). The
+    lock file is opened without following a symbolic link (``O_NOFOLLOW``), and one that is not a plain file of its
+    own (a link planted in the run dir: writing the holder into it would truncate its target) is refused."""
     run_dir = Path(run_dir).resolve()
     if rank_zero_only.rank != 0 or run_dir in _held:  # another rank of the run, or held already by this process
         yield
         return
     run_dir.mkdir(parents=True, exist_ok=True)
-    handle = open(run_dir / LOCK, "a+")
+    handle = _open_lock(run_dir / LOCK)
     try:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -219,6 +222,27 @@ def run_dir_lock(run_dir: Path, wait: bool = False):
             fcntl.flock(handle, fcntl.LOCK_UN)
     finally:
         handle.close()
+
+
+def _open_lock(path: Path):
+    """``path`` opened for reading and writing, created if absent, never through a symbolic link; a
+    ``LaunchError`` where it is a link (symbolic, or a hard link: another name of a file elsewhere) or not a
+    plain file."""
+    def refuse(what: str) -> LaunchError:
+        return LaunchError(f"{path} is {what}: a launch writes its pid there and would change the file it leads to. "
+                           f"The lock file is the run's own: remove it ({path}) and launch again")
+    try:
+        descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+    except OSError as error:
+        if path.is_symlink():
+            raise refuse(f"a symbolic link (to {os.readlink(path)})") from None
+        raise LaunchError(f"cannot open the lock file {path}: {error}") from None
+    status = os.fstat(descriptor)
+    if not stat.S_ISREG(status.st_mode) or status.st_nlink != 1:
+        os.close(descriptor)
+        raise refuse("not a plain file" if not stat.S_ISREG(status.st_mode)
+                     else f"linked from elsewhere ({status.st_nlink} names: a hard link)")
+    return os.fdopen(descriptor, "r+")
 
 
 def _holder(handle) -> str:

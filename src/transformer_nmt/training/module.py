@@ -42,6 +42,11 @@ LOSS_CHUNK_ELEMENTS = 2 ** 25
 LOSS_CHUNK_ELEMENTS_CPU = 2 ** 20
 
 
+class NonFiniteError(RuntimeError):
+    """Training met a loss or gradient that is not finite (NaN or inf); the message names the optimizer step and
+    the last finite checkpoint."""
+
+
 def loss_chunk_elements(device_type: str) -> int:
     """Logits per chunk of the loss on ``device_type`` ("cpu", "cuda", ...)."""
     return LOSS_CHUNK_ELEMENTS_CPU if device_type == "cpu" else LOSS_CHUNK_ELEMENTS
@@ -201,6 +206,7 @@ class TranslationModule(pl.LightningModule):
         self.val_splits = (DataConfig.from_record(data_config, "data config").val_splits()
                            if data_config and data_config.get("val") else ["val"])
         self._step_sums = None  # (4,) float64 on the device: source tokens, target tokens, loss sum, nll sum
+        self._first_bad_step = None  # () int64 on the device: the first optimizer step not finite (-1: none yet)
         self._step_started = None  # time.perf_counter() at the last optimizer step
         self._timed = {"tokens": 0, "seconds": 0.0}  # (source, target) tokens and seconds over the timed steps
         self._interval = {"tokens": 0, "seconds": 0.0}  # the same since the last logging step
@@ -258,6 +264,7 @@ class TranslationModule(pl.LightningModule):
         torch._foreach_mul_(grads, (scale / tokens).float())
         clip = self.optim.get("clip_grad_norm")
         grad_norm = torch.nn.utils.clip_grad_norm_(self.parameters(), max_norm=clip if clip else math.inf)
+        self._note_non_finite(sums, grad_norm)
         now = time.perf_counter()
         if self._step_started is not None:  # timed: not the first step of the fit or after a validation
             seconds = now - self._step_started
@@ -266,9 +273,40 @@ class TranslationModule(pl.LightningModule):
             self._interval["tokens"] = self._interval["tokens"] + sums[:2]
             self._interval["seconds"] += seconds
         if is_logging_step(self.trainer):  # Lightning's own rule for a logging step
+            self.check_finite()  # before the optimizer applies this step: its values are read here anyway
             self._log_step(optimizer, sums, grad_norm)
         self._step_sums = None
         self._step_started = now
+
+    def _note_non_finite(self, sums: Tensor, grad_norm: Tensor) -> None:
+        """Remember, on the device (no host sync), the first optimizer step whose loss or gradient norm is not
+        finite. Under a gradient scaler (16-mixed) an inf gradient is the scaler's overflow, whose step it skips
+        (lowering the scale): only the loss counts there."""
+        bad = ~torch.isfinite(sums[2:]).all()
+        if getattr(self.trainer.precision_plugin, "scaler", None) is None:
+            bad = bad | ~torch.isfinite(grad_norm)
+        if self._first_bad_step is None:
+            self._first_bad_step = torch.full((), -1, dtype=torch.long, device=sums.device)
+        # global_step: the optimizer steps taken; this one is global_step + 1
+        self._first_bad_step.masked_fill_(bad & (self._first_bad_step < 0), self.global_step + 1)
+
+    def check_finite(self) -> None:
+        """``NonFiniteError`` if an optimizer step of this fit had a loss or gradient that is not finite (one host
+        read of a device scalar: where values are read anyway, a logging step or a checkpoint's save). It names
+        the step, and the last checkpoint written, which holds finite weights (every save checks them)."""
+        if self._first_bad_step is None:
+            return
+        step = int(self._first_bad_step)
+        if step < 0:
+            return
+        last = next((c for c in self.trainer.callbacks if hasattr(c, "saved_step") and hasattr(c, "path")), None)
+        kept = (f"the last checkpoint, {last.path} (step {last.saved_step}), holds finite weights: resume from it "
+                f"with other settings" if last is not None and last.saved_step is not None
+                else "no checkpoint was written after it")
+        raise NonFiniteError(f"training stopped: the loss or the gradient of optimizer step {step} is not finite "
+                             f"(NaN or inf); {kept}. Lower the learning rate (train.lr, train.lr_factor), lengthen "
+                             f"train.warmup_steps, set train.clip_grad_norm, or train in 32-true or bf16-mixed "
+                             f"(trainer.precision)")
 
     def _log_step(self, optimizer, sums: Tensor, grad_norm: Tensor) -> None:
         """Log this optimizer step's loss, perplexity, tokens, gradient norm and learning rate, and the
@@ -378,7 +416,18 @@ class TranslationModule(pl.LightningModule):
     # --- checkpoints -------------------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         """Make the checkpoint self-contained: model config, SentencePiece model and data config ride along, with
-        the package version that wrote them and the training run's identity (what averaging compares)."""
+        the package version that wrote them and the training run's identity (what averaging compares). Weights that
+        are not finite (or a fit that met a non-finite step) are never saved: ``NonFiniteError`` instead, so the
+        last finite checkpoint stays (one host read per save)."""
+        if self.attached_to_trainer():
+            self.check_finite()
+        weights = {k: v for k, v in checkpoint.get("state_dict", {}).items() if v.is_floating_point()}
+        if weights and not torch.stack([torch.isfinite(v).all() for v in weights.values()]).all():
+            bad = next(k for k, v in weights.items() if not torch.isfinite(v).all())
+            step = checkpoint.get("global_step")
+            raise NonFiniteError(f"refusing to save a checkpoint whose weights are not finite ({bad} holds NaN or inf"
+                                 + (f", after optimizer step {step}" if step is not None else "")
+                                 + "): the checkpoints already written keep the last finite weights")
         checkpoint[CKPT_MODEL_CONFIG] = self.model.config.to_dict()
         checkpoint[CKPT_VERSION] = __version__
         checkpoint[CKPT_RUN] = self.training_run
