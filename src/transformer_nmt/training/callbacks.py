@@ -229,7 +229,9 @@ class LastCheckpoint(Checkpoint):
         self._pending = False  # a validation inside accumulation: save after the step that completes it
 
     def save(self, trainer) -> None:
-        trainer.save_checkpoint(self.path)  # every rank calls it; rank 0 writes (atomically, see checkpoint.py)
+        # every rank calls it; rank 0 writes (atomically, see checkpoint.py). The full state, for resuming: said,
+        # so Lightning does not log that `weights_only` was not set (it is about what is saved, not how it is read)
+        trainer.save_checkpoint(self.path, weights_only=False)
         self.saved_step, self._pending = trainer.global_step, False
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
