@@ -17,7 +17,6 @@ import re
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "transformer_nmt"
-NAME = "transformer_nmt"
 
 # Imports that run up the layers today, each kept out of this test's way with its reason; (importer, imported).
 # An entry that no longer occurs fails the test, so the list only shrinks.
