@@ -52,7 +52,8 @@ from transformer_nmt.model.transformer import Transformer
 from transformer_nmt.data.tokenizer import Tokenizer
 from transformer_nmt.options import parse_options
 from transformer_nmt.provenance import provenance_line
-from transformer_nmt.inference.translate import encode_sources, read_lines, token_batches, translate_lines
+from transformer_nmt.inference.batches import token_batches
+from transformer_nmt.inference.translate import encode_sources, read_lines, translate_lines
 
 from baselines import before_beam, before_greedy, previous_beam, previous_greedy  # benchmarks/: the searches as they were
 

@@ -16,7 +16,8 @@ from transformer_nmt.inference.evaluate import main as evaluate_main
 from transformer_nmt.inference.export import EXPORT_INFO, cached_export, export_model
 from transformer_nmt.inference.export import main as export_main
 from transformer_nmt.model.transformer import Transformer, TransformerConfig
-from transformer_nmt.inference.translate import encode_sources, token_batches, translate_lines
+from transformer_nmt.inference.batches import token_batches
+from transformer_nmt.inference.translate import encode_sources, translate_lines
 from transformer_nmt.inference.translate import main as translate_main
 
 from tiny_checkpoint import multi30k_lines, tiny_tokenizer, write_checkpoint

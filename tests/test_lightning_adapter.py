@@ -1,6 +1,10 @@
 """training/lightning_adapter.py against Lightning's own private answers, on every optimizer step of short fits
 (accumulation, validation mid-epoch, an early stop, resumes from mid-epoch and after-validation checkpoints).
-A failure means the installed Lightning decides otherwise: the message names its version."""
+A failure means the installed Lightning decides otherwise: the message names its version. And the quiet start-up:
+Lightning's own noise dropped, by its exact text and origin, and nothing else."""
+
+import logging
+import warnings
 
 import lightning
 import lightning.pytorch as pl
@@ -9,7 +13,9 @@ import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.demos.boring_classes import BoringModel
 
-from transformer_nmt.training.lightning_adapter import is_logging_step
+from lightning.pytorch.utilities._pytree import _tree_flatten
+
+from transformer_nmt.training.lightning_adapter import RANK_ZERO_LOGGER, is_logging_step, quiet_start_up
 
 
 class Recorder(Callback):
@@ -85,3 +91,48 @@ def test_logging_steps_are_lightnings_after_resuming_from_a_checkpoint_written_a
     steps = fit(tmp_path / "resumed", ckpt_path=saved[0])
     assert steps and steps[-1][0] == 13
     assert_agrees(steps)
+
+
+class Records(logging.Handler):
+    """Keeps the messages that reach it."""
+
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.messages = []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+
+def test_the_quiet_start_up_drops_lightnings_advertisement_and_no_other_message(tmp_path):
+    rank_zero, records = logging.getLogger(RANK_ZERO_LOGGER), Records()
+    rank_zero.addHandler(records)  # a logger's filters run before its own handlers
+    level, rank_zero.level = rank_zero.level, logging.INFO
+    try:
+        pl.Trainer(logger=False, default_root_dir=tmp_path, accelerator="cpu", enable_progress_bar=False)
+        assert any("litlogger" in m for m in records.messages), records.messages  # what the filter is for
+        records.messages.clear()
+        quiet_start_up()
+        quiet_start_up()  # idempotent: one filter
+        pl.Trainer(logger=False, default_root_dir=tmp_path, accelerator="cpu", enable_progress_bar=False)
+        assert records.messages and not any("Tip:" in m for m in records.messages), records.messages
+        assert any(m.startswith("GPU available") for m in records.messages)  # the truthful lines stay
+        assert len([f for f in rank_zero.filters if type(f).__name__ == "DropAdvertisements"]) == 1
+    finally:
+        rank_zero.removeHandler(records)
+        rank_zero.level = level
+
+
+def test_the_quiet_start_up_drops_the_leafspec_deprecation_from_lightnings_code_only():
+    words = "`isinstance(treespec, LeafSpec)` is deprecated, use `isinstance(treespec, TreeSpec)` instead."
+    lightnings = "lightning.pytorch.utilities._pytree"
+    with warnings.catch_warnings(record=True) as caught:  # the filters come back as they were at the end
+        warnings.simplefilter("always")
+        quiet_start_up()
+        _tree_flatten({"loss": torch.tensor(1.0)})  # Lightning builds torch's LeafSpec
+        warnings.warn_explicit(words, FutureWarning, "_pytree.py", 21, module=lightnings)
+        warnings.warn_explicit(words, FutureWarning, "ours.py", 1, module="transformer_nmt.ours")  # not Lightning
+        warnings.warn_explicit("another deprecation", FutureWarning, "_pytree.py", 30, module=lightnings)
+        warnings.warn_explicit(words, DeprecationWarning, "_pytree.py", 21, module=lightnings)  # another category
+    assert [(str(w.message), w.filename) for w in caught] == [
+        (words, "ours.py"), ("another deprecation", "_pytree.py"), (words, "_pytree.py")]

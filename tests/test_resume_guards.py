@@ -295,8 +295,9 @@ AGREEMENT = textwrap.dedent("""
     rank, port, out = int(sys.argv[1]), sys.argv[2], sys.argv[3]
     dist.init_process_group("gloo", rank=rank, world_size=2, init_method=f"tcp://127.0.0.1:{port}")
     saved = []
+    save = lambda path, weights_only: saved.append(trainer.global_step)  # weights_only: said, not defaulted
     trainer = SimpleNamespace(global_step=0, world_size=2, log_every_n_steps=100, is_global_zero=rank == 0,
-                              default_root_dir=out, save_checkpoint=lambda path: saved.append(trainer.global_step),
+                              default_root_dir=out, save_checkpoint=save,
                               strategy=SimpleNamespace(root_device=torch.device("cpu")))
     requeue = SlurmRequeue([sys.argv[4]])
 

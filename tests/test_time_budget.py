@@ -105,6 +105,33 @@ def test_mfu_is_the_training_steps_flops_over_their_seconds_on_a_fake_clock(monk
     assert budget.seconds["training_steps"] == pytest.approx(2e-6) and budget.fit_seconds == pytest.approx(1e-5)
 
 
+def test_the_budget_waits_for_background_work_before_its_probe_and_counts_the_wait(monkeypatch):
+    """At the end of training the TimeBudget waits for every BackgroundWork callback (AttentionMaps' render
+    thread) before it measures the matmul ceiling on the same cores, and the wait counts in that callback's phase
+    (fake clock: the render ends 2 s after the wait starts)."""
+    now, events = [0.0], []
+    monkeypatch.setattr(time_budget.time, "perf_counter", lambda: now[0])
+    maps = AttentionMaps(probes=["Two dogs play."])
+
+    def render_ends():
+        now[0] += 2.0
+        events.append("render waited for")
+
+    def ceiling(*args, **kwargs):
+        events.append("probe")
+        return {"ceiling_gflops": 1.0}
+
+    monkeypatch.setattr(maps, "wait", render_ends)
+    monkeypatch.setattr(time_budget, "matmul_ceiling", ceiling)
+    budget = TimeBudget()
+    budget.batches, budget.rows = 1, 4  # one training batch: the probe runs
+    trainer = SimpleNamespace(is_global_zero=True, callbacks=[budget, maps], precision="32-true")
+    model = SimpleNamespace(config=SimpleNamespace(d_model=4, d_ff=8, vocab_size=10))
+    budget.on_train_end(trainer, SimpleNamespace(model=model, device="cpu"))
+    assert events == ["render waited for", "probe"]
+    assert budget.seconds["attention_maps"] == 2.0 and budget.ceiling == {"ceiling_gflops": 1.0}
+
+
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
     """A tiny run with everything the recipe times: 12 steps (the epoch's 10 batches, its validation, 2 more),

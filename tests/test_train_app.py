@@ -267,6 +267,13 @@ def test_smoke_experiment_runs_and_writes_everything_under_the_run_dir(tmp_path)
 
     assert (run_dir / "config.yaml").is_file() and (run_dir / ".hydra" / "config.yaml").is_file()
     log = (run_dir / "train.log").read_text()
+    # A quiet start-up (training/lightning_adapter.py quiet_start_up, conf/trainer/cpu.yaml): on the console and in
+    # the log, no advertisement, no deprecation raised in Lightning's own code, no model summary of Lightning's
+    # (FLOPs 0; a bf16 model sized as fp32), no "`weights_only` was not set" at each last.ckpt
+    noise = ("Tip: For seamless cloud", "litlogger", "LeafSpec", "is not supported by the model summary",
+             "Total FLOPs", "Total params", "`weights_only` was not set")
+    heard = [n for n in noise if n in result.stdout + result.stderr + log]
+    assert not heard, heard
     assert "parameters" in log and "padded tokens per side per optimizer step" in log
     # the smoke recipe keeps precision=auto: on a CPU without native bf16 it trains in fp32
     assert f"precision 32-true (auto: the CPU has no native bf16 ({CPU_BF16_ENV}=emulated)" in log

@@ -3,12 +3,22 @@ src/transformer_nmt (the Hydra configs and the explorer's page included), and, i
 trains the smoke recipe (shortened) from a directory outside the repository and translates with the checkpoint.
 
 The wheel is built once per session from a copy of the sources (no stale build/ or egg-info of the checkout can
-leak into it), without build isolation so that no index is needed (setuptools comes from the dev extra)."""
+leak into it), without build isolation so that no index is needed (setuptools comes from the dev extra).
 
+The venv the wheel goes into sees the running interpreter's packages (torch, Lightning, Hydra) through a ``.pth``
+file naming that interpreter's site-packages directories, whatever it is: the machine's own Python, a venv, a
+conda env. ``--system-site-packages`` would not do: from inside a venv it points at the base interpreter, which
+need not have them. A directory named in a ``.pth`` file goes on ``sys.path`` without its own ``.pth`` files being
+run, so the checkout's editable install (a ``.pth`` of the running interpreter) stays out: the package can only
+come from the wheel, which the test checks."""
+
+import json
 import os
 import shutil
+import site
 import subprocess
 import sys
+import sysconfig
 import venv
 import zipfile
 from pathlib import Path
@@ -30,6 +40,28 @@ def clean_env() -> dict[str, str]:
     """The environment of the installed package: no PYTHONPATH pointing at the checkout's src/."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
     return {**env, "OMP_NUM_THREADS": "1", "PYTHONNOUSERSITE": "1"}
+
+
+def running_site_packages() -> list[Path]:
+    """The site-packages directories of the interpreter running the tests, where torch and co. are installed."""
+    dirs = [*site.getsitepackages(), sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]]
+    if site.ENABLE_USER_SITE:
+        dirs.append(site.getusersitepackages())
+    found = []
+    for d in map(Path, dirs):
+        if d.is_dir() and d not in found:
+            found.append(d)
+    return found
+
+
+def venv_seeing_running_packages(env_dir: Path) -> Path:
+    """A fresh venv whose site-packages holds a ``.pth`` file naming ``running_site_packages()``; its python."""
+    venv.create(env_dir, system_site_packages=False, with_pip=False)
+    python = env_dir / "bin" / "python"
+    purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                             capture_output=True, text=True, timeout=60, check=True).stdout.strip()
+    (Path(purelib) / "running_interpreter.pth").write_text("".join(f"{d}\n" for d in running_site_packages()))
+    return python
 
 
 @pytest.fixture(scope="session")
@@ -65,9 +97,7 @@ def test_the_wheel_holds_every_file_of_the_package(wheel):
 
 def test_the_installed_wheel_trains_and_translates_outside_the_repo(wheel, tmp_path):
     env_dir = tmp_path / "venv"
-    # torch, Lightning and co. from this machine; only the package from the wheel
-    venv.create(env_dir, system_site_packages=True, with_pip=False)
-    python = env_dir / "bin" / "python"
+    python = venv_seeing_running_packages(env_dir)  # torch, Lightning and co. as the tests have them
     env = clean_env()
     install = subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps",
                               "--no-index", str(wheel)], capture_output=True, text=True, timeout=120, env=env)
@@ -76,13 +106,20 @@ def test_the_installed_wheel_trains_and_translates_outside_the_repo(wheel, tmp_p
 
     work = tmp_path / "work"
     work.mkdir()
-    where = subprocess.run([str(python), "-c", "import transformer_nmt, transformer_nmt.conf as c; "
-                            "print(transformer_nmt.__file__); print(c.CONF_DIR)"],
-                           cwd=work, capture_output=True, text=True, timeout=60, env=env)
+    where = subprocess.run(
+        [str(python), "-c", "import json, sys, importlib.metadata as m, transformer_nmt, transformer_nmt.conf as c; "
+         "d = m.distribution('transformer_nmt'); print(transformer_nmt.__file__); print(c.CONF_DIR); "
+         "print(d.locate_file('')); print(json.dumps(json.loads(d.read_text('direct_url.json')))); "
+         "print(*[p for p in sys.path if p], sep='\\n')"],
+        cwd=work, capture_output=True, text=True, timeout=120, env=env)
     assert where.returncode == 0, where.stderr
-    module_file, conf_dir = map(Path, where.stdout.split())
-    assert module_file.is_relative_to(env_dir) and not module_file.is_relative_to(REPO), module_file
-    assert conf_dir.is_relative_to(env_dir) and (conf_dir / "train.yaml").is_file(), conf_dir
+    module_file, conf_dir, dist_root, direct_url, *path = where.stdout.splitlines()
+    for installed in map(Path, (module_file, conf_dir, dist_root)):  # the package, its data, its metadata
+        assert installed.is_relative_to(env_dir) and not installed.is_relative_to(REPO), installed
+    assert (Path(conf_dir) / "train.yaml").is_file(), conf_dir
+    origin = json.loads(direct_url)  # what pip recorded it was installed from: this wheel file, not pip -e
+    assert "archive_info" in origin and origin["url"].endswith("/" + wheel.name), origin
+    assert not [p for p in path if Path(p).resolve().is_relative_to(REPO / "src")], path  # the checkout's src/
 
     run_dir = work / "run"
     train = subprocess.run(

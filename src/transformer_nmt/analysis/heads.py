@@ -34,8 +34,9 @@ from sacrebleu.metrics import BLEU  # noqa: E402
 from transformer_nmt.checkpoint import load_checkpoint  # noqa: E402
 from transformer_nmt.data.tokenizer import Tokenizer  # noqa: E402
 from transformer_nmt.inference.decode_config import DecodeConfig  # noqa: E402
+from transformer_nmt.inference.batches import token_batches  # noqa: E402
 from transformer_nmt.inference.evaluate import EvaluateOptions, evaluation_pairs  # noqa: E402
-from transformer_nmt.inference.translate import encode_sources, token_batches, translate_lines  # noqa: E402
+from transformer_nmt.inference.translate import encode_sources, translate_lines  # noqa: E402
 from transformer_nmt.model.transformer import Transformer  # noqa: E402
 from transformer_nmt.options import (command_argv, option, option_of, parse_options, require_checkpoint,  # noqa: E402
                                      values_of)

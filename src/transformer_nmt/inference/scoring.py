@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from transformer_nmt.data.tokenizer import Tokenizer
+from transformer_nmt.inference.batches import token_batches
 from transformer_nmt.inference.ctranslate2_engine import CTranslate2Model
 from transformer_nmt.model.ensemble import Ensemble, teacher_forced_log_probs
 from transformer_nmt.model.transformer import Transformer
@@ -43,8 +44,6 @@ def token_log_probs(model: Transformer | Ensemble | CTranslate2Model, tokenizer:
 def ids_log_probs(model: Transformer | Ensemble | CTranslate2Model, tokenizer: Tokenizer, src_ids: list[list[int]],
                   ref_ids: list[list[int]], max_tokens: int) -> list[list[float]]:
     """As ``token_log_probs``, from ids: sources and references each ending in eos."""
-    from transformer_nmt.inference.translate import token_batches  # translate imports this module
-
     if isinstance(model, CTranslate2Model):
         return model.score_ids(src_ids, ref_ids, max_tokens)
     device, pad = model.positions.device, model.config.pad_id

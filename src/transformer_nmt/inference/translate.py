@@ -55,6 +55,7 @@ from typing import Any, List, Optional
 import torch
 
 from transformer_nmt.data.tokenizer import Tokenizer
+from transformer_nmt.inference.batches import token_batches
 from transformer_nmt.inference.alignment import (ALIGNMENT_MODES, AlignmentOptions, align, alignment_line,
                                                  check_alignment_options)
 from transformer_nmt.inference.ctranslate2_engine import CTranslate2Model
@@ -154,18 +155,6 @@ def encode_sources(tokenizer: Tokenizer, lines: list[str], max_positions: int) -
             ids = ids[: max_positions - 1]
         sources.append(ids + [tokenizer.eos_id])
     return sources
-
-
-def token_batches(lengths: list[int], max_tokens: int) -> list[list[int]]:
-    """Group indices, longest first, so that batch size x longest source <= max_tokens (one sentence at least)."""
-    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
-    batches, current = [], []
-    for i in order:
-        if current and (len(current) + 1) * lengths[current[0]] > max_tokens:
-            batches.append(current)
-            current = []
-        current.append(i)
-    return batches + ([current] if current else [])
 
 
 def check_decode(decode: DecodeConfig) -> None:

@@ -37,6 +37,7 @@ from transformer_nmt.training.checkpoint_io import AtomicCheckpointIO
 from transformer_nmt.training.fingerprint import (RESULTS_FINGERPRINT, RecordFingerprint, check_finished_run,
                                                   check_resume, results_fingerprint)
 from transformer_nmt.training.launch import SlurmRequeue, agree_on_resume, resume_checkpoint, run_dir_lock
+from transformer_nmt.training.lightning_adapter import quiet_start_up
 from transformer_nmt.data.datamodule import TranslationDataModule
 from transformer_nmt.hardware import reported_cpu_flags
 from transformer_nmt.provenance import PROVENANCE_KEY
@@ -185,6 +186,7 @@ def build_trainer(cfg: DictConfig, run_dir: Path, callbacks: list[pl.Callback]) 
         trainer_args["strategy"] = DDPStrategy(broadcast_buffers=False)
     logger = hydra.utils.instantiate(cfg.logger, _convert_="all") if cfg.get("logger") else False
     checkpoint_io = AtomicCheckpointIO(time_budget=TimeBudget.of(callbacks))  # times its writes in the run's budget
+    quiet_start_up()  # before the Trainer logs its advertisement
     return pl.Trainer(**trainer_args, callbacks=callbacks, logger=logger, plugins=[checkpoint_io],
                       default_root_dir=str(run_dir), use_distributed_sampler=False)
 

@@ -26,7 +26,7 @@ from tensorboard.plugins.image import metadata as image_metadata
 
 from transformer_nmt import run_files
 from transformer_nmt.analysis.attention_maps import ATTENTION_KINDS, attention_entropy, render_heatmaps
-from transformer_nmt.training.time_budget import TimeBudget, timed
+from transformer_nmt.training.time_budget import BackgroundWork, TimeBudget, timed
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ def image_summary(tag: str, pngs: list[bytes], width: int, height: int) -> Summa
     return Summary(value=[Summary.Value(tag=tag, tensor=tensor, metadata=metadata)])
 
 
-class AttentionMaps(Callback):
+class AttentionMaps(Callback, BackgroundWork):
     """Every ``every_n_validations`` validations, run fixed probe sentences through the model and log,
     for every (kind, layer, head), the head's maps under ``attention/{kind}/layer_{l}/head_{h}`` (one
     image per probe, the tag's samples) and its mean attention entropy under
@@ -59,8 +59,11 @@ class AttentionMaps(Callback):
     other ranks wait for them at their next collective); a background thread renders and writes the images
     while training goes on. Each time, ``attention_maps/seconds`` (training path) and
     ``attention_maps/render_seconds`` (background) go to TensorBoard and a line to the log; the training-path
-    seconds also count as ``attention_maps`` in the run's time budget (time_budget.TimeBudget).
+    seconds also count as ``attention_maps`` in the run's time budget (time_budget.TimeBudget), and so does the
+    budget's wait for the last render at the end of training (a ``time_budget.BackgroundWork``).
     """
+
+    phase = "attention_maps"
 
     def __init__(self, every_n_validations: int = 1, probes: list | None = None, n_probes: int = 2,
                  max_tokens: int = 32, inches: float = 6.0, dpi: int = 80):
@@ -226,7 +229,9 @@ class LastCheckpoint(Checkpoint):
         self._pending = False  # a validation inside accumulation: save after the step that completes it
 
     def save(self, trainer) -> None:
-        trainer.save_checkpoint(self.path)  # every rank calls it; rank 0 writes (atomically, see checkpoint.py)
+        # every rank calls it; rank 0 writes (atomically, see checkpoint.py). The full state, for resuming: said,
+        # so Lightning does not log that `weights_only` was not set (it is about what is saved, not how it is read)
+        trainer.save_checkpoint(self.path, weights_only=False)
         self.saved_step, self._pending = trainer.global_step, False
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:

@@ -397,7 +397,7 @@ class SlurmRequeue(Checkpoint):
             return
         self._agreement.result()  # this step's agreement, started on every rank: finish it before stopping
         path = run_files.last_checkpoint(trainer.default_root_dir)
-        trainer.save_checkpoint(path)
+        trainer.save_checkpoint(path, weights_only=False)  # the full state, for the requeued job to resume
         job = slurm_job()
         if trainer.is_global_zero:
             result = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True)

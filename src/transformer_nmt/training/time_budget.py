@@ -32,6 +32,7 @@ run's compute dtype (bf16 under bf16-mixed, else fp32) and thread count.
 from __future__ import annotations
 
 import time
+from abc import ABC, abstractmethod
 from contextlib import contextmanager, nullcontext
 
 import lightning.pytorch as pl
@@ -45,6 +46,19 @@ PHASES = ("training_steps", "validation", "checkpointing", "attention_maps", "mf
 def timed(budget: TimeBudget | None, phase: str):
     """``budget.phase(phase)``, or nothing where no TimeBudget is attached."""
     return budget.phase(phase) if budget is not None else nullcontext()
+
+
+class BackgroundWork(ABC):
+    """A callback with work running beside training (a thread), which the TimeBudget waits for at the end of
+    training, before it measures the matmul ceiling on the same cores; the wait counts in the callback's
+    ``phase``. callbacks.AttentionMaps is one (its renders). Defined here, not looked up there, so that this
+    module does not import the callbacks that time themselves with it."""
+
+    phase: str  # one of PHASES
+
+    @abstractmethod
+    def wait(self) -> None:
+        """Block until the work running in the background is done."""
 
 
 class TimeBudget(pl.Callback):
@@ -136,11 +150,9 @@ class TimeBudget(pl.Callback):
     def on_train_end(self, trainer, pl_module) -> None:
         if not trainer.is_global_zero or not self.batches:
             return
-        from transformer_nmt.training.callbacks import AttentionMaps  # not at the top: callbacks imports this module
-
         for callback in trainer.callbacks:  # a background render would share the cores with the probe
-            if isinstance(callback, AttentionMaps):
-                with timed(self, "attention_maps"):
+            if isinstance(callback, BackgroundWork):
+                with timed(self, callback.phase):
                     callback.wait()
         c = pl_module.model.config
         elapsed = time.perf_counter() - self._fit_started if self._fit_started is not None else 0.0
