@@ -558,6 +558,44 @@ def decoding_sample(root: Path, modes: tuple[str, ...], file: str | None = None)
     return "\n\n".join([*held, f"```bash\n{commands}\n```", *outputs])
 
 
+# --- the published baseline, Transformer-Tiny (docs/quality/tiny_RUN_{reproduce,results}.json) --------------
+
+PUBLISHED_TINY = 41.02  # Wu et al. 2021, text-only Transformer-Tiny, test2016 en->de, the Multi30k convention
+TINY_RUNS = {  # run: what distinguishes it (words, not numbers)
+    "A": "experiment=multi30k_tiny as published, stopped by a time limit of its launch (session end)",
+}
+TINY_EPOCHS = (5, 10, 15, 20, 25, 30, 35)  # the validation nearest each epoch, then the last
+
+
+def tiny_run(root: Path, run: str) -> tuple[dict, dict]:
+    return (read_json(root, QUALITY / f"tiny_{run}_reproduce.json"),
+            read_json(root, QUALITY / f"tiny_{run}_results.json"))
+
+
+def tiny_baseline(root: Path) -> str:
+    rows = [["**published** (fairseq, GPUs)", "-", "-", "8,000 (~140)", "-", "-", "-", f"**{PUBLISHED_TINY:.2f}**", "-"]]
+    for run, settings in TINY_RUNS.items():
+        rep, res = tiny_run(root, run)
+        s, search = rep["scores"], rep["search"]
+        beam = f"test_beam{search['beam']}"
+        rows.append([f"**{run}**: {settings}", " ".join(rep["cpu_flags"]), rep["precision"],
+                     f"{res['steps']:,} of {rep['planned']['max_steps']:,} ({res['epochs']:.1f})",
+                     f"{res['wall_seconds'] / 60:.0f} min", f"{res['train_tgt_tokens_per_sec']:,.0f}",
+                     f"{s['val_beam' + str(search['beam'])]['bleu']:.2f}",
+                     f"**{s[beam]['bleu_multi30k']:.2f}**", f"{s[beam]['bleu']:.2f}"])
+    table_ = table(["run", "CPU flags", "precision", "updates (epochs)", "wall time (last launch)", "target tokens/s (last launch)",
+                    "val BLEU (beam 5, cased)", "**test, Multi30k convention**", "test, cased"], rows)
+    curves = []
+    for run in TINY_RUNS:
+        rep, res = tiny_run(root, run)
+        per_epoch = res["steps"] / res["epochs"]
+        curve = [(p["step"] / per_epoch, p["greedy_val_bleu"]) for p in rep["val_curve"]]
+        picked = [min(curve, key=lambda c, e=e: abs(c[0] - e)) for e in TINY_EPOCHS] + [curve[-1]]
+        curves.append([f"**{run}** epoch", *(f"{e:.0f}" for e, _ in picked)])
+        curves.append([f"**{run}** greedy val BLEU", *(f"{b:.2f}" for _, b in picked)])
+    return table_ + "\n\n" + table(["", *(["≈"] * len(TINY_EPOCHS)), "last"], curves)
+
+
 BLOCKS = {
     "readme-headline": recipe_headline,
     "readme-table3": table3_readme,
@@ -566,6 +604,7 @@ BLOCKS = {
     "quality-time-budget": recipe_time_budget,
     "quality-curve": recipe_curve,
     "quality-conventions": bleu_conventions,
+    "quality-published-baseline": tiny_baseline,
     "quality-beam": recipe_beam,
     "ablations-study": table3_study,
     "ablations-table": table3_full,
