@@ -82,7 +82,7 @@ def test_reading_a_corpus_names_a_truncated_gz_and_the_line(tmp_path, fmt):
         list(read_pairs(spec, "test", ReadStats()))
 
 
-# --- init_from a newer checkpoint, absurd sizes ------------------------------------------------------------------------
+# --- init_from a newer checkpoint, absurd sizes ---------------------------------------------------------------------
 
 def test_init_from_a_checkpoint_with_a_newer_field_names_the_file_field_and_version(tmp_path, ckpt):
     edited(ckpt, rope_base=10000)

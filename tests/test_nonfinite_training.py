@@ -5,12 +5,14 @@ The step stays free of host syncs (tests/test_sync_free_step.py): the check read
 steps, where values are read anyway, and when a checkpoint is saved."""
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 import transformer_nmt.training.module as module_
 from test_train_app import one_thread, tiny_config, write_tiny_corpus  # noqa: F401 (fixture)
+from tiny_checkpoint import tiny_tokenizer
 from transformer_nmt import run_files
 from transformer_nmt.checkpoint import read_checkpoint
 from transformer_nmt.training.app import train
@@ -81,8 +83,6 @@ def test_a_non_finite_step_stops_training_and_never_reaches_a_checkpoint(tmp_pat
 
 def test_a_checkpoint_of_non_finite_weights_is_refused_whatever_saves_it(tmp_path):
     """The save-time check alone (no flag raised by a training step): weights made NaN by hand."""
-    from transformer_nmt.checkpoint import CKPT_MODEL_CONFIG  # noqa: F401 (the module under test writes it)
-    from tiny_checkpoint import tiny_tokenizer
     tokenizer = tiny_tokenizer(vocab_size=100)
     module = module_.TranslationModule({"vocab_size": tokenizer.vocab_size, "d_model": 16, "n_heads": 2,
                                         "n_encoder_layers": 1, "n_decoder_layers": 1, "d_ff": 32},
@@ -99,7 +99,6 @@ def test_a_checkpoint_of_non_finite_weights_is_refused_whatever_saves_it(tmp_pat
 def test_under_a_gradient_scaler_an_inf_gradient_is_its_skipped_overflow_but_a_nan_loss_is_not(scaler):
     """16-mixed: the scaler skips a step whose gradients overflowed (and lowers the scale); only a non-finite loss
     is fatal there. Without a scaler, either is."""
-    from types import SimpleNamespace
     module = module_.TranslationModule({"vocab_size": 16, "d_model": 16, "n_heads": 2, "n_encoder_layers": 1,
                                         "n_decoder_layers": 1, "d_ff": 32})
     module._trainer = SimpleNamespace(precision_plugin=SimpleNamespace(scaler=scaler), global_step=6, callbacks=[])

@@ -2,9 +2,6 @@
 another control character (byte fallback, an imported vocabulary) is written as one line of plain text, so the
 output keeps one line per input line, the n-best TSV its four fields, and no escape sequence reaches a terminal."""
 
-import subprocess
-import sys
-
 import pytest
 
 from tiny_checkpoint import tiny_tokenizer, write_checkpoint

@@ -5,7 +5,6 @@ replacing a symbolic link planted in ``eval/`` instead of writing through it."""
 
 import dataclasses
 import re
-from pathlib import Path
 
 import pytest
 import torch

@@ -181,8 +181,9 @@ def check_output(output: Path) -> None:
     """A SystemExit where writing the average to ``output`` would destroy what a run needs: ``last.ckpt``, or an
     existing file that is not an earlier average (the average holds weights alone, no optimizer state)."""
     if output.name == run_files.LAST:
-        raise SystemExit(f"output={output}: {run_files.LAST} is the checkpoint a run resumes from, and an average holds "
-                         f"no optimizer state to resume; write the average elsewhere (e.g. RUN_DIR/{run_files.AVERAGED})")
+        raise SystemExit(f"output={output}: {run_files.LAST} is the checkpoint a run resumes from, and an average "
+                         f"holds no optimizer state to resume; write the average elsewhere (e.g. "
+                         f"RUN_DIR/{run_files.AVERAGED})")
     if not (output.exists() or output.is_symlink()):
         return
     try:

@@ -3,21 +3,21 @@
     python -m transformer_nmt.evaluate ckpt=RUN/averaged.ckpt split=test
     python -m transformer_nmt.evaluate ckpt=model.ckpt src=newstest2014.en ref=newstest2014.de
 
-``split=val|test`` reads that split of the data the checkpoint was trained on (its data config travels
-in the checkpoint), every pair, unfiltered; ``src=FILE ref=FILE`` scores any pair of plain-text files
-(``.gz`` too). What a checkpoint records never chooses a path on its own: the recorded locations are read only
-when they are relative paths inside the directory evaluate runs in (where the data of one's own runs lives,
-``data/multi30k/...``), or with ``trust_data_paths=true``; any other is refused with the recorded path shown. ``ckpt=[A,B,...]`` scores the ensemble of those checkpoints (its first one's data and
-directory are used). Beam and engine options as in ``translate`` (``--help`` lists them with their defaults;
-``engine=ctranslate2`` with ``ckpt`` or ``model_dir``). Writes to
-``out=DIR`` (default: ``eval/`` beside the checkpoint) ``NAME.hyp`` (one line per source line),
+``split=val|test`` reads that split of the data the checkpoint was trained on (its data config travels in the
+checkpoint), every pair, unfiltered; ``src=FILE ref=FILE`` scores any pair of plain-text files (``.gz`` too). What
+a checkpoint records never chooses a path on its own: the recorded locations are read only when they are relative
+paths inside the directory evaluate runs in (where the data of one's own runs lives, ``data/multi30k/...``), or
+with ``trust_data_paths=true``; any other is refused with the recorded path shown. ``ckpt=[A,B,...]`` scores the
+ensemble of those checkpoints (its first one's data and directory are used). Beam and engine options as in
+``translate`` (``--help`` lists them with their defaults; ``engine=ctranslate2`` with ``ckpt`` or ``model_dir``).
+Writes to ``out=DIR`` (default: ``eval/`` beside the checkpoint) ``NAME.hyp`` (one line per source line),
 ``NAME.ref`` and ``NAME.json`` (each written to a temporary file beside it, fsynced, then renamed over it: a
-symbolic link in its place is replaced, never written through) with sacreBLEU's BLEU (cased and lowercased, with the length ratio and
-brevity penalty) and chrF and their signatures, so ``sacrebleu NAME.ref -i NAME.hyp`` reproduces the score
-exactly: both are scored as written, one line each (``one_line``: a line break inside a sentence, a lone CR
-included, is written as a space); the Multi30k literature's BLEU (``bleu_multi30k``: lowercased, Moses-tokenized;
-inference/multi30k_bleu.py, needs the optional sacremoses); and what made the file (``provenance``: commit,
-versions, machine, command, options).
+symbolic link in its place is replaced, never written through; a warning names an earlier evaluation of another
+checkpoint it replaces) with sacreBLEU's BLEU (cased and lowercased, with the length ratio and brevity penalty) and
+chrF and their signatures, so ``sacrebleu NAME.ref -i NAME.hyp`` reproduces the score exactly: both are scored as
+written, one line each (``one_line``: a line break inside a sentence, a lone CR included, is written as a space);
+the Multi30k literature's BLEU (``bleu_multi30k``: lowercased, Moses-tokenized; inference/multi30k_bleu.py, needs
+the optional sacremoses); and what made the file (``provenance``: commit, versions, machine, command, options).
 """
 
 from __future__ import annotations

@@ -278,9 +278,9 @@ def check_replaceable(output: Path, export: Path) -> None:
                      if path.name not in names or path.is_symlink() or not path.is_file())
     if foreign:
         shown = ", ".join(foreign[:8]) + (f" and {len(foreign) - 8} more" if len(foreign) > 8 else "")
-        raise SystemExit(f"output={output} holds {shown}, which is not what an export holds ({', '.join(sorted(names))})"
-                         f": force=true replaces an earlier export only, and nothing was changed; choose another "
-                         f"output=DIR, or remove what is there yourself")
+        raise SystemExit(f"output={output} holds {shown}, which is not what an export holds "
+                         f"({', '.join(sorted(names))}): force=true replaces an earlier export only, and nothing was "
+                         f"changed; choose another output=DIR, or remove what is there yourself")
 
 
 def replace_broken(output: Path, export: Path) -> None:
