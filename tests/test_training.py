@@ -340,8 +340,8 @@ def test_the_module_wraps_a_plain_transformer():
                                 "n_decoder_layers": 1, "d_ff": 32})
     assert type(module.model) is Transformer
     assert not any("lightning" in type(m).__module__ for m in module.model.modules())
-    with pytest.raises(TypeError, match="unexpected keyword argument 'lr'"):  # TrainConfig's fields only
-        TranslationModule({"vocab_size": 20, "d_model": 16, "n_heads": 2}, {"lr": 1.0})
+    with pytest.raises(TypeError, match="unexpected keyword argument 'learning_rate'"):  # TrainConfig's fields only
+        TranslationModule({"vocab_size": 20, "d_model": 16, "n_heads": 2}, {"learning_rate": 1.0})
 
 
 def test_accumulated_gradient_is_the_per_token_mean_over_the_whole_optimizer_step(corpus, tmp_path):

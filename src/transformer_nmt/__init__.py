@@ -21,7 +21,7 @@ table; the few imports that still run up are listed there, each with its reason)
     analysis/                   attention maps, head importance, the explorer, alignment AER; the studies
                                 (Table 3's summary and plan, the Multi30k reproduction)
     train.py, prepare.py, translate.py, evaluate.py, average.py, export.py, import_marian.py, analyze_heads.py,
-    explore.py
+    explore.py, reproduce.py, table3.py, summarize_ablation.py, alignment_aer.py
                                 the commands (``python -m transformer_nmt.NAME``), thin modules over the layers below
 """
 

@@ -112,3 +112,20 @@ def replace_directory(tmp: str | os.PathLike, path: str | os.PathLike) -> None:
         raise
     fsync_directory(path.parent)
     shutil.rmtree(old)
+
+
+def check_replaceable(output: Path, export: Path) -> None:
+    """A SystemExit, with what ``output`` holds named, unless it is a directory of nothing but files of the names
+    ``export`` (the new export, complete) holds: what ``force=true`` may replace is an earlier export, never a run
+    dir, a checkpoint, a subdirectory or a file of the user's."""
+    if output.is_symlink() or not output.is_dir():
+        raise SystemExit(f"output={output} is {'a symbolic link' if output.is_symlink() else 'a file'}, not an export "
+                         f"directory: force=true replaces an earlier export only; choose another output=DIR")
+    names = {path.name for path in export.iterdir()}
+    foreign = sorted(path.name + ("/" if path.is_dir() else "") for path in output.iterdir()
+                     if path.name not in names or path.is_symlink() or not path.is_file())
+    if foreign:
+        shown = ", ".join(foreign[:8]) + (f" and {len(foreign) - 8} more" if len(foreign) > 8 else "")
+        raise SystemExit(f"output={output} holds {shown}, which is not what an export holds "
+                         f"({', '.join(sorted(names))}): force=true replaces an earlier export only, and nothing was "
+                         f"changed; choose another output=DIR, or remove what is there yourself")

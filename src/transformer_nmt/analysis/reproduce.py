@@ -16,7 +16,7 @@ process, timed:
 2. average the checkpoints ``checkpoints/recent`` keeps (the run's ``checkpoint.recent.keep``: step-spaced, or one
    per epoch where the recipe writes one after every validation) into ``averaged.ckpt``;
 3. the averaged and the last checkpoint on val with the run's search (its config's ``decode``: beam, length
-   penalty and its exponent alpha; the paper's beam 4, GNMT 0.6 for a run older than that node): the higher val
+   penalty and its exponent alpha; DecodeConfig's defaults, the paper's search, for a run older than that node): the higher val
    BLEU is the chosen checkpoint, then the exponent among ``alphas`` with the higher val BLEU (the test set is
    never used for a choice);
 4. the chosen checkpoint on test with that search, and greedy (beam 1) on val and on test.
@@ -176,9 +176,9 @@ def run_search(run_config, alphas: str | None) -> tuple[dict, list[float]]:
     try:
         values = [float(a) for a in alphas.strip("[]").split(",") if a.strip()]
     except ValueError:
-        sys.exit(f"alphas={alphas!r}: give numbers, alphas=0.6,1.0,1.4")
+        sys.exit(f"alphas={alphas!r}: give numbers, alphas=0.8,1.0,1.2")
     if not values:
-        sys.exit(f"alphas={alphas!r}: give numbers, alphas=0.6,1.0,1.4")
+        sys.exit(f"alphas={alphas!r}: give numbers, alphas=0.8,1.0,1.2")
     return search, values
 
 

@@ -49,7 +49,8 @@ from filelock import FileLock
 
 from transformer_nmt import __version__
 from transformer_nmt.checkpoint import load_checkpoint
-from transformer_nmt.durable import fsync_directory, publish_directory, replace_directory, temporary_directory
+from transformer_nmt.durable import (check_replaceable, fsync_directory, publish_directory, replace_directory,
+                                     temporary_directory)
 from transformer_nmt.model.transformer import Transformer
 from transformer_nmt.options import command_argv, option, parse_options, require_checkpoint
 from transformer_nmt.data.tokenizer import Tokenizer
@@ -264,23 +265,6 @@ def export_model(model: Transformer, tokenizer: Tokenizer, output: str | os.Path
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return output
-
-
-def check_replaceable(output: Path, export: Path) -> None:
-    """A SystemExit, with what ``output`` holds named, unless it is a directory of nothing but files of the names
-    ``export`` (the new export, complete) holds: what ``force=true`` may replace is an earlier export, never a run
-    dir, a checkpoint, a subdirectory or a file of the user's."""
-    if output.is_symlink() or not output.is_dir():
-        raise SystemExit(f"output={output} is {'a symbolic link' if output.is_symlink() else 'a file'}, not an export "
-                         f"directory: force=true replaces an earlier export only; choose another output=DIR")
-    names = {path.name for path in export.iterdir()}
-    foreign = sorted(path.name + ("/" if path.is_dir() else "") for path in output.iterdir()
-                     if path.name not in names or path.is_symlink() or not path.is_file())
-    if foreign:
-        shown = ", ".join(foreign[:8]) + (f" and {len(foreign) - 8} more" if len(foreign) > 8 else "")
-        raise SystemExit(f"output={output} holds {shown}, which is not what an export holds "
-                         f"({', '.join(sorted(names))}): force=true replaces an earlier export only, and nothing was "
-                         f"changed; choose another output=DIR, or remove what is there yourself")
 
 
 def replace_broken(output: Path, export: Path) -> None:
