@@ -247,7 +247,8 @@ def test_reproduce_chooses_on_val_scores_on_test_and_holds_the_time_budget(tiny_
     beam = DecodeConfig().beam
     calls = []
 
-    def evaluate(ckpt, split, width, out, timings, root):
+    def evaluate(ckpt, split, search, out, timings, root):
+        width = search["beam"]  # the run's search (its config's decode node; DecodeConfig's for an older run)
         calls.append((ckpt.name, split, width))
         bleu = val[ckpt.stem] if (split, width) == ("val", beam) else 100.0 - val[ckpt.stem] - width
         return dict(bleu=bleu, bleu_lowercase=bleu, bleu_multi30k=bleu, chrf=2.0, length_ratio=1.0, bp=1.0)
