@@ -121,6 +121,7 @@ class StandInTrainer:
     accumulate_grad_batches = world_size = 1
     global_rank = global_step = 0
     log_every_n_steps, should_stop = 0, False  # training.lightning_adapter.is_logging_step: never
+    precision_plugin = None  # no scaler: the non-finite check (module.py) counts the gradient norm too
 
 
 class Step:

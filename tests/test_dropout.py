@@ -101,4 +101,6 @@ def test_the_model_uses_this_dropout_everywhere():
                                           n_decoder_layers=1, dropout=0.2))
     ours = [m for m in model.modules() if isinstance(m, Dropout)]
     assert not any(isinstance(m, nn.Dropout) for m in model.modules())
-    assert len(ours) == 1 + 2 + 3 and all(m.p == 0.2 for m in ours)  # embeddings, encoder 2, decoder 3 sub-layers
+    residual = [m for m in ours if m.p == 0.2]  # embeddings, encoder 2, decoder 3 sub-layers
+    assert len(residual) == 1 + 2 + 3
+    assert len(ours) == len(residual) + 2 and all(m.p == 0.0 for m in ours if m not in residual)  # activation_dropout

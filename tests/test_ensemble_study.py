@@ -18,7 +18,8 @@ SCRIPTS = Path(__file__).resolve().parents[1] / "studies"
 
 
 def script(name: str):
-    spec = importlib.util.spec_from_file_location(f"script_{name}", SCRIPTS / f"{name}.py")
+    home = SCRIPTS.parent / "scripts" if name == "docs_tables" else SCRIPTS  # docs_tables is the repo's own tool
+    spec = importlib.util.spec_from_file_location(f"script_{name}", home / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

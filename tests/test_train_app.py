@@ -185,7 +185,7 @@ def test_the_run_seed_orders_the_batches_unless_data_seed_is_set():
     ("+model.vocab_size=100", "set data.vocab_size instead"),
     # +KEY=VALUE adds a key past the schema (Hydra lifts the struct flag for it): validate_config names it
     ("+model.heads=8", r"Key 'heads' not in 'ModelConfig' \(full key: model.heads\)"),
-    ("+train.lr=0.1", r"Key 'lr' not in 'TrainConfig' \(full key: train.lr\)"),
+    ("+train.learning_rate=0.1", r"Key 'learning_rate' not in 'TrainConfig' \(full key: train.learning_rate\)"),
     ("+checkpoint.recent.every=3",
      r"Key 'every' not in 'RecentCheckpointConfig' \(full key: checkpoint.recent.every\)"),
     ("+run_tests=false", r"Key 'run_tests' not in 'TrainAppConfig'"),
