@@ -311,7 +311,7 @@ def main(argv: list[str], root: Path | None = None) -> dict:
         "val_loss_curve": [{"step": step, "val_loss": loss} for step, loss in scalar_curve(run_dir, "val/loss")],
         "precision": results.get("precision"), "torch_threads": results.get("torch_threads"),
         "time_budget": budget,
-        PROVENANCE_KEY: provenance,
+        PROVENANCE_KEY: relative_strings(provenance, root),  # python -m records its module's absolute path
     }
     (run_dir / "reproduce.json").write_text(json.dumps(report, indent=2) + "\n")
 
