@@ -176,7 +176,7 @@ def run_search(run_config, alphas: str | None) -> tuple[dict, list[float]]:
     try:
         values = [float(a) for a in alphas.strip("[]").split(",") if a.strip()]
     except ValueError:
-        sys.exit(f"alphas={alphas!r}: give numbers, alphas=0.8,1.0,1.2")
+        values = []
     if not values:
         sys.exit(f"alphas={alphas!r}: give numbers, alphas=0.8,1.0,1.2")
     return search, values
