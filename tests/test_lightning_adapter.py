@@ -108,6 +108,9 @@ def test_the_quiet_start_up_drops_lightnings_advertisement_and_no_other_message(
     rank_zero, records = logging.getLogger(RANK_ZERO_LOGGER), Records()
     rank_zero.addHandler(records)  # a logger's filters run before its own handlers
     level, rank_zero.level = rank_zero.level, logging.INFO
+    installed = list(rank_zero.filters)  # an earlier in-process run may have installed the filter already
+    for f in installed:
+        rank_zero.removeFilter(f)
     try:
         pl.Trainer(logger=False, default_root_dir=tmp_path, accelerator="cpu", enable_progress_bar=False)
         assert any("litlogger" in m for m in records.messages), records.messages  # what the filter is for
@@ -121,6 +124,10 @@ def test_the_quiet_start_up_drops_lightnings_advertisement_and_no_other_message(
     finally:
         rank_zero.removeHandler(records)
         rank_zero.level = level
+        for f in list(rank_zero.filters):
+            rank_zero.removeFilter(f)
+        for f in installed:
+            rank_zero.addFilter(f)
 
 
 def test_the_quiet_start_up_drops_the_leafspec_deprecation_from_lightnings_code_only():
