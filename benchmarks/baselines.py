@@ -11,7 +11,8 @@ search table counts the outputs identical to the baseline's ("same").
 - ``unchunked_loss``: the label-smoothed loss before it ran in chunks (benchmarks/benchmark_loss.py's "before");
   ``previous_loss``: the chunked one before its fused log_softmax/softmax kernels (training.module's
   ``_SmoothedCrossEntropy``), in the chunks of then (benchmarks/benchmark_step.py ``--previous-loss``).
-- ``with_torch_dropout``: torch's ``nn.Dropout`` in place of dropout.py's (``--previous-dropout``).
+- ``with_torch_dropout``: torch's ``nn.Dropout`` in place of dropout.py's; ``with_32bit_dropout``: dropout.py's mask
+  before it drew 16-bit integers (two elements per 64-bit draw, ``dropout_32bit``), both ``--previous-dropout``.
 """
 
 from __future__ import annotations
@@ -302,16 +303,52 @@ def check_loss(loss_fn) -> None:
                              f"it would compare different computations")
 
 
-# --- dropout: torch's, before dropout.py ------------------------------------------------------------------------
-def with_torch_dropout(model: torch.nn.Module) -> int:
-    """Replace every dropout.py ``Dropout`` of ``model`` by torch's ``nn.Dropout`` (a bernoulli_ mask) of the same
-    p, in place; returns how many. Stops if one is left (a new kind of module holding it elsewhere)."""
+# --- dropout: torch's, before dropout.py; dropout.py's before 16-bit integers --------------------------------------
+def dropout_32bit(x: Tensor, p: float, training: bool = True) -> Tensor:
+    """dropout.py's ``dropout`` before issue 36: one 64-bit draw gives two uniform 32-bit integers, an element is
+    dropped when its integer is below -2^31 + round(p * 2^32), and the mask is made a float copy of x's dtype."""
+    if not training or p == 0.0:
+        return x
+    threshold = round(p * 2 ** 32)
+    if x.device.type != "cpu" or threshold >= 2 ** 32:
+        return F.dropout(x, p, training=True)
+    n = x.numel()
+    bits = torch.empty((n + 1) // 2, dtype=torch.int64).random_(-(2 ** 63), None)
+    uniform = bits.view(torch.int32)[:n]
+    keep = (uniform >= -(2 ** 31) + threshold).view(x.shape).to(x.dtype)
+    return x.mul(1.0 / (1.0 - p)).mul_(keep)
+
+
+class Dropout32(torch.nn.Module):
+    """``dropout_32bit`` as a module (identity in eval mode), in place of dropout.py's ``Dropout``."""
+
+    def __init__(self, p: float):
+        super().__init__()
+        self.p = p
+
+    def forward(self, x: Tensor) -> Tensor:
+        return dropout_32bit(x, self.p, self.training)
+
+
+def _swap_dropout(model: torch.nn.Module, make, what: str) -> int:
     swapped = 0
     for module in list(model.modules()):
         for name, child in module.named_children():
             if isinstance(child, Dropout):
-                setattr(module, name, torch.nn.Dropout(child.p))
+                setattr(module, name, make(child.p))
                 swapped += 1
     if swapped == 0 or any(isinstance(m, Dropout) for m in model.modules()):
-        raise SystemExit(f"with_torch_dropout: swapped {swapped} dropouts, some of dropout.py's left or none found")
+        raise SystemExit(f"{what}: swapped {swapped} dropouts, some of dropout.py's left or none found")
     return swapped
+
+
+def with_torch_dropout(model: torch.nn.Module) -> int:
+    """Replace every dropout.py ``Dropout`` of ``model`` by torch's ``nn.Dropout`` (a bernoulli_ mask) of the same
+    p, in place; returns how many. Stops if one is left (a new kind of module holding it elsewhere)."""
+    return _swap_dropout(model, torch.nn.Dropout, "with_torch_dropout")
+
+
+def with_32bit_dropout(model: torch.nn.Module) -> int:
+    """Replace every dropout.py ``Dropout`` of ``model`` by ``Dropout32`` (its mask before 16-bit integers), in place;
+    returns how many. Stops if one is left."""
+    return _swap_dropout(model, Dropout32, "with_32bit_dropout")

@@ -64,7 +64,8 @@ from transformer_nmt.provenance import provenance_line
 from transformer_nmt.training.precision import compute_dtype
 from transformer_nmt.training.module import LOSS_CHUNK_ELEMENTS, TranslationModule, label_smoothed_cross_entropy
 
-from baselines import check_loss, previous_loss, with_torch_dropout  # benchmarks/: the parts as they were
+from baselines import (check_loss, previous_loss, with_32bit_dropout,  # benchmarks/: the parts as they were
+                       with_torch_dropout)
 from recipe import small_recipe
 
 REPO = Path(__file__).resolve().parents[1]
@@ -109,8 +110,13 @@ LOSSES = {"fused": ("", label_smoothed_cross_entropy), "previous": (" previous l
                                                            chunk_elements=LOSS_CHUNK_ELEMENTS))}
 
 
+# dropout variant -> (what a variant's name adds, the swap that makes it; None: dropout.py's as it is)
+DROPOUTS = {"ours": ("", None), "torch": (" torch dropout", with_torch_dropout),
+            "32-bit": (" 32-bit dropout", with_32bit_dropout)}
+
+
 def variant_name(precision: str, kernel: str, compiled: bool, loss: str = "fused", dropout: str = "ours") -> str:
-    suffix = (" compiled" if compiled else "") + LOSSES[loss][0] + (" torch dropout" if dropout != "ours" else "")
+    suffix = (" compiled" if compiled else "") + LOSSES[loss][0] + DROPOUTS[dropout][0]
     return f"{precision} {kernel}{suffix}"
 
 
@@ -137,8 +143,9 @@ class Step:
         for layer in self.module.modules():
             if isinstance(layer, MultiHeadAttention):
                 layer.kernel = kernel
-        if dropout != "ours":  # the previous version: torch's nn.Dropout (a bernoulli_ mask) everywhere
-            with_torch_dropout(self.module.model)
+        swap = DROPOUTS[dropout][1]
+        if swap is not None:  # a previous version: torch's nn.Dropout (a bernoulli_ mask), or our 32-bit mask
+            swap(self.module.model)
         if compiled:
             self.module.model.compile()
         optimization = self.module.configure_optimizers()
@@ -177,9 +184,13 @@ def main(argv=None) -> dict:
     parser.add_argument("--previous-chunks", action="store_true",
                         help="also each precision's auto kernel with the loss in 128 MiB chunks (before 4 MiB on CPU)")
     parser.add_argument("--previous-dropout", action="store_true",
-                        help="also each precision's auto kernel with torch's dropout (before dropout.py)")
-    parser.add_argument("--dropout", type=float, default=SMALL["dropout"],
-                        help="the model's dropout (the recipe: 0.1 in fp32, 0.3 in bf16)")
+                        help="also each precision's auto kernel with torch's dropout (before dropout.py) and with "
+                             "dropout.py's 32-bit mask (before 16-bit integers)")
+    parser.add_argument("--experiment", default=None,
+                        help="the model, vocabulary and train settings of experiment=NAME (e.g. multi30k_tiny; "
+                             "default: model=small, the recipe's shape)")
+    parser.add_argument("--dropout", type=float, default=None,
+                        help="the model's dropout (default: the model's; the recipe: 0.1 in fp32, 0.3 in bf16)")
     parser.add_argument("--reference", default=None,
                         help='the variant the "vs" column divides by, e.g. "bf16-mixed plain" (default: '
                              '"32-true fused", else the first variant)')
@@ -188,6 +199,10 @@ def main(argv=None) -> dict:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--json", type=Path, help="also write the report here as JSON")
     args = parser.parse_args(argv)
+    global SMALL, TRAIN  # the shape every part of this run reads
+    SMALL, TRAIN = small_recipe(args.experiment)
+    if args.dropout is None:
+        args.dropout = SMALL["dropout"]
     torch.set_num_threads(args.threads)
     provenance = provenance_line({"args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}})
     print(provenance)
@@ -199,7 +214,8 @@ def main(argv=None) -> dict:
     specs = [(p, k, False, {}) for p in args.precisions for k in args.kernels]
     for wanted, compiled, part in ((args.compile, True, {}), (args.previous_loss, False, {"loss": "previous"}),
                                    (args.previous_chunks, False, {"loss": "large chunks"}),
-                                   (args.previous_dropout, False, {"dropout": "torch"})):
+                                   (args.previous_dropout, False, {"dropout": "torch"}),
+                                   (args.previous_dropout, False, {"dropout": "32-bit"})):
         if wanted:  # each precision's auto kernel, compiled or with one part as it was
             specs += [(p, auto_kernel("cpu", compute_dtype(p))[0], compiled, part) for p in args.precisions]
     eager = [variant_name(p, k, c, **part) for p, k, c, part in specs if not c]  # a reference runs at every size
@@ -259,6 +275,9 @@ def main(argv=None) -> dict:
                          "warm_up_seconds": warm_up[v.name]})
     report = {"rows": rows, "ceilings": {f"{p} {n}": c for (p, n), c in ceilings.items()}, "reference": reference,
               "seconds": time.perf_counter() - started, "threads": args.threads, "rounds": args.rounds,
+              "shape": (f"{args.experiment or 'model=small'} (d_model {SMALL['d_model']}, {SMALL['n_encoder_layers']}+"
+                        f"{SMALL['n_decoder_layers']} layers, d_ff {SMALL['d_ff']}, {SMALL['vocab_size']:,} vocabulary, "
+                        f"dropout {args.dropout})"),
               "cpu_flags": reported_cpu_flags(), "load": os.getloadavg(),
               "provenance": json.loads(provenance.partition(": ")[2])}
     print_report(report, pools)
@@ -271,7 +290,7 @@ def main(argv=None) -> dict:
 
 def print_report(report: dict, pools: dict) -> None:
     rows = report["rows"]
-    print(f"\n### Training step of the small model (8k vocabulary), Multi30k-length batches, {report['threads']} "
+    print(f"\n### Training step of {report['shape']}, Multi30k-length batches, {report['threads']} "
           f"thread(s), torch {torch.__version__}; CPU flags: {' '.join(report['cpu_flags']) or 'none'}; "
           f"load average {' '.join(f'{x:.2f}' for x in report['load'])}; median of {report['rounds']} rounds\n")
     print("| max_tokens | target tokens/batch | variant | target tokens/s | ms/step | model GFLOP/s | "

@@ -13,19 +13,37 @@ from transformer_nmt.model.transformer import Transformer, TransformerConfig
 N = 1_000_000
 
 
-@pytest.mark.parametrize("p", [0.1, 0.3, 0.5])
-def test_drop_rate_within_five_sigma_and_adjacent_elements_independent(p):
+@pytest.mark.parametrize("p", [0.1, 0.3, 0.5, 0.7])
+def test_drop_rate_within_five_sigma_and_elements_of_one_draw_independent(p):
     torch.manual_seed(0)
     dropped = dropout(torch.ones(N), p) == 0  # (N,)
     sigma = math.sqrt(p * (1 - p) / N)
     assert abs(dropped.float().mean().item() - p) < 5 * sigma
-    # Elements 2i and 2i+1 come from the two halves of one 64-bit draw: both dropped with probability p^2.
-    pairs = dropped.view(-1, 2)
-    both = pairs.all(dim=1).float().mean().item()
-    assert abs(both - p * p) < 5 * math.sqrt(p * p * (1 - p * p) / (N // 2))
+    # One 64-bit draw gives four elements' 16-bit integers (p <= 0.5), or two elements' 32-bit ones (above):
+    # any two of a draw's elements are both dropped with probability p^2, as any two elements.
+    per_draw = 4 if p <= 0.5 else 2
+    groups = dropped.view(-1, per_draw)  # (N / per_draw, per_draw): the elements of one draw
+    for i in range(per_draw):
+        for j in range(i + 1, per_draw):
+            both = (groups[:, i] & groups[:, j]).float().mean().item()
+            assert abs(both - p * p) < 5 * math.sqrt(p * p * (1 - p * p) / len(groups)), (i, j)
     # Across the length, the rate does not drift (each tenth within five sigma of p).
     for part in dropped.view(10, -1):
         assert abs(part.float().mean().item() - p) < 5 * math.sqrt(p * (1 - p) / (N // 10))
+
+
+@pytest.mark.parametrize("p, bits", [(0.1, 16), (0.3, 16), (0.5, 16), (0.7, 32), (1e-6, 16)])
+def test_the_drop_threshold_is_p_to_the_integers_resolution(p, bits):
+    """Dropped exactly when the element's integer is below -2^(bits-1) + round(p * 2^bits): read the integers of the
+    same seeded draw back and compare element by element (the rate is within 2^-(bits+1) of p)."""
+    n = 4099  # not a multiple of a draw's elements: the last draw is partly used
+    torch.manual_seed(5)
+    dropped = dropout(torch.ones(n), p) == 0
+    torch.manual_seed(5)
+    draws = torch.empty(-(-n // (64 // bits)), dtype=torch.int64).random_(-(2 ** 63), None)
+    ints = draws.view(torch.int16 if bits == 16 else torch.int32)[:n].long()
+    assert torch.equal(dropped, ints < -(2 ** (bits - 1)) + round(p * 2 ** bits))
+    assert abs(round(p * 2 ** bits) / 2 ** bits - p) <= 2 ** -(bits + 1)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
