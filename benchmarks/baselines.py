@@ -22,8 +22,15 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from transformer_nmt.data.tokenizer import BOS_ID, EOS_ID
-from transformer_nmt.model.decoding import (STOP_RULES, first_done_last, forbid_special, length_penalty,
-                                           max_output_lengths, reorder_beams, until_eos)
+from transformer_nmt.model.decoding import (
+    STOP_RULES,
+    first_done_last,
+    forbid_special,
+    length_penalty,
+    max_output_lengths,
+    reorder_beams,
+    until_eos,
+)
 from transformer_nmt.model.dropout import Dropout
 from transformer_nmt.model.transformer import Transformer
 from transformer_nmt.training.module import LOSS_CHUNK_ELEMENTS, label_smoothed_cross_entropy

@@ -32,8 +32,8 @@ import torch
 from transformer_nmt.checkpoint import CKPT_MODEL_CONFIG, CKPT_TOKENIZER, atomic_torch_save
 from transformer_nmt.data.tokenizer import train_sentencepiece
 from transformer_nmt.hardware import reported_cpu_flags
-from transformer_nmt.provenance import collect as collect_provenance
 from transformer_nmt.model.transformer import Transformer, TransformerConfig
+from transformer_nmt.provenance import collect as collect_provenance
 
 ROOT = Path(__file__).resolve().parent.parent
 SENTENCE = "A man is riding a bike."

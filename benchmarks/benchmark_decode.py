@@ -40,22 +40,26 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from baselines import (  # benchmarks/: the searches as they were
+    before_beam,
+    before_greedy,
+    previous_beam,
+    previous_greedy,
+)
 from torch import Tensor
 
 from transformer_nmt.checkpoint import load_checkpoint
+from transformer_nmt.data.tokenizer import Tokenizer
+from transformer_nmt.inference.batches import token_batches
 from transformer_nmt.inference.ctranslate2_engine import CTranslate2Model
 from transformer_nmt.inference.decode_config import DecodeConfig
-from transformer_nmt.model.decoding import beam_search, greedy_decode
 from transformer_nmt.inference.evaluate import score
 from transformer_nmt.inference.export import export_model, import_ctranslate2
+from transformer_nmt.inference.translate import encode_sources, read_lines, translate_lines
+from transformer_nmt.model.decoding import beam_search, greedy_decode
 from transformer_nmt.model.transformer import Transformer
-from transformer_nmt.data.tokenizer import Tokenizer
 from transformer_nmt.options import parse_options
 from transformer_nmt.provenance import provenance_line
-from transformer_nmt.inference.batches import token_batches
-from transformer_nmt.inference.translate import encode_sources, read_lines, translate_lines
-
-from baselines import before_beam, before_greedy, previous_beam, previous_greedy  # benchmarks/: the searches as they were
 
 ROOT = Path(__file__).resolve().parent.parent
 DECODE = DecodeConfig()  # the defaults of translate's search

@@ -23,13 +23,12 @@ import sys
 import time
 
 import torch
+from baselines import check_loss, unchunked_loss  # benchmarks/: the loss as it was
+from recipe import recipe_adam
 
 from transformer_nmt.model.transformer import Transformer, TransformerConfig
 from transformer_nmt.provenance import provenance_line
 from transformer_nmt.training.module import label_smoothed_cross_entropy
-
-from baselines import check_loss, unchunked_loss  # benchmarks/: the loss as it was
-from recipe import recipe_adam
 
 VARIANTS = ("before", "chunked", "chunked, in place")
 

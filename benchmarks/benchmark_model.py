@@ -35,14 +35,13 @@ import time
 
 import torch
 import torch.nn.functional as F
+from recipe import recipe_adam, small_recipe  # benchmarks/
 from torch import nn
 
+from transformer_nmt.hardware import cpu_native_bf16, reported_cpu_flags
 from transformer_nmt.model.attention import auto_kernel, blocked_attention, scaled_dot_product_attention
 from transformer_nmt.model.transformer import Transformer, TransformerConfig
-from transformer_nmt.hardware import cpu_native_bf16, reported_cpu_flags
 from transformer_nmt.provenance import provenance_line
-
-from recipe import recipe_adam, small_recipe  # benchmarks/
 
 # the recipe's small model (each table sets the kernel), positions up to the recipe's data.max_positions
 DIMS = {**{k: v for k, v in small_recipe()[0].items() if k != "attention"}, "max_positions": 256}

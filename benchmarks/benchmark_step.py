@@ -54,19 +54,22 @@ from unittest import mock
 
 import numpy as np
 import torch
+from baselines import (  # benchmarks/: the parts as they were
+    check_loss,
+    previous_loss,
+    with_32bit_dropout,
+    with_torch_dropout,
+)
+from recipe import small_recipe
 
 import transformer_nmt.training.module as module_code
-from transformer_nmt.model.attention import MultiHeadAttention, auto_kernel
 from transformer_nmt.data.batching import TokenBucketBatchSampler, pad_pairs, pair_widths
-from transformer_nmt.model.flops import FlopCount, matmul_ceiling
 from transformer_nmt.hardware import reported_cpu_flags
+from transformer_nmt.model.attention import MultiHeadAttention, auto_kernel
+from transformer_nmt.model.flops import FlopCount, matmul_ceiling
 from transformer_nmt.provenance import provenance_line
-from transformer_nmt.training.precision import compute_dtype
 from transformer_nmt.training.module import LOSS_CHUNK_ELEMENTS, TranslationModule, label_smoothed_cross_entropy
-
-from baselines import (check_loss, previous_loss, with_32bit_dropout,  # benchmarks/: the parts as they were
-                       with_torch_dropout)
-from recipe import small_recipe
+from transformer_nmt.training.precision import compute_dtype
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -34,9 +34,9 @@ import lightning.pytorch as pl
 import numpy as np
 import torch
 
-from transformer_nmt.model.attention import ATTENTION_KERNELS
 from transformer_nmt.conf import CONF_DIR
 from transformer_nmt.data import synthetic as data_synthetic
+from transformer_nmt.model.attention import ATTENTION_KERNELS
 from transformer_nmt.model.flops import model_flops  # the one definition, shared with the training run's MFU
 from transformer_nmt.training.module import TranslationModule
 

@@ -7,16 +7,22 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from transformer_nmt.inference.alignment import (align, alignment_error_rate, check_alignment_options, hard_alignment,
-                                                 piece_words, word_alignment, word_ids)
-from transformer_nmt.checkpoint import load_checkpoint
-from transformer_nmt.inference.translate import main as translate_main
-from transformer_nmt.inference.translate import translate_ids
+from tiny_checkpoint import tiny_tokenizer, write_checkpoint
 
 from transformer_nmt.analysis import alignment_aer
+from transformer_nmt.checkpoint import load_checkpoint
 from transformer_nmt.hardware import cpu_model, reported_cpu_flags
-from tiny_checkpoint import tiny_tokenizer, write_checkpoint
+from transformer_nmt.inference.alignment import (
+    align,
+    alignment_error_rate,
+    check_alignment_options,
+    hard_alignment,
+    piece_words,
+    word_alignment,
+    word_ids,
+)
+from transformer_nmt.inference.translate import main as translate_main
+from transformer_nmt.inference.translate import translate_ids
 
 REPO = Path(__file__).resolve().parents[1]
 

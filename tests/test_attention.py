@@ -9,9 +9,16 @@ import torch.nn.functional as F
 from torch import nn
 
 import transformer_nmt.model.attention as attention_module
-from transformer_nmt.model.attention import (AttentionCache, MultiHeadAttention, blocked_attention, causal_mask,
-                                             check_attention, choose_kernel, fused_attention,
-                                             scaled_dot_product_attention)
+from transformer_nmt.model.attention import (
+    AttentionCache,
+    MultiHeadAttention,
+    blocked_attention,
+    causal_mask,
+    check_attention,
+    choose_kernel,
+    fused_attention,
+    scaled_dot_product_attention,
+)
 
 TOL = dict(atol=1e-5, rtol=1e-5)
 

@@ -17,15 +17,15 @@ import torch
 from matplotlib import colormaps
 from PIL import Image
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from test_train_app import one_thread, tiny_config, write_tiny_corpus  # noqa: F401 (fixture)
 from torch.utils.tensorboard import SummaryWriter
 
-from test_train_app import one_thread, tiny_config, write_tiny_corpus  # noqa: F401 (fixture)
 from transformer_nmt.analysis.attention_maps import attention_entropy, render_heatmaps
-from transformer_nmt.training.callbacks import AttentionMaps
 from transformer_nmt.data.config import DataConfig
 from transformer_nmt.data.datamodule import TranslationDataModule
 from transformer_nmt.model.transformer import Transformer, TransformerConfig
 from transformer_nmt.training.app import train
+from transformer_nmt.training.callbacks import AttentionMaps
 
 N_ENC, N_DEC, HEADS = 2, 1, 4
 

@@ -5,8 +5,8 @@ A training run keeps its identity through resumes and a fresh start gets a new o
 
 import pytest
 import torch
-
 from tiny_checkpoint import tiny_tokenizer, write_checkpoint
+
 from transformer_nmt.checkpoint import CKPT_FINGERPRINT, CKPT_MODEL_CONFIG, CKPT_RUN, atomic_torch_save, load_checkpoint
 from transformer_nmt.inference.average import AVERAGED_FROM
 from transformer_nmt.inference.average import main as average_main

@@ -5,12 +5,17 @@ import gzip
 
 import pytest
 import torch
-
-import transformer_nmt.checkpoint as checkpoint_module
 from test_train_app import one_thread, tiny_config, write_tiny_corpus  # noqa: F401 (fixture)
 from tiny_checkpoint import tiny_tokenizer, write_checkpoint
-from transformer_nmt.checkpoint import (CKPT_MODEL_CONFIG, CKPT_VERSION, CheckpointError, atomic_torch_save,
-                                        load_checkpoint)
+
+import transformer_nmt.checkpoint as checkpoint_module
+from transformer_nmt.checkpoint import (
+    CKPT_MODEL_CONFIG,
+    CKPT_VERSION,
+    CheckpointError,
+    atomic_torch_save,
+    load_checkpoint,
+)
 from transformer_nmt.data.corpus import CorpusError, CorpusSpec, ReadStats, read_pairs
 from transformer_nmt.inference.evaluate import main as evaluate_main
 from transformer_nmt.inference.evaluate import score

@@ -8,19 +8,18 @@ from pathlib import Path
 import pytest
 import torch
 from sacrebleu.metrics import BLEU
+from tiny_checkpoint import multi30k_lines, tiny_tokenizer, write_checkpoint
 
 from transformer_nmt.checkpoint import load_checkpoint
+from transformer_nmt.inference.batches import token_batches
 from transformer_nmt.inference.decode_config import DecodeConfig
-from transformer_nmt.model.decoding import beam_search, greedy_decode, max_output_lengths
 from transformer_nmt.inference.evaluate import main as evaluate_main
 from transformer_nmt.inference.export import EXPORT_INFO, cached_export, export_model
 from transformer_nmt.inference.export import main as export_main
-from transformer_nmt.model.transformer import Transformer, TransformerConfig
-from transformer_nmt.inference.batches import token_batches
 from transformer_nmt.inference.translate import encode_sources, translate_lines
 from transformer_nmt.inference.translate import main as translate_main
-
-from tiny_checkpoint import multi30k_lines, tiny_tokenizer, write_checkpoint
+from transformer_nmt.model.decoding import beam_search, greedy_decode, max_output_lengths
+from transformer_nmt.model.transformer import Transformer, TransformerConfig
 
 ctranslate2 = pytest.importorskip("ctranslate2")
 from transformer_nmt.inference import ctranslate2_engine  # noqa: E402

@@ -9,9 +9,9 @@ import textwrap
 from pathlib import Path
 
 import torch
+from test_train_app import tiny_overrides, write_tiny_corpus
 
 import transformer_nmt
-from test_train_app import tiny_overrides, write_tiny_corpus
 from transformer_nmt.data.config import DataConfig
 from transformer_nmt.data.datamodule import TranslationDataModule
 

@@ -7,10 +7,9 @@ import json
 from pathlib import Path
 
 import pytest
+from tiny_checkpoint import tiny_tokenizer, write_checkpoint
 
 from transformer_nmt.inference.translate import main as translate_main
-
-from tiny_checkpoint import tiny_tokenizer, write_checkpoint
 
 SCRIPT = Path(__file__).resolve().parents[1] / "studies" / "decoding_samples.py"
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from tiny_checkpoint import tiny_tokenizer, write_checkpoint
+
 from transformer_nmt.checkpoint import atomic_torch_save
 from transformer_nmt.inference.average import AVERAGED_FROM
 from transformer_nmt.inference.average import main as average_main

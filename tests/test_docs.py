@@ -35,7 +35,6 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT_HOMES = ("scripts", "benchmarks", "studies")  # the commands that are not the package's: docs, studies, benchmarks
 CONF_DIR = ROOT / "src" / "transformer_nmt" / "conf"

@@ -5,16 +5,15 @@ import json
 
 import pytest
 import torch
+from test_decoding import model_log_probs, random_model, random_sources, reference_beam, reference_greedy
+from tiny_checkpoint import multi30k_lines, tiny_tokenizer, write_checkpoint
 
-from transformer_nmt.inference.evaluate import main as evaluate_main
 from transformer_nmt.inference.ensemble import load_ensemble
+from transformer_nmt.inference.evaluate import main as evaluate_main
 from transformer_nmt.inference.translate import main as translate_main
 from transformer_nmt.inference.translate import translate_hypotheses
 from transformer_nmt.model.decoding import beam_search, greedy_search
 from transformer_nmt.model.ensemble import Ensemble
-
-from test_decoding import model_log_probs, random_model, random_sources, reference_beam, reference_greedy
-from tiny_checkpoint import multi30k_lines, tiny_tokenizer, write_checkpoint
 
 
 def mean_log_probs(models):

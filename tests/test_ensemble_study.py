@@ -9,10 +9,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny_checkpoint import tiny_tokenizer, write_checkpoint
 
 from transformer_nmt.checkpoint import load_checkpoint
-
-from tiny_checkpoint import tiny_tokenizer, write_checkpoint
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "studies"
 

@@ -13,14 +13,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny_checkpoint import tiny_tokenizer, write_checkpoint
 
 from transformer_nmt.analysis import explore
-from transformer_nmt.analysis.heads import all_heads
 from transformer_nmt.analysis.attention_maps import attention_entropy
+from transformer_nmt.analysis.heads import all_heads
 from transformer_nmt.checkpoint import load_checkpoint
 from transformer_nmt.model.transformer import Transformer, TransformerConfig
-
-from tiny_checkpoint import tiny_tokenizer, write_checkpoint
 
 SENTENCES = ["A dog runs on the beach.", "Two men talk </script> <!-- here."]
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"

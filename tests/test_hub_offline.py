@@ -7,13 +7,13 @@ from pathlib import Path
 
 import datasets
 from hydra import compose, initialize_config_dir
-
 from test_train_app import one_thread  # noqa: F401 (fixture: one thread, restored afterwards)
-from transformer_nmt.prepare import format_statistics
+
 from transformer_nmt.conf import CONF_DIR
+from transformer_nmt.data.datamodule import TranslationDataModule
+from transformer_nmt.prepare import format_statistics
 from transformer_nmt.training.app import train
 from transformer_nmt.training.config import register_configs
-from transformer_nmt.data.datamodule import TranslationDataModule
 
 MULTI30K = Path(__file__).resolve().parents[1] / "data" / "multi30k"
 

@@ -8,18 +8,15 @@ import sys
 
 import pytest
 import torch
-
-from transformer_nmt.inference.average import average_checkpoints
-from transformer_nmt.inference.average import main as average_main
-from transformer_nmt.checkpoint import CheckpointError, load_checkpoint
-from transformer_nmt.inference.evaluate import main as evaluate_main
-from transformer_nmt.inference.evaluate import score
-from transformer_nmt.checkpoint import CKPT_TOKENIZER
-from transformer_nmt.inference.translate import main as translate_main
-from transformer_nmt.inference.translate import translate_lines
-
 from tiny_checkpoint import multi30k_lines, tiny_tokenizer, write_checkpoint
 
+from transformer_nmt.checkpoint import CKPT_TOKENIZER, CheckpointError, load_checkpoint
+from transformer_nmt.inference.average import average_checkpoints
+from transformer_nmt.inference.average import main as average_main
+from transformer_nmt.inference.evaluate import main as evaluate_main
+from transformer_nmt.inference.evaluate import score
+from transformer_nmt.inference.translate import main as translate_main
+from transformer_nmt.inference.translate import translate_lines
 
 
 @pytest.fixture(scope="module")

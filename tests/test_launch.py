@@ -7,10 +7,10 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from transformer_nmt.training.launch import LaunchError, job_identity, resume_checkpoint
+from transformer_nmt.checkpoint import CKPT_MODEL_CONFIG, CKPT_TOKENIZER
 from transformer_nmt.conf import CONF_DIR
 from transformer_nmt.training.config import register_configs
-from transformer_nmt.checkpoint import CKPT_MODEL_CONFIG, CKPT_TOKENIZER
+from transformer_nmt.training.launch import LaunchError, job_identity, resume_checkpoint
 
 LAUNCHERS = ("SLURM_JOB_ID", "TORCHELASTIC_RUN_ID", "WORLD_SIZE")
 

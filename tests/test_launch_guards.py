@@ -14,16 +14,15 @@ from types import SimpleNamespace
 
 import pytest
 from lightning.pytorch.plugins.environments import LightningEnvironment, TorchElasticEnvironment
-
 from test_resume import fake_scontrol
 from test_train_app import one_thread, tiny_config, write_tiny_corpus  # noqa: F401 (fixture)
+
 from transformer_nmt import run_files
 from transformer_nmt.data.datamodule import TranslationDataModule
 from transformer_nmt.train import rank_overrides
 from transformer_nmt.training import launch
 from transformer_nmt.training.app import train
-from transformer_nmt.training.launch import (RESUME_ENV, RunDirBusy, agree_on_resume, launch_time, run_dir_lock,
-                                             run_name)
+from transformer_nmt.training.launch import RESUME_ENV, RunDirBusy, agree_on_resume, launch_time, run_dir_lock, run_name
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,6 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.demos.boring_classes import BoringModel
-
 from lightning.pytorch.utilities._pytree import _tree_flatten
 
 from transformer_nmt.training.lightning_adapter import RANK_ZERO_LOGGER, is_logging_step, quiet_start_up

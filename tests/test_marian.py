@@ -25,8 +25,13 @@ from transformer_nmt.checkpoint import atomic_torch_save, load_checkpoint  # noq
 from transformer_nmt.data.tokenizer import train_sentencepiece  # noqa: E402
 from transformer_nmt.inference.decode_config import DecodeConfig  # noqa: E402
 from transformer_nmt.inference.translate import encode_sources, translate_ids  # noqa: E402
-from transformer_nmt.interchange.marian import (ConversionError, check_exportable, export_marian,  # noqa: E402
-                                                imported_checkpoint, import_marian)
+from transformer_nmt.interchange.marian import (  # noqa: E402
+    ConversionError,
+    check_exportable,
+    export_marian,
+    import_marian,
+    imported_checkpoint,
+)
 from transformer_nmt.model.decoding import max_output_lengths  # noqa: E402
 from transformer_nmt.model.transformer import Transformer, TransformerConfig  # noqa: E402
 
@@ -325,6 +330,7 @@ def test_imported_checkpoint_loads_and_fine_tunes(marian, tmp_path):
     if not separate:
         pytest.skip("one fine-tuning run covers the split tokenizer, the harder case")
     from test_train_app import tiny_config, write_tiny_corpus
+
     from transformer_nmt.training.app import train
 
     ckpt = tmp_path / "imported.ckpt"

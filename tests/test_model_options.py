@@ -3,7 +3,6 @@ checkpoints written before the options hold it; the options compute what they sa
 (separate source and target SentencePiece models over a joint vocabulary) round-trips through a checkpoint."""
 
 import torch
-
 from tiny_checkpoint import multi30k_lines, tiny_tokenizer, write_checkpoint
 
 from transformer_nmt.checkpoint import CKPT_MODEL_CONFIG, load_checkpoint, tokenizer_entries

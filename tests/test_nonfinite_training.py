@@ -9,10 +9,10 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-
-import transformer_nmt.training.module as module_
 from test_train_app import one_thread, tiny_config, write_tiny_corpus  # noqa: F401 (fixture)
 from tiny_checkpoint import tiny_tokenizer
+
+import transformer_nmt.training.module as module_
 from transformer_nmt import run_files
 from transformer_nmt.checkpoint import read_checkpoint
 from transformer_nmt.training.app import train

@@ -3,8 +3,8 @@ another control character (byte fallback, an imported vocabulary) is written as 
 output keeps one line per input line, the n-best TSV its four fields, and no escape sequence reaches a terminal."""
 
 import pytest
-
 from tiny_checkpoint import tiny_tokenizer, write_checkpoint
+
 from transformer_nmt.data.tokenizer import Tokenizer
 from transformer_nmt.inference.translate import main as translate_main
 from transformer_nmt.inference.translate import plain_line

@@ -3,14 +3,13 @@ empty prefix is plain decoding; the outputs do not depend on the batch."""
 
 import pytest
 import torch
+from test_decoding import BOS, EOS, PAD, random_model, random_sources
+from tiny_checkpoint import multi30k_lines, tiny_tokenizer, write_checkpoint
 
 from transformer_nmt.checkpoint import load_checkpoint
 from transformer_nmt.inference.translate import main as translate_main
 from transformer_nmt.inference.translate import translate_hypotheses
 from transformer_nmt.model.decoding import beam_search, greedy_search
-
-from test_decoding import BOS, EOS, PAD, random_model, random_sources
-from tiny_checkpoint import multi30k_lines, tiny_tokenizer, write_checkpoint
 
 
 def prefixes_of(rows, width):

@@ -15,16 +15,16 @@ import lightning.pytorch as pl
 import lightning.pytorch.callbacks.timer
 import pytest
 import torch
+from test_multinode import free_port
+from test_train_app import compose_train, one_thread, tiny_config, tiny_overrides, write_tiny_corpus  # noqa: F401 (fixture)
 
 import transformer_nmt
 import transformer_nmt.checkpoint as checkpoint_module
-from test_multinode import free_port
-from test_train_app import compose_train, one_thread, tiny_config, tiny_overrides, write_tiny_corpus  # noqa: F401 (fixture)
-from transformer_nmt.inference.average import last_checkpoints
 from transformer_nmt.checkpoint import CKPT_RUN, checkpoint_step, read_checkpoint
-from transformer_nmt.training.checkpoint_io import AtomicCheckpointIO
+from transformer_nmt.inference.average import last_checkpoints
 from transformer_nmt.training import app
 from transformer_nmt.training.app import build_callbacks, build_trainer, train, with_run_dir
+from transformer_nmt.training.checkpoint_io import AtomicCheckpointIO
 
 TOTAL_STEPS = 14  # the tiny corpus makes 10 batches per epoch: the runs cross an epoch boundary
 

@@ -13,17 +13,25 @@ import pytest
 import torch
 import yaml
 from omegaconf import OmegaConf
-
 from test_multinode import free_port
 from test_resume import fake_scontrol
 from test_train_app import one_thread, tiny_config, write_tiny_corpus  # noqa: F401 (fixture)
+
 from transformer_nmt.checkpoint import read_checkpoint
 from transformer_nmt.hardware import CPU_BF16_ENV
-from transformer_nmt.training.fingerprint import (CKPT_FINGERPRINT, PRECISION, PRODUCT, RESULTS_FINGERPRINT,
-                                                  ResumeError, check_same_run, differences,
-                                                  results_fingerprint, run_fingerprint)
-from transformer_nmt.training.launch import LaggedAgreement
 from transformer_nmt.training.app import ConfigError, finished_already, train
+from transformer_nmt.training.fingerprint import (
+    CKPT_FINGERPRINT,
+    PRECISION,
+    PRODUCT,
+    RESULTS_FINGERPRINT,
+    ResumeError,
+    check_same_run,
+    differences,
+    results_fingerprint,
+    run_fingerprint,
+)
+from transformer_nmt.training.launch import LaggedAgreement
 
 
 @pytest.fixture(scope="module")

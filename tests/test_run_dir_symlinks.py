@@ -4,8 +4,8 @@ config.yaml or the validation hypotheses is never written through; the file it p
 import os
 
 import pytest
-
 from test_train_app import one_thread, tiny_config, write_tiny_corpus  # noqa: F401 (fixture)
+
 from transformer_nmt import run_files
 from transformer_nmt.training import launch
 from transformer_nmt.training.app import train

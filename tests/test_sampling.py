@@ -5,15 +5,14 @@ from collections import Counter
 
 import pytest
 import torch
+from test_decoding import early_eos_table
+from tiny_checkpoint import multi30k_lines, tiny_tokenizer, write_checkpoint
 
 from transformer_nmt.checkpoint import load_checkpoint
 from transformer_nmt.inference.translate import main as translate_main
 from transformer_nmt.inference.translate import translate_hypotheses
 from transformer_nmt.model.decoding import greedy_search
 from transformer_nmt.model.sampling import Sampler, filter_log_probs
-
-from test_decoding import early_eos_table
-from tiny_checkpoint import multi30k_lines, tiny_tokenizer, write_checkpoint
 
 KNOWN = torch.tensor([[0.5, 0.3, 0.15, 0.05]]).log()  # (1, 4)
 

@@ -3,14 +3,13 @@ hypothesis scores its own log_prob, an ensemble scores the mean of its models, w
 
 import pytest
 import torch
+from tiny_checkpoint import multi30k_lines, tiny_tokenizer, write_checkpoint
 
 from transformer_nmt.checkpoint import load_checkpoint
 from transformer_nmt.inference.ensemble import load_ensemble
 from transformer_nmt.inference.scoring import ids_log_probs, token_log_probs
 from transformer_nmt.inference.translate import main as translate_main
 from transformer_nmt.inference.translate import translate_hypotheses
-
-from tiny_checkpoint import multi30k_lines, tiny_tokenizer, write_checkpoint
 
 
 @pytest.fixture(scope="module")

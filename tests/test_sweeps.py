@@ -12,10 +12,10 @@ import time
 from pathlib import Path
 
 import pytest
-
-import transformer_nmt
 from test_resume import fake_scontrol
 from test_train_app import tiny_overrides, write_tiny_corpus
+
+import transformer_nmt
 from transformer_nmt.checkpoint import read_checkpoint
 
 pytest.importorskip("hydra_plugins.hydra_submitit_launcher")

@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 import torch
 from lightning.pytorch.callbacks import Callback
+from test_train_app import one_thread, tiny_config, write_tiny_corpus  # noqa: F401 (fixture)
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import transformer_nmt.training.app as train_app
-from test_train_app import one_thread, tiny_config, write_tiny_corpus  # noqa: F401 (fixture)
 
 HOST_READS = [(torch.Tensor, name) for name in
               ("item", "tolist", "cpu", "numpy", "nonzero", "__bool__", "__float__", "__int__")]

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
+from test_train_app import compose_train
 
 import transformer_nmt.analysis.ablation as summarize_ablation
 import transformer_nmt.analysis.table3 as table3
-from test_train_app import compose_train
 from transformer_nmt.training.app import with_run_dir
 
 

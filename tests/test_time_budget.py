@@ -10,17 +10,17 @@ from types import SimpleNamespace
 import lightning.pytorch as pl
 import pytest
 import torch
+from test_train_app import one_thread, tiny_config, write_tiny_corpus  # noqa: F401 (fixture)
 
 import transformer_nmt.analysis.reproduce as reproduce
 import transformer_nmt.training.time_budget as time_budget
-from test_train_app import one_thread, tiny_config, write_tiny_corpus  # noqa: F401 (fixture)
+from transformer_nmt.inference.decode_config import DecodeConfig
 from transformer_nmt.model.flops import FlopCount, matmul_ceiling, model_flops
 from transformer_nmt.model.transformer import Transformer, TransformerConfig
-from transformer_nmt.training.time_budget import PHASES, TimeBudget
 from transformer_nmt.training.app import train
 from transformer_nmt.training.callbacks import AttentionMaps
 from transformer_nmt.training.module import TranslationModule
-from transformer_nmt.inference.decode_config import DecodeConfig
+from transformer_nmt.training.time_budget import PHASES, TimeBudget
 
 
 def test_model_flops_equal_a_hand_count_on_a_tiny_model():

@@ -22,11 +22,11 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from transformer_nmt.hardware import CPU_BF16_ENV
-from transformer_nmt.training.precision import precision_dependent
 from transformer_nmt.conf import CONF_DIR
+from transformer_nmt.hardware import CPU_BF16_ENV
 from transformer_nmt.training.app import ConfigError, batch_seed, train, validate_config
 from transformer_nmt.training.config import register_configs
+from transformer_nmt.training.precision import precision_dependent
 
 REPO = Path(__file__).resolve().parents[1]
 MULTI30K = REPO / "data" / "multi30k"

@@ -2,9 +2,9 @@
 LightningModule step logs, and self-contained checkpoints."""
 
 import math
-from functools import partial
 import random
 import time
+from functools import partial
 from types import SimpleNamespace
 
 import pytest
@@ -12,19 +12,32 @@ import sacrebleu
 import torch
 import torch.nn.functional as F
 from lightning.pytorch.callbacks import Timer
-
 from test_train_app import one_thread, tiny_config, write_tiny_corpus  # noqa: F401 (fixture)
-from transformer_nmt.training.callbacks import TokenProgressBar
+
 import transformer_nmt
-from transformer_nmt.checkpoint import (CKPT_DATA_CONFIG, CKPT_MODEL_CONFIG, CKPT_RUN, CKPT_TOKENIZER, CKPT_VERSION,
-                                        load_checkpoint, read_checkpoint)
+from transformer_nmt.checkpoint import (
+    CKPT_DATA_CONFIG,
+    CKPT_MODEL_CONFIG,
+    CKPT_RUN,
+    CKPT_TOKENIZER,
+    CKPT_VERSION,
+    load_checkpoint,
+    read_checkpoint,
+)
 from transformer_nmt.data.config import DataConfig
 from transformer_nmt.inference.decode_config import DecodeConfig
 from transformer_nmt.model.transformer import Transformer
 from transformer_nmt.training.app import train
-from transformer_nmt.training.module import (TranslationModule, dropout_seed, inverse_sqrt_lr,
-                                             label_smoothed_cross_entropy, loss_chunk_elements, peak_lr,
-                                             warmup_inverse_sqrt_lr)
+from transformer_nmt.training.callbacks import TokenProgressBar
+from transformer_nmt.training.module import (
+    TranslationModule,
+    dropout_seed,
+    inverse_sqrt_lr,
+    label_smoothed_cross_entropy,
+    loss_chunk_elements,
+    peak_lr,
+    warmup_inverse_sqrt_lr,
+)
 
 # --- loss -------------------------------------------------------------------------------------
 

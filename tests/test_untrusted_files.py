@@ -10,15 +10,22 @@ import os
 import stat
 from pathlib import Path
 
-import pytest
-import torch
-
 import hydra._internal.utils
 import hydra.utils
+import pytest
+import torch
 from test_train_app import tiny_config, write_tiny_corpus
 from tiny_checkpoint import tiny_tokenizer, write_checkpoint
-from transformer_nmt.checkpoint import (CKPT_DATA_CONFIG, CKPT_MODEL_CONFIG, CKPT_VERSION, CheckpointError,
-                                        atomic_torch_save, load_checkpoint, read_checkpoint)
+
+from transformer_nmt.checkpoint import (
+    CKPT_DATA_CONFIG,
+    CKPT_MODEL_CONFIG,
+    CKPT_VERSION,
+    CheckpointError,
+    atomic_torch_save,
+    load_checkpoint,
+    read_checkpoint,
+)
 from transformer_nmt.data.config import DataConfig
 from transformer_nmt.data.datamodule import cached_dir
 from transformer_nmt.durable import umask

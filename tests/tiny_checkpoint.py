@@ -9,10 +9,16 @@ from pathlib import Path
 import torch
 
 from transformer_nmt import __version__
-from transformer_nmt.checkpoint import atomic_torch_save
-from transformer_nmt.model.transformer import Transformer, TransformerConfig
+from transformer_nmt.checkpoint import (
+    CKPT_FINGERPRINT,
+    CKPT_MODEL_CONFIG,
+    CKPT_RUN,
+    CKPT_TOKENIZER,
+    CKPT_VERSION,
+    atomic_torch_save,
+)
 from transformer_nmt.data.tokenizer import train_sentencepiece
-from transformer_nmt.checkpoint import CKPT_FINGERPRINT, CKPT_MODEL_CONFIG, CKPT_RUN, CKPT_TOKENIZER, CKPT_VERSION
+from transformer_nmt.model.transformer import Transformer, TransformerConfig
 
 MULTI30K = Path(__file__).resolve().parent.parent / "data" / "multi30k"
 

@@ -27,9 +27,9 @@ from typing import Any
 
 import torch
 
-from transformer_nmt.durable import atomic_write  # noqa: F401 (the checkpoint writer's home until 2026-12)
-from transformer_nmt.model.transformer import Transformer, TransformerConfig
 from transformer_nmt.data.tokenizer import Tokenizer
+from transformer_nmt.durable import atomic_write
+from transformer_nmt.model.transformer import Transformer, TransformerConfig
 from transformer_nmt.records import RecordError, from_record
 
 # Keys this project adds to a Lightning checkpoint, so that it is self-contained (training/module.py writes them).

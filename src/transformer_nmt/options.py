@@ -27,7 +27,7 @@ GRAMMAR = "Hydra's override grammar, as for train: key=[0,3] a list, key=null no
 HELP_WIDTH = 120
 
 
-def option(default: Any = MISSING, help: str = "", factory: Any = None) -> Any:  # noqa: A002 (argparse's name)
+def option(default: Any = MISSING, help: str = "", factory: Any = None) -> Any:
     """A dataclass field with its default and help text (what ``--help`` prints); ``factory`` makes the default
     of a nested dataclass or a free dict; no default: required (OmegaConf's ``???``)."""
     if factory is not None:

@@ -37,9 +37,9 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
-from transformer_nmt import run_files  # noqa: E402
+from transformer_nmt import run_files
 
 RESULTS, HYPOTHESES, REFERENCES = run_files.RESULTS, run_files.HYPOTHESES, run_files.REFERENCES
 SEED_ENV, DEFAULT_SEED, DEFAULT_RESAMPLES = "SACREBLEU_SEED", "12345", 1000
@@ -102,8 +102,8 @@ def composed_config(*overrides: str) -> tuple:
     """The configuration key of conf/train.yaml with ``overrides``, composed as the app composes it."""
     from hydra import compose, initialize_config_dir
 
-    from transformer_nmt.model.attention import head_dims
     from transformer_nmt.conf import CONF_DIR
+    from transformer_nmt.model.attention import head_dims
     from transformer_nmt.training.config import register_configs
     from transformer_nmt.training.resolvers import register_resolvers
 

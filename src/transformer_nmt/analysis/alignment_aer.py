@@ -15,10 +15,15 @@ import time
 import torch
 import torch.nn.functional as F
 
-from transformer_nmt.inference.alignment import (ALIGNMENT_POSITIONS, alignment_error_rate, hard_alignment,
-                                                 piece_alignment, word_alignment)
-from transformer_nmt.model.transformer import Transformer, TransformerConfig
 from transformer_nmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from transformer_nmt.inference.alignment import (
+    ALIGNMENT_POSITIONS,
+    alignment_error_rate,
+    hard_alignment,
+    piece_alignment,
+    word_alignment,
+)
+from transformer_nmt.model.transformer import Transformer, TransformerConfig
 from transformer_nmt.provenance import provenance_line
 
 PERMUTATION = (3, 0, 6, 1, 5, 2, 4)  # target j copies source PERMUTATION[j]

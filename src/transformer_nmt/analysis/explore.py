@@ -34,12 +34,19 @@ from torch import Tensor
 
 from transformer_nmt.analysis.attention_maps import ATTENTION_KINDS, attention_entropy
 from transformer_nmt.checkpoint import load_checkpoint
-from transformer_nmt.model.transformer import Transformer
 from transformer_nmt.data.tokenizer import Tokenizer
 from transformer_nmt.inference.decode_config import DecodeConfig, decode_settings
 from transformer_nmt.inference.translate import encode_sources, read_lines, translate_ids
-from transformer_nmt.options import (HELP_FLAGS, command_argv, option, option_of, parse_options, require_checkpoint,
-                                     values_of)
+from transformer_nmt.model.transformer import Transformer
+from transformer_nmt.options import (
+    HELP_FLAGS,
+    command_argv,
+    option,
+    option_of,
+    parse_options,
+    require_checkpoint,
+    values_of,
+)
 
 USAGE = 'python -m transformer_nmt.explore ckpt=PATH [key=value ...] ["A sentence." ...]'
 

@@ -26,20 +26,19 @@ from typing import Optional
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from sacrebleu.metrics import BLEU  # noqa: E402
+import matplotlib.pyplot as plt
+import torch
+import torch.nn.functional as F
+from sacrebleu.metrics import BLEU
 
-from transformer_nmt.checkpoint import load_checkpoint  # noqa: E402
-from transformer_nmt.data.tokenizer import Tokenizer  # noqa: E402
-from transformer_nmt.inference.decode_config import DecodeConfig  # noqa: E402
-from transformer_nmt.inference.batches import token_batches  # noqa: E402
-from transformer_nmt.inference.evaluate import EvaluateOptions, evaluation_pairs  # noqa: E402
-from transformer_nmt.inference.translate import encode_sources, translate_lines  # noqa: E402
-from transformer_nmt.model.transformer import Transformer  # noqa: E402
-from transformer_nmt.options import (command_argv, option, option_of, parse_options, require_checkpoint,  # noqa: E402
-                                     values_of)
+from transformer_nmt.checkpoint import load_checkpoint
+from transformer_nmt.data.tokenizer import Tokenizer
+from transformer_nmt.inference.batches import token_batches
+from transformer_nmt.inference.decode_config import DecodeConfig
+from transformer_nmt.inference.evaluate import EvaluateOptions, evaluation_pairs
+from transformer_nmt.inference.translate import encode_sources, translate_lines
+from transformer_nmt.model.transformer import Transformer
+from transformer_nmt.options import command_argv, option, option_of, parse_options, require_checkpoint, values_of
 
 KINDS = ("encoder", "decoder", "cross")
 USAGE = "python -m transformer_nmt.analyze_heads ckpt=PATH (split=val|test | src=FILE ref=FILE) [key=value ...]"

@@ -49,8 +49,6 @@ from transformer_nmt.hardware import reported_cpu_flags
 from transformer_nmt.provenance import PROVENANCE_KEY
 from transformer_nmt.provenance import collect as collect_provenance
 
-
-
 SCORE_KEYS = ("bleu", "bleu_lowercase", "bleu_multi30k", "chrf", "length_ratio", "bp")  # evaluate's, per score
 
 

@@ -15,9 +15,9 @@ from typing import Any
 
 from omegaconf import MISSING
 
+from transformer_nmt.data.corpus import CorpusSpec
 from transformer_nmt.options import option
 from transformer_nmt.records import RecordError, from_record
-from transformer_nmt.data.corpus import CorpusSpec
 
 # What ``_target_`` a checkpoint's data config may name: the datamodule, before and after the layout of
 # 2026-12 (old checkpoints were written when the config was instantiated by Hydra).

@@ -36,14 +36,20 @@ from filelock import FileLock
 from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import DataLoader
 
-from transformer_nmt.data.config import DataConfig
-from transformer_nmt.durable import publish_directory, temporary_directory
 from transformer_nmt.data.batching import TokenBucketBatchSampler, pad_pairs, pair_widths
-from transformer_nmt.data.corpus import (FilterReport, both_sides, file_fingerprint, filter_pairs, split_inputs,
-                                         write_split)
+from transformer_nmt.data.config import DataConfig
+from transformer_nmt.data.corpus import (
+    FilterReport,
+    both_sides,
+    file_fingerprint,
+    filter_pairs,
+    split_inputs,
+    write_split,
+)
 from transformer_nmt.data.subword_sampling import SampledSegmentation, take_rows
-from transformer_nmt.hardware import available_cpus
 from transformer_nmt.data.tokenizer import Tokenizer, tokenize_dataset, train_sentencepiece
+from transformer_nmt.durable import publish_directory, temporary_directory
+from transformer_nmt.hardware import available_cpus
 
 log = logging.getLogger(__name__)
 

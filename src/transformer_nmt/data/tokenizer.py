@@ -18,7 +18,6 @@ import os
 from collections.abc import Iterable, Iterator
 from itertools import chain
 from pathlib import Path
-
 from typing import TYPE_CHECKING
 
 import numpy as np

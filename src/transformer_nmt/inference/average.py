@@ -30,8 +30,15 @@ from typing import List, Optional
 import torch
 
 from transformer_nmt import run_files
-from transformer_nmt.checkpoint import (CKPT_FINGERPRINT, CKPT_MODEL_CONFIG, CKPT_RUN, CKPT_TOKENIZER, CheckpointError,
-                                        atomic_torch_save, read_checkpoint)
+from transformer_nmt.checkpoint import (
+    CKPT_FINGERPRINT,
+    CKPT_MODEL_CONFIG,
+    CKPT_RUN,
+    CKPT_TOKENIZER,
+    CheckpointError,
+    atomic_torch_save,
+    read_checkpoint,
+)
 from transformer_nmt.options import command_argv, option, parse_options
 
 AVERAGED_FROM = "averaged_from"  # the key an averaged checkpoint records its inputs under

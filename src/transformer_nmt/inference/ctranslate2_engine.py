@@ -36,13 +36,13 @@ from pathlib import Path
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
+from transformer_nmt.data.tokenizer import Tokenizer
+from transformer_nmt.hardware import available_cpus
 from transformer_nmt.inference.decode_config import DecodeConfig, decode_settings
-from transformer_nmt.model.decoding import Hypothesis, length_penalty, max_output_lengths
 from transformer_nmt.inference.export import EXPORT_INFO, SENTENCEPIECE_MODEL, check_export, import_ctranslate2
+from transformer_nmt.model.decoding import Hypothesis, length_penalty, max_output_lengths
 from transformer_nmt.model.transformer import TransformerConfig
 from transformer_nmt.records import RecordError, from_record
-from transformer_nmt.hardware import available_cpus
-from transformer_nmt.data.tokenizer import Tokenizer
 
 
 class CTranslate2Model:

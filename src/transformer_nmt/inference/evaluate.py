@@ -39,12 +39,13 @@ from transformer_nmt.data.corpus import ReadStats, read_pairs
 from transformer_nmt.durable import atomic_write
 from transformer_nmt.inference.decode_config import DecodeConfig
 from transformer_nmt.inference.multi30k_bleu import multi30k_bleu
+
 # one_line: the score is computed on these lines (sacreBLEU's tokenizers split words at whitespace, and a line break
 # is whitespace to them too)
 from transformer_nmt.inference.translate import ModelOptions, load_model, one_line, read_lines, translate_lines
+from transformer_nmt.options import command_argv, option, parse_options, require_checkpoint, values_of
 from transformer_nmt.provenance import PROVENANCE_KEY
 from transformer_nmt.provenance import collect as collect_provenance
-from transformer_nmt.options import command_argv, option, parse_options, require_checkpoint, values_of
 
 USAGE = "python -m transformer_nmt.evaluate ckpt=PATH (split=val|test | src=FILE ref=FILE) [key=value ...]"
 

@@ -49,11 +49,16 @@ from filelock import FileLock
 
 from transformer_nmt import __version__
 from transformer_nmt.checkpoint import load_checkpoint
-from transformer_nmt.durable import (check_replaceable, fsync_directory, publish_directory, replace_directory,
-                                     temporary_directory)
+from transformer_nmt.data.tokenizer import Tokenizer
+from transformer_nmt.durable import (
+    check_replaceable,
+    fsync_directory,
+    publish_directory,
+    replace_directory,
+    temporary_directory,
+)
 from transformer_nmt.model.transformer import Transformer
 from transformer_nmt.options import command_argv, option, parse_options, require_checkpoint
-from transformer_nmt.data.tokenizer import Tokenizer
 
 EXPORT_INFO = "transformer_nmt.json"  # our configs, beside CTranslate2's files
 EXPORT_FORMAT = 2  # part of the cache key: bump when the export of a given checkpoint changes (2: files listed)

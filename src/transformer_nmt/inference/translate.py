@@ -55,9 +55,14 @@ from typing import Any, List, Optional
 import torch
 
 from transformer_nmt.data.tokenizer import Tokenizer
+from transformer_nmt.inference.alignment import (
+    ALIGNMENT_MODES,
+    AlignmentOptions,
+    align,
+    alignment_line,
+    check_alignment_options,
+)
 from transformer_nmt.inference.batches import token_batches
-from transformer_nmt.inference.alignment import (ALIGNMENT_MODES, AlignmentOptions, align, alignment_line,
-                                                 check_alignment_options)
 from transformer_nmt.inference.ctranslate2_engine import CTranslate2Model
 from transformer_nmt.inference.decode_config import DecodeConfig, decode_settings
 from transformer_nmt.inference.ensemble import checkpoint_paths, load_ensemble
@@ -67,8 +72,7 @@ from transformer_nmt.model.decoding import Hypothesis, beam_search, greedy_searc
 from transformer_nmt.model.ensemble import Ensemble
 from transformer_nmt.model.sampling import Sampler, check_sampling
 from transformer_nmt.model.transformer import Transformer
-from transformer_nmt.options import (command_argv, option, option_of, parse_options, require_checkpoint, show,
-                                     values_of)
+from transformer_nmt.options import command_argv, option, option_of, parse_options, require_checkpoint, show, values_of
 
 USAGE = "python -m transformer_nmt.translate ckpt=PATH [key=value ...] < input > output"
 CKPT_HELP = "a checkpoint written by python -m transformer_nmt.train; [A,B,...]: an ensemble (engine=native)"

@@ -47,10 +47,10 @@ from typing import Optional
 
 import torch
 
-from transformer_nmt.durable import publish_directory, replace_directory, temporary_directory
-from transformer_nmt.options import command_argv, option, parse_options
 from transformer_nmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
+from transformer_nmt.durable import publish_directory, replace_directory, temporary_directory
 from transformer_nmt.model.transformer import Transformer, TransformerConfig
+from transformer_nmt.options import command_argv, option, parse_options
 
 CONFIG, WEIGHTS, GENERATION_CONFIG = "config.json", "model.safetensors", "generation_config.json"
 SOURCE_SPM, TARGET_SPM, VOCAB, TOKENIZER_CONFIG = "source.spm", "target.spm", "vocab.json", "tokenizer_config.json"
@@ -192,8 +192,8 @@ def export_marian(model: Transformer, tokenizer: Tokenizer, output: str | os.Pat
     renamed into place; ``force``: replacing an earlier export, and nothing else, once the new one is complete:
     export.check_replaceable, durable.replace_directory). ``meta`` (as ``load_checkpoint`` gives it) and
     ``command`` go into the model card."""
-    from transformer_nmt.inference.decode_config import DecodeConfig
     from transformer_nmt.durable import check_replaceable
+    from transformer_nmt.inference.decode_config import DecodeConfig
 
     transformers = import_transformers()
     check_exportable(model.config, tokenizer)

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from transformer_nmt.model.transformer import DecoderCache, Transformer
 from transformer_nmt.data.tokenizer import BOS_ID, EOS_ID
+from transformer_nmt.model.transformer import DecoderCache, Transformer
 
 STOP_RULES = ("bound", "k_finished")
 

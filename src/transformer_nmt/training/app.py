@@ -29,23 +29,35 @@ from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
 from transformer_nmt import run_files
-from transformer_nmt.model.attention import auto_kernel, check_attention
-from transformer_nmt.training.callbacks import LastCheckpoint, StepBoundaryTimer, early_stopping
-from transformer_nmt.checkpoint import (CKPT_MODEL_CONFIG, MODEL_PREFIX, CheckpointError, atomic_write,
-                                      checkpoint_tokenizer, model_config_of, read_checkpoint)
-from transformer_nmt.training.checkpoint_io import AtomicCheckpointIO
-from transformer_nmt.training.fingerprint import (RESULTS_FINGERPRINT, RecordFingerprint, check_finished_run,
-                                                  check_resume, results_fingerprint)
-from transformer_nmt.training.launch import SlurmRequeue, agree_on_resume, resume_checkpoint, run_dir_lock
-from transformer_nmt.training.lightning_adapter import quiet_start_up
+from transformer_nmt.checkpoint import (
+    CKPT_MODEL_CONFIG,
+    MODEL_PREFIX,
+    CheckpointError,
+    atomic_write,
+    checkpoint_tokenizer,
+    model_config_of,
+    read_checkpoint,
+)
 from transformer_nmt.data.datamodule import TranslationDataModule
 from transformer_nmt.hardware import reported_cpu_flags
+from transformer_nmt.model.attention import auto_kernel, check_attention
 from transformer_nmt.provenance import PROVENANCE_KEY
 from transformer_nmt.provenance import collect as collect_provenance
+from transformer_nmt.training.callbacks import LastCheckpoint, StepBoundaryTimer, early_stopping
+from transformer_nmt.training.checkpoint_io import AtomicCheckpointIO
+from transformer_nmt.training.config import schema_error
+from transformer_nmt.training.fingerprint import (
+    RESULTS_FINGERPRINT,
+    RecordFingerprint,
+    check_finished_run,
+    check_resume,
+    results_fingerprint,
+)
+from transformer_nmt.training.launch import SlurmRequeue, agree_on_resume, resume_checkpoint, run_dir_lock
+from transformer_nmt.training.lightning_adapter import quiet_start_up
+from transformer_nmt.training.module import TranslationModule, peak_lr
 from transformer_nmt.training.precision import compute_dtype, precision_dependent, resolve_precision
 from transformer_nmt.training.time_budget import TimeBudget
-from transformer_nmt.training.config import schema_error
-from transformer_nmt.training.module import TranslationModule, peak_lr
 
 log = logging.getLogger(__name__)
 

@@ -21,12 +21,11 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from transformer_nmt.options import option, show
 from transformer_nmt.conf import CONF_DIR
 from transformer_nmt.data.config import DataConfig
 from transformer_nmt.inference.decode_config import DecodeConfig
 from transformer_nmt.model.transformer import TransformerConfig
-
+from transformer_nmt.options import option, show
 
 # The ``model`` node: TransformerConfig's fields but vocab_size, which the tokenizer sets at run time.
 _model_types = typing.get_type_hints(TransformerConfig)

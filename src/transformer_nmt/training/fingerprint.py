@@ -46,7 +46,7 @@ from lightning.pytorch.accelerators import CPUAccelerator, CUDAAccelerator
 from lightning.pytorch.callbacks import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from transformer_nmt.checkpoint import CKPT_FINGERPRINT, CKPT_OVERRIDES, read_checkpoint  # noqa: F401 (the keys)
+from transformer_nmt.checkpoint import CKPT_FINGERPRINT, CKPT_OVERRIDES, read_checkpoint
 from transformer_nmt.training.precision import resolve_precision, uses_cuda
 
 log = logging.getLogger(__name__)

@@ -22,15 +22,22 @@ import torch
 from torch import Tensor
 
 from transformer_nmt import __version__
-from transformer_nmt.checkpoint import (CKPT_DATA_CONFIG, CKPT_MODEL_CONFIG, CKPT_RUN, CKPT_TOKENIZER, CKPT_VERSION,
-                                      checkpoint_tokenizer, tokenizer_entries)
+from transformer_nmt.checkpoint import (
+    CKPT_DATA_CONFIG,
+    CKPT_MODEL_CONFIG,
+    CKPT_RUN,
+    CKPT_TOKENIZER,
+    CKPT_VERSION,
+    checkpoint_tokenizer,
+    tokenizer_entries,
+)
 from transformer_nmt.data.config import DataConfig
+from transformer_nmt.data.tokenizer import Tokenizer
 from transformer_nmt.inference.decode_config import DecodeConfig
 from transformer_nmt.model.decoding import greedy_decode
 from transformer_nmt.model.transformer import Transformer, TransformerConfig
-from transformer_nmt.data.tokenizer import Tokenizer
-from transformer_nmt.training.lightning_adapter import is_logging_step
 from transformer_nmt.training.config import TrainConfig
+from transformer_nmt.training.lightning_adapter import is_logging_step
 
 LOSS_SCALE_TOKENS = 1000.0  # backward runs on (summed token loss) / this; see training_step
 
