@@ -36,7 +36,7 @@ SCRIPT = textwrap.dedent(f"""
     datamodule.setup("fit")
     model_config = dict(vocab_size=datamodule.tokenizer.vocab_size, d_model=32, n_heads=2, n_encoder_layers=1,
                         n_decoder_layers=1, d_ff=64, dropout=0.1)
-    module = TranslationModule(model_config, dict(warmup_steps=10, val_bleu_max_sentences=24),
+    module = TranslationModule(model_config, dict(warmup_steps=10, val_bleu_max_sentences=24, ema_decay=0.9),
                                tokenizer=datamodule.tokenizer, seed=0)
 
     class Record(pl.Callback):
@@ -50,7 +50,8 @@ SCRIPT = textwrap.dedent(f"""
 
         def on_train_end(self, trainer, pl_module):
             rank = trainer.global_rank
-            torch.save({{"initial": self.initial, "final": pl_module.model.state_dict()}}, out / f"weights{{rank}}.pt")
+            torch.save({{"initial": self.initial, "final": pl_module.model.state_dict(),
+                        "average": pl_module.ema.averaged_weights()}}, out / f"weights{{rank}}.pt")
             metrics = {{k: float(v) for k, v in trainer.callback_metrics.items()}}
             (out / f"rank{{rank}}.json").write_text(json.dumps({{"batches": self.batches, "metrics": metrics,
                                                                "world_size": trainer.world_size}}))
@@ -86,6 +87,13 @@ def test_two_cpu_processes_in_bf16_see_different_batches_and_end_with_identical_
     for name, final in weights[0]["final"].items():
         assert torch.equal(final, weights[1]["final"][name]), f"{name} differs between ranks"
     assert any(not torch.equal(weights[0]["final"][k], weights[0]["initial"][k]) for k in weights[0]["final"])
+    # train.ema_decay: every rank holds the same moving average, which is not the trained weights
+    average = [w["average"] for w in weights]
+    assert average[0].keys() == average[1].keys() and len(average[0]) == len(weights[0]["final"])
+    for name, value in average[0].items():
+        assert torch.equal(value, average[1][name]), f"the average of {name} differs between ranks"
+    assert all(not torch.equal(value, weights[0]["final"][name.removeprefix("model.")])
+               for name, value in average[0].items())
 
     metrics = [r["metrics"] for r in ranks]
     assert "val/bleu" in metrics[0] and metrics[0]["val/bleu"] == metrics[1]["val/bleu"]

@@ -231,6 +231,13 @@ def summary(cfg: DictConfig, datamodule, module: TranslationModule, trainer: pl.
         + ("train.lr" if cfg.train.get("lr") is not None else f"lr_factor {cfg.train.lr_factor}")
         + (f", warmup from {cfg.train.warmup_init_lr:g}" if cfg.train.get("warmup_init_lr") else "")
         + f", then inverse sqrt), max_steps {trainer.max_steps}, max_epochs {trainer.max_epochs}",
+        *([f"frozen      {module.parameter_counts['frozen']:,} parameters (train.freeze "
+           f"{list(cfg.train.freeze)}), {module.parameter_counts['trainable']:,} trainable"]
+          if cfg.train.get("freeze") else []),
+        *([f"average     exponential moving average of the weights, decay {cfg.train.ema_decay:g}"
+           + (" (ramped: min(decay, (1 + t) / (10 + t)))" if cfg.train.get("ema_warmup", True) else "")
+           + ": validation, test and checkpoints' decoding weights"]
+          if cfg.train.get("ema_decay") is not None else []),
         f"run dir     {trainer.default_root_dir}",
         f"resume      {resume}",
     ]

@@ -54,6 +54,15 @@ class TrainConfig:
     clip_grad_norm: float | None = option(None, "max global L2 norm of the gradients; null: no clipping (the "
                                                  "paper has none)")
     fused_adam: bool = option(True, "on CUDA, Adam(fused=True): one kernel updates every parameter")
+    freeze: list[str] = option(help="parameter name patterns (fnmatch over named_parameters: encoder_layers.*, "
+                                    "*norm*, decoder_layers.0.*) kept fixed: no gradient, no optimizer state; "
+                                    "one that matches nothing is refused", factory=list)
+    ema_decay: float | None = option(None, "an exponential moving average of the weights with this decay (e.g. "
+                                            "0.999), updated after every optimizer step: what validation, the run's "
+                                            "test and every checkpoint's decoding weights hold (the trained ones "
+                                            "stay in the checkpoint for resume); null: none")
+    ema_warmup: bool = option(True, "the average's decay ramps up as min(ema_decay, (1 + t) / (10 + t)) at "
+                                    "optimizer step t; false: ema_decay from the first step")
     compile: bool = option(False, "torch.compile the model's forward (batch widths then a multiple of 8)")
     val_bleu_max_sentences: int | None = option(500, "greedy BLEU on the validation split's first N sentences; "
                                                       "0: no BLEU, null: all")

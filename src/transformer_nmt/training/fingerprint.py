@@ -76,7 +76,8 @@ RESULT_KEYS = ("run_test", "validate_at_end",  # options outside the groups that
 EXTENDS = ("trainer.max_steps", "trainer.max_epochs", "trainer.max_time")  # a larger value trains longer
 # Model options added since, whose value here is what every run did before them: a run that lacks one ran with it.
 DEFAULTED = {"model.activation": "relu", "model.output_bias": False, "model.activation_dropout": 0.0,
-             "train.lr": None, "train.warmup_init_lr": 0.0, "data.spm_alpha": 0.0}
+             "train.lr": None, "train.warmup_init_lr": 0.0, "data.spm_alpha": 0.0, "train.freeze": [],
+             "train.ema_decay": None, "train.ema_warmup": True}
 
 
 class ResumeError(ValueError):

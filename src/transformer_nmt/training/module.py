@@ -37,6 +37,8 @@ from transformer_nmt.inference.decode_config import DecodeConfig
 from transformer_nmt.model.decoding import greedy_decode
 from transformer_nmt.model.transformer import Transformer, TransformerConfig
 from transformer_nmt.training.config import TrainConfig
+from transformer_nmt.training.ema import WeightEMA, take_average
+from transformer_nmt.training.freezing import freeze
 from transformer_nmt.training.lightning_adapter import is_logging_step
 
 LOSS_SCALE_TOKENS = 1000.0  # backward runs on (summed token loss) / this; see training_step
@@ -205,6 +207,12 @@ class TranslationModule(pl.LightningModule):
         self.model = Transformer(TransformerConfig(**model_config))
         self.tokenizer = tokenizer
         self.optim = asdict(TrainConfig(**(train_config or {})))
+        self.parameter_counts = freeze(self.model, self.optim["freeze"])  # train.freeze: requires_grad=False
+        if self.optim["ema_decay"] is not None and not 0.0 < self.optim["ema_decay"] < 1.0:
+            raise ValueError(f"train.ema_decay must be in (0, 1) or null, got {self.optim['ema_decay']}")
+        self._ema_swap = None  # the average's swapped_in() context while evaluating
+        self.ema = None  # WeightEMA, made at the fit's start, on the training device (train.ema_decay)
+        self._ema_resumed = None  # (average, updates) a resumed checkpoint holds, until the fit starts
         if self.optim["compile"]:
             self.model.compile()  # compiles forward in place: parameter names and checkpoints stay as they are
         self.seed = seed
@@ -228,12 +236,27 @@ class TranslationModule(pl.LightningModule):
         """Section 5.3: Adam(beta1 0.9, beta2 0.98, eps 1e-9), lr from ``inverse_sqrt_lr`` per optimizer step."""
         o = self.optim
         fused = True if o["fused_adam"] and self.device.type == "cuda" else None  # None: torch's default
-        optimizer = torch.optim.Adam(self.parameters(), lr=1.0, betas=tuple(o["betas"]), eps=o["eps"], fused=fused)
+        trainable = [p for p in self.parameters() if p.requires_grad]  # frozen ones (train.freeze): no Adam state
+        optimizer = torch.optim.Adam(trainable, lr=1.0, betas=tuple(o["betas"]), eps=o["eps"], fused=fused)
         schedule = partial(_scheduler_factor, d_model=self.model.config.d_model, warmup_steps=o["warmup_steps"],
                            factor=o["lr_factor"], peak=o["lr"], init=o["warmup_init_lr"])
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
         # interval "step": Lightning steps it once per optimizer step, i.e. after accumulation.
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def on_fit_start(self):
+        """train.ema_decay: the average starts at the weights the fit starts from, or continues a resumed one."""
+        if self.optim["ema_decay"] is None:
+            return
+        self.ema = WeightEMA(self, self.optim["ema_decay"], self.optim["ema_warmup"])  # names as in state_dict
+        if self._ema_resumed is not None:
+            self.ema.restore(*self._ema_resumed, source="the resumed checkpoint")
+            self._ema_resumed = None
+
+    def optimizer_step(self, *args, **kwargs):
+        super().optimizer_step(*args, **kwargs)
+        if self.ema is not None:
+            self.ema.update()  # after every optimizer step (not micro-batch); no host sync
 
     def on_train_batch_start(self, batch, batch_idx):
         torch.manual_seed(dropout_seed(self.seed, self.global_rank, self.global_step, batch_idx))
@@ -348,9 +371,29 @@ class TranslationModule(pl.LightningModule):
     def on_validation_epoch_start(self):
         self._eval = {split: self._new_eval() for split in self.val_splits}
         self._step_started = None  # do not count validation time against training throughput
+        self._swap_in_average()
 
     def on_test_epoch_start(self):
         self._eval = {"test": self._new_eval()}
+        if self.trainer.ckpt_path is None:  # the weights in memory (a checkpoint loaded holds its average already)
+            self._swap_in_average()
+
+    def _swap_in_average(self) -> None:
+        """train.ema_decay: the average in the model while it is evaluated (``_swap_out_average`` after)."""
+        if self.ema is not None and self._ema_swap is None:
+            self._ema_swap = self.ema.swapped_in()
+            self._ema_swap.__enter__()
+
+    def _swap_out_average(self) -> None:
+        if self._ema_swap is not None:
+            swap, self._ema_swap = self._ema_swap, None
+            swap.__exit__(None, None, None)
+
+    def on_validation_end(self):
+        self._swap_out_average()
+
+    def on_test_end(self):
+        self._swap_out_average()
 
     @staticmethod
     def _new_eval() -> dict:
@@ -435,6 +478,8 @@ class TranslationModule(pl.LightningModule):
             raise NonFiniteError(f"refusing to save a checkpoint whose weights are not finite ({bad} holds NaN or inf"
                                  + (f", after optimizer step {step}" if step is not None else "")
                                  + "): the checkpoints already written keep the last finite weights")
+        if self.ema is not None and "state_dict" in checkpoint:  # decoding weights: the average; trained ones kept
+            self.ema.to_checkpoint(checkpoint)
         checkpoint[CKPT_MODEL_CONFIG] = self.model.config.to_dict()
         checkpoint[CKPT_VERSION] = __version__
         checkpoint[CKPT_RUN] = self.training_run
@@ -465,6 +510,8 @@ class TranslationModule(pl.LightningModule):
         if resuming and any(key.endswith(".q_proj.weight") for key in checkpoint.get("state_dict", {})):
             raise ValueError("this checkpoint predates the fused Q/K/V projection (in_proj): its weights load for "
                              "evaluate, translate and average, but its optimizer state cannot resume training")
+        if resuming and self.optim["ema_decay"] is not None and self.trainer.state.fn == "fit":
+            self._ema_resumed = take_average(checkpoint, "the checkpoint being resumed")  # trained weights load
         if self.data_config is None:
             self.data_config = checkpoint.get(CKPT_DATA_CONFIG)
         if isinstance(checkpoint.get(CKPT_RUN), str):  # the run this one continues (absent in older checkpoints)
