@@ -118,7 +118,8 @@ def test_a_resume_under_another_resolved_precision_is_refused_naming_both(corpus
     with pytest.raises(ResumeError) as refused:
         check_same_run(tiny_config(corpus, "trainer.precision=auto"), saved, "found", "Resuming it")
     message = str(refused.value)
-    assert "  trainer.precision: bf16-mixed there, 32-true now (trainer.precision=auto: auto: the CPU has no " in message
+    assert ("  trainer.precision: bf16-mixed there, 32-true now (trainer.precision=auto: auto: the CPU has "
+            "no ") in message
     assert "pass trainer.precision=bf16-mixed;" in message
     check_same_run(tiny_config(corpus, "trainer.precision=bf16-mixed"), saved, "found", "Resuming it")  # no error
 
