@@ -17,11 +17,10 @@ from test_multinode import free_port
 from test_resume import fake_scontrol
 from test_train_app import one_thread, tiny_config, write_tiny_corpus  # noqa: F401 (fixture)
 
-from transformer_nmt.checkpoint import read_checkpoint
+from transformer_nmt.checkpoint import CKPT_FINGERPRINT, read_checkpoint
 from transformer_nmt.hardware import CPU_BF16_ENV
 from transformer_nmt.training.app import ConfigError, finished_already, train
 from transformer_nmt.training.fingerprint import (
-    CKPT_FINGERPRINT,
     PRECISION,
     PRODUCT,
     RESULTS_FINGERPRINT,

@@ -461,10 +461,6 @@ class TranslationModule(pl.LightningModule):
                              "(the vocabulary cache was rebuilt, or the data options changed): resume with the "
                              "checkpoint's own: data.tokenizer_path=FILE, the SentencePiece model it embeds (key "
                              f"{CKPT_TOKENIZER!r})")
-        resuming = self.attached_to_trainer() and "optimizer_states" in checkpoint
-        if resuming and any(key.endswith(".q_proj.weight") for key in checkpoint.get("state_dict", {})):
-            raise ValueError("this checkpoint predates the fused Q/K/V projection (in_proj): its weights load for "
-                             "evaluate, translate and average, but its optimizer state cannot resume training")
         if self.data_config is None:
             self.data_config = checkpoint.get(CKPT_DATA_CONFIG)
         if isinstance(checkpoint.get(CKPT_RUN), str):  # the run this one continues (absent in older checkpoints)
