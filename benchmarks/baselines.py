@@ -138,7 +138,8 @@ def previous_greedy(model: Transformer, src: Tensor, bos_id: int = BOS_ID, eos_i
             break
         if n_done:  # drop finished sentences from the batch
             keep, _ = first_done_last(done, n_done)
-            rows, memory, src, limits, next_tokens = rows[keep], memory[keep], src[keep], limits[keep], next_tokens[keep]
+            rows, memory, src, limits, next_tokens = (rows[keep], memory[keep], src[keep], limits[keep],
+                                                      next_tokens[keep])
             cache.reorder(keep)
         last = next_tokens.unsqueeze(1)  # (b, 1)
     return until_eos(out.t().tolist(), eos_id)

@@ -235,8 +235,9 @@ def plans_only(args) -> None:
                 sampler.set_epoch(epoch)
                 start, cpu = time.perf_counter(), time.process_time()
                 batches = len(sampler)
-                print(f"plan {n:>9,} pairs, {max_tokens:>6,} tokens x {ranks} ranks, epoch {epoch}: {batches:,} batches "
-                      f"per rank, {time.perf_counter() - start:.2f} s ({time.process_time() - cpu:.2f} CPU-s)", flush=True)
+                print(f"plan {n:>9,} pairs, {max_tokens:>6,} tokens x {ranks} ranks, epoch {epoch}: "
+                      f"{batches:,} batches per rank, {time.perf_counter() - start:.2f} s "
+                      f"({time.process_time() - cpu:.2f} CPU-s)", flush=True)
 
 
 def wmt_scale(args) -> None:
@@ -265,7 +266,8 @@ def wmt_scale(args) -> None:
                     row = {**json.loads(result.stdout.strip().splitlines()[-1]), "warmth": warmth,
                            "cache_mb": du_mb(cache)}
                     rows.append(row)
-                    print(f"{warmth:4} {stage:20} {n:>9,} pairs {row['seconds']:7.2f} s ({row['cpu_seconds']:7.2f} CPU-s)  "
+                    print(f"{warmth:4} {stage:20} {n:>9,} pairs {row['seconds']:7.2f} s "
+                          f"({row['cpu_seconds']:7.2f} CPU-s)  "
                           f"peak RSS {row['rss_mb']:6.0f} MB"
                           f"  workers {row['worker_rss_mb']:5.0f} MB  anon {row['anon_mb']:6.0f} MB  "
                           f"cache {row['cache_mb']:6.0f} MB  {row.get('batches per rank', row.get('batch', ''))}",
@@ -284,7 +286,8 @@ def wmt_scale(args) -> None:
           "| cache on disk (MB) |")
     print("| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in rows:
-        print(f"| {r['stage']} | {r['pairs']:,} | {r['warmth']} | {r['seconds']:.2f} | {r['cpu_seconds']:.2f} | {r['rss_mb']:.0f} | "
+        print(f"| {r['stage']} | {r['pairs']:,} | {r['warmth']} | {r['seconds']:.2f} | {r['cpu_seconds']:.2f} | "
+              f"{r['rss_mb']:.0f} | "
               f"{r['worker_rss_mb']:.0f} | {r['anon_mb']:.0f} | {r['cache_mb']:.0f} |")
     for s in starts:
         print(f"| train to step 1, {s['devices']} process(es) | {s['pairs']:,} | warm | {s['seconds']:.1f} | - | "
@@ -334,7 +337,8 @@ def run_phase(args) -> dict:
     cpu = time.process_time() - cpu_start + children.ru_utime + children.ru_stime
     anon.running = False
     anon.join()
-    return {"anon_mb": anon.peak, "cpu_seconds": cpu, "pairs_per_cpu_s": args.n / cpu, "phase": args.phase, "pairs": args.n, "seconds": seconds, "pairs_per_s": args.n / seconds,
+    return {"anon_mb": anon.peak, "cpu_seconds": cpu, "pairs_per_cpu_s": args.n / cpu, "phase": args.phase,
+            "pairs": args.n, "seconds": seconds, "pairs_per_s": args.n / seconds,
             "rss_mb": peak_rss_mb(), "worker_rss_mb": peak_rss_mb(resource.RUSAGE_CHILDREN)}
 
 
@@ -397,17 +401,21 @@ def main() -> None:
                       f"peak RSS {r['rss_mb']:5.0f} MB (workers {workers(r):>4} MB), "
                       f"peak anonymous memory {r['anon_mb']:5.0f} MB", flush=True)
 
-    print("\n| phase | pairs | seconds | pairs/s | pairs per CPU-second | peak RSS (MB) | worker peak RSS (MB) | peak anon. memory (MB) |")
+    print("\n| phase | pairs | seconds | pairs/s | pairs per CPU-second | peak RSS (MB) | worker peak RSS (MB) "
+          "| peak anon. memory (MB) |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in rows:
-        print(f"| {r['phase']} | {r['pairs']:,} | {r['seconds']:.1f} | {r['pairs_per_s']:,.0f} | {r['pairs_per_cpu_s']:,.0f} | {r['rss_mb']:.0f} "
-              f"| {workers(r)} | {r['anon_mb']:.0f} |")
+        print(f"| {r['phase']} | {r['pairs']:,} | {r['seconds']:.1f} | {r['pairs_per_s']:,.0f} "
+              f"| {r['pairs_per_cpu_s']:,.0f} | {r['rss_mb']:.0f} | {workers(r)} | {r['anon_mb']:.0f} |")
     by = {(r["phase"], r["pairs"]): r for r in rows}
     if len(args.pairs) >= 2:
         small, large = min(args.pairs), max(args.pairs)
+
+        def rss(r):
+            return max(r["rss_mb"], r["worker_rss_mb"] if r["phase"] == "tokenize" else 0)
+
         for phase in ("read", "vocab", "tokenize"):
             a, b = by[(phase, small)], by[(phase, large)]
-            rss = (lambda r: max(r["rss_mb"], r["worker_rss_mb"] if r["phase"] == "tokenize" else 0))
             ratio = rss(b) / rss(a)
             anon = b["anon_mb"] / a["anon_mb"]
             print(f"{phase}: peak RSS at {large:,} pairs = {ratio:.2f}x that at {small:,}; "

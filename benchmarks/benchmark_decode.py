@@ -15,10 +15,11 @@ to that native row's; "busy threads" is the median over rounds of the threads of
 a quarter of the pass (read from /proc), so a row that does not use the threads it names shows it. BLEU
 against ``ref``.
 
-``search`` (the history of our search): the per-sentence search this project had (benchmarks/baselines.py), the batched
-one of decoding.py (``after``) under both stopping rules, the batched searches as they were before issue 31
-(ensembles, prefixes, log-probabilities: "before issue 31", against today's), our default on more threads and CTranslate2 against
-our search under its stopping rule (k finished); "x baseline" as "x native" above, against the row named.
+``search`` (the history of our search): the per-sentence search this project had (benchmarks/baselines.py), the
+batched one of decoding.py (``after``) under both stopping rules, the batched searches as they were before issue 31
+(ensembles, prefixes, log-probabilities: "before issue 31", against today's), our default on more threads and
+CTranslate2 against our search under its stopping rule (k finished); "x baseline" as "x native" above, against the
+row named.
 
 With ``ckpt=random`` (the default) a random tiny model is built with tests/tiny_checkpoint.py (speed only: its
 output is noise). Torch runs on one thread, except in rows that name more. In the search table sentences are

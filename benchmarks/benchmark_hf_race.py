@@ -12,8 +12,9 @@ native bf16, else fp32), on the same tokenized pairs (our datamodule's, filtered
 Ours: ``python -m transformer_nmt.train experiment=multi30k_cpu`` itself, in a subprocess (its batches: the
 recipe's ``data.max_tokens`` padded target tokens at most). Theirs: ``Seq2SeqTrainer`` on ``MarianMTModel``
 (our export of a fresh model of the recipe's config: the same init scheme), ``group_by_length`` (transformers 5:
-``train_sampling_strategy="group_by_length"``) and ``bf16`` where we use it, ``DataCollatorForSeq2Seq``, a batch size in sentences chosen so that its mean target
-tokens per batch equal ours (printed: both sides' real mean), in a subprocess of this script (``--side hf``).
+``train_sampling_strategy="group_by_length"``) and ``bf16`` where we use it, ``DataCollatorForSeq2Seq``, a batch
+size in sentences chosen so that its mean target tokens per batch equal ours (printed: both sides' real mean), in a
+subprocess of this script (``--side hf``).
 
 Throughput: ``--rounds`` rounds of ``--steps`` optimizer steps each, ours then theirs (alternating, so that a
 drifting load hits both), target tokens/s over the timed steps (ours: results.json's, the step's own timer;

@@ -279,8 +279,8 @@ def main(argv=None) -> dict:
     report = {"rows": rows, "ceilings": {f"{p} {n}": c for (p, n), c in ceilings.items()}, "reference": reference,
               "seconds": time.perf_counter() - started, "threads": args.threads, "rounds": args.rounds,
               "shape": (f"{args.experiment or 'model=small'} (d_model {SMALL['d_model']}, {SMALL['n_encoder_layers']}+"
-                        f"{SMALL['n_decoder_layers']} layers, d_ff {SMALL['d_ff']}, {SMALL['vocab_size']:,} vocabulary, "
-                        f"dropout {args.dropout})"),
+                        f"{SMALL['n_decoder_layers']} layers, d_ff {SMALL['d_ff']}, {SMALL['vocab_size']:,} "
+                        f"vocabulary, dropout {args.dropout})"),
               "cpu_flags": reported_cpu_flags(), "load": os.getloadavg(),
               "provenance": json.loads(provenance.partition(": ")[2])}
     print_report(report, pools)

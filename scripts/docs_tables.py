@@ -77,7 +77,8 @@ def recipe_runs(root: Path) -> str:
         rep, res = recipe_run(root, run)
         s, chosen = rep["scores"], rep["val_bleu_chosen_on"]
         best = max(chosen, key=chosen.get)
-        val_choice = " / ".join(f"**{chosen[k]:.2f}**" if k == best else f"{chosen[k]:.2f}" for k in ("averaged", "last"))
+        val_choice = " / ".join(f"**{chosen[k]:.2f}**" if k == best else f"{chosen[k]:.2f}"
+                                for k in ("averaged", "last"))
         rows.append([f"**{run}**", " ".join(rep["cpu_flags"]), f"{rep['precision']} (auto)", settings,
                      f"{rep['train_minutes']:.1f} min", f"{res['steps']:,} ({epochs(rep, res):.1f})",
                      f"{res['train_tgt_tokens_per_sec']:,.0f}", val_choice, rep["chosen"].removesuffix(".ckpt"),
@@ -330,9 +331,9 @@ def table3_study(root: Path) -> str:
                if r["row"] == "A" and abs(float(r["delta"])) > float(base["bleu_std"])]
     return (f"{len(runs)} runs, **{sum(minutes) / 60:.2f} h of wall time in all** (median "
             f"{statistics.median(minutes):.1f} min a run, {min(minutes):.1f}-{max(minutes):.1f}; the slowest started "
-            f"under other jobs' load: 1-minute load averages {min(loads):.1f}-{max(loads):.1f} as runs started, each in its "
-            f"`results.json`). Row (A) cells whose ΔBLEU lies outside the base's ±{float(base['bleu_std']):.2f}: "
-            f"{', '.join(outside) or 'none'}.")
+            f"under other jobs' load: 1-minute load averages {min(loads):.1f}-{max(loads):.1f} as runs started, "
+            f"each in its `results.json`). Row (A) cells whose ΔBLEU lies outside the base's "
+            f"±{float(base['bleu_std']):.2f}: {', '.join(outside) or 'none'}.")
 
 
 # --- benchmarks (docs/benchmarks/) --------------------------------------------------------------------------
@@ -437,7 +438,8 @@ def hf_race(root: Path) -> str:
         [f"optimizer steps in {args['minutes']:g} minutes", wall["ours"]["steps"], wall["hf"]["steps"],
          f"{wall['ours']['steps'] / wall['hf']['steps']:.2f}x"],
         [f"greedy dev BLEU after {args['minutes']:g} minutes", f"{wall['ours']['dev_bleu_greedy']:.2f}",
-         f"{wall['hf']['dev_bleu_greedy']:.2f}", f"{wall['ours']['dev_bleu_greedy'] - wall['hf']['dev_bleu_greedy']:+.2f}"]]),
+         f"{wall['hf']['dev_bleu_greedy']:.2f}",
+         f"{wall['ours']['dev_bleu_greedy'] - wall['hf']['dev_bleu_greedy']:+.2f}"]]),
         "",
         table([f"decoder ({args['sentences']} test sentences, {args['threads']} threads)", "seconds", "BLEU"],
               [[row["decoder"], f"{row['seconds']:.1f}", f"{row['bleu']:.2f}"] for row in data["decoding"]]),
@@ -451,7 +453,8 @@ def readme_suite(root: Path) -> str:
     """The suite's size and time from docs/benchmarks/suite.json (fresh-clone runs of ``bash .ci/run``)."""
     runs = read_json(root, BENCHMARKS / "suite.json")["runs"]
     last = runs[-1]
-    each = "; ".join(f"{r['commit']}: pytest {r['pytest_seconds']:.0f} s, {r['ci_run_seconds'] / 60:.1f} minutes in all, "
+    each = "; ".join(f"{r['commit']}: pytest {r['pytest_seconds']:.0f} s, "
+                     f"{r['ci_run_seconds'] / 60:.1f} minutes in all, "
                      f"{r['passed']} passed, {r['failed']} failed" + (f" ({'; '.join(r['failed_tests'])})"
                                                                      if r["failed_tests"] else "")
                      for r in runs)
@@ -573,7 +576,8 @@ def tiny_run(root: Path, run: str) -> tuple[dict, dict]:
 
 
 def tiny_baseline(root: Path) -> str:
-    rows = [["**published** (fairseq, GPUs)", "-", "-", "8,000 (~140)", "-", "-", "-", f"**{PUBLISHED_TINY:.2f}**", "-"]]
+    rows = [["**published** (fairseq, GPUs)", "-", "-", "8,000 (~140)", "-", "-", "-", f"**{PUBLISHED_TINY:.2f}**",
+             "-"]]
     for run, settings in TINY_RUNS.items():
         rep, res = tiny_run(root, run)
         s, search = rep["scores"], rep["search"]
@@ -583,8 +587,9 @@ def tiny_baseline(root: Path) -> str:
                      f"{res['wall_seconds'] / 60:.0f} min", f"{res['train_tgt_tokens_per_sec']:,.0f}",
                      f"{s['val_beam' + str(search['beam'])]['bleu']:.2f}",
                      f"**{s[beam]['bleu_multi30k']:.2f}**", f"{s[beam]['bleu']:.2f}"])
-    table_ = table(["run", "CPU flags", "precision", "updates (epochs)", "wall time (last launch)", "target tokens/s (last launch)",
-                    "val BLEU (beam 5, cased)", "**test, Multi30k convention**", "test, cased"], rows)
+    table_ = table(["run", "CPU flags", "precision", "updates (epochs)", "wall time (last launch)",
+                    "target tokens/s (last launch)", "val BLEU (beam 5, cased)", "**test, Multi30k convention**",
+                    "test, cased"], rows)
     curves = []
     for run in TINY_RUNS:
         rep, res = tiny_run(root, run)

@@ -150,7 +150,8 @@ def measure(kernel: str, compile_model: bool, batches: list[dict], matmul: float
     torch.manual_seed(0)
     warmup, steps = SIZES["warmup"], SIZES["steps"]
     module = TranslationModule({**SIZES["model"], "vocab_size": SIZES["vocab"], "attention": kernel},
-                               {"warmup_steps": SIZES["lr_warmup"], "val_bleu_max_sentences": 0, "compile": compile_model})
+                               {"warmup_steps": SIZES["lr_warmup"], "val_bleu_max_sentences": 0,
+                                "compile": compile_model})
     clock = StepClock(warmup)
     loader = torch.utils.data.DataLoader(batches, batch_size=None, shuffle=False, pin_memory=CUDA)
     trainer = pl.Trainer(accelerator="gpu" if CUDA else "cpu", devices=1, precision="bf16-mixed" if CUDA else "32-true",

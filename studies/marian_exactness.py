@@ -94,7 +94,8 @@ def main(argv: list[str]) -> dict:
         out, scores = [], []
         for batch in batches:
             src = padded([src_ids[i] for i in batch], pad)
-            result = hf_model.generate(input_ids=src, attention_mask=src != pad, max_new_tokens=max(limits[i] for i in batch),
+            result = hf_model.generate(input_ids=src, attention_mask=src != pad,
+                                       max_new_tokens=max(limits[i] for i in batch),
                                        return_dict_in_generate=True, output_scores=True, **kwargs)
             out += cut(result.sequences[:, 1:].tolist(), [limits[i] for i in batch], eos, (pad, bos))
             if getattr(result, "sequences_scores", None) is not None:
@@ -135,7 +136,8 @@ def main(argv: list[str]) -> dict:
     bleu_ours = score(ours_text, references)
     (out_dir / "ours_beam4.hyp").write_text("".join(t + "\n" for t in ours_text), encoding="utf-8")
     raw["beam4_ours"] = {"alpha": alpha, **bleu_ours}
-    rows.append((f"beam 4: ours, GNMT alpha {alpha}: BLEU / chrF", f"{bleu_ours['bleu']:.2f} / {bleu_ours['chrf']:.2f}", "-"))
+    rows.append((f"beam 4: ours, GNMT alpha {alpha}: BLEU / chrF", f"{bleu_ours['bleu']:.2f} / {bleu_ours['chrf']:.2f}",
+                 "-"))
     for length_penalty in dict.fromkeys([generation.length_penalty, 1.0]):
         theirs, _ = theirs_search(src_ids, limits, num_beams=4, length_penalty=length_penalty, early_stopping="never")
         theirs_text = [tokenizer.decode(ids) for ids in theirs]

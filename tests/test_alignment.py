@@ -151,10 +151,14 @@ def test_translate_prints_hard_and_soft_alignments_over_words(checkpoint, tmp_pa
 
 def test_alignment_options_are_checked_by_name(checkpoint):
     model, _, _ = load_checkpoint(checkpoint)  # 2 decoder layers, 2 heads
-    for layer, heads, position, name in [(2, None, "output", "alignment_layer"), ("x", None, "output", "alignment_layer"),
-                                         (True, None, "output", "alignment_layer"), (-1, [2], "output", "alignment_heads"),
-                                         (-1, [], "output", "alignment_heads"), (-1, [True], "output", "alignment_heads"),
-                                         (-1, 1, "output", "alignment_heads"), (-1, None, "middle", "alignment_position")]:
+    for layer, heads, position, name in [(2, None, "output", "alignment_layer"),
+                                         ("x", None, "output", "alignment_layer"),
+                                         (True, None, "output", "alignment_layer"),
+                                         (-1, [2], "output", "alignment_heads"),
+                                         (-1, [], "output", "alignment_heads"),
+                                         (-1, [True], "output", "alignment_heads"),
+                                         (-1, 1, "output", "alignment_heads"),
+                                         (-1, None, "middle", "alignment_position")]:
         with pytest.raises(ValueError, match=name):
             check_alignment_options(model, layer, heads, position)
     check_alignment_options(model, -2, [0, 1], "input")  # in range: no error

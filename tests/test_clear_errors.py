@@ -139,8 +139,8 @@ def test_more_weights_than_the_file_holds_are_refused_before_anything_is_allocat
 
 
 def test_a_checkpoint_of_the_layout_before_in_proj_still_loads(ckpt):
-    """The size checks compare what the file holds, not the names: q_proj/k_proj/v_proj, which the loader stacks
-    into in_proj, pass."""
+    """The size checks compare what the file holds, not the names: q_proj/k_proj/v_proj, which read_checkpoint
+    stacks into in_proj (checkpoint.migrate_checkpoint), pass."""
     checkpoint = torch.load(ckpt, weights_only=True)
     old = {}
     for key, value in checkpoint["state_dict"].items():

@@ -189,7 +189,8 @@ def test_filter_boundary_counts_positions_with_bos_eos():
 
 def test_byte_order_mark_and_crlf_are_dropped(tmp_path):
     (tmp_path / "train.en").write_bytes("\ufeffA dog.\r\nA cat.\r\n".encode())
-    (tmp_path / "train.de").write_bytes("Ein Hund.\nEine Katze\u2028mit Trenner.\n".encode())  # U+2028 is not a line end
+    # U+2028 is not a line end
+    (tmp_path / "train.de").write_bytes("Ein Hund.\nEine Katze\u2028mit Trenner.\n".encode())
     en, de = read(spec("text", tmp_path / "train"), tmp_path)
     assert en == ["A dog.", "A cat."] and de[1] == "Eine Katze\u2028mit Trenner."
 

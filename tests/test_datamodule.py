@@ -188,7 +188,8 @@ def test_lightning_resumes_mid_epoch_where_it_stopped(data_ready, tmp_path):
     step3 = torch.load(tmp_path / "epoch=0-step=3.ckpt", weights_only=False)
     assert step3["loops"]["fit_loop"]["state_dict"]["combined_loader"] == \
         [{"epoch": 0, "batches_yielded": 3, "num_replicas": 1, "dealt_before": [], "seed": data_ready.seed,
-          "max_tokens": data_ready.max_tokens, "pad_to_multiple": data_ready.pad_to_multiple}]  # what the plan depends on
+          "max_tokens": data_ready.max_tokens,
+          "pad_to_multiple": data_ready.pad_to_multiple}]  # what the plan depends on
     resumed = _fit(data_ready, 6, ckpt_path=tmp_path / "epoch=0-step=3.ckpt")
     assert uninterrupted[3:] == resumed
 
@@ -303,7 +304,8 @@ def test_every_data_option_has_one_default_in_data_config(data_slice):
         "train", "val", "test"]
     local = OmegaConf.load(ROOT / "conf" / "data" / "local.yaml")
     assert set(local) == {"defaults"} and list(local.defaults) == ["schema", "_self_"]
-    assert list(inspect.signature(TranslationDataModule).parameters) == ["config", "seed", "pad_to_multiple", "tokenizer"]
+    assert list(inspect.signature(TranslationDataModule).parameters) == ["config", "seed", "pad_to_multiple",
+                                                                          "tokenizer"]
     for data_config in ("multi30k", "wmt14_en_de"):
         text = (ROOT / "conf" / "data" / f"{data_config}.yaml").read_text()
         assert "defaults:\n  - local\n" in text and "_target_" not in text and "num_proc" not in text
@@ -346,7 +348,8 @@ def test_loader_state_resumes_on_another_number_of_ranks(data_ready):
             loader = data_ready.train_dataloader()
             it = iter(loader)
             consumed += [next(it)["index"].tolist() for _ in range(2)]
-            state = loader.state_dict() if rank == 0 else state
+            if rank == 0:
+                state = loader.state_dict()
         finally:
             data_ready.trainer = None
     assert (state["num_replicas"], state["batches_yielded"]) == (2, 2)

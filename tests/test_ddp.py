@@ -110,7 +110,8 @@ def test_trainer_ddp_through_the_app_runs_in_one_run_dir_and_resumes_when_run_ag
     corpus = write_tiny_corpus(tmp_path / "corpus")
     src = Path(transformer_nmt.__file__).resolve().parents[1]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{src}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    command = [sys.executable, "-m", "transformer_nmt.train", *[a for a in tiny_overrides(corpus) if a != "trainer=cpu"],
+    command = [sys.executable, "-m", "transformer_nmt.train",
+               *[a for a in tiny_overrides(corpus) if a != "trainer=cpu"],
                "trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "trainer.precision=32-true",
                "train.val_bleu_max_sentences=0", "checkpoint.save_top_k=0", "name=ddp"]
     first = subprocess.run([*command, "trainer.max_steps=2"], cwd=tmp_path, env=env, capture_output=True, text=True,

@@ -36,7 +36,8 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT_HOMES = ("scripts", "benchmarks", "studies")  # the commands that are not the package's: docs, studies, benchmarks
+# the commands that are not the package's: docs, studies, benchmarks
+SCRIPT_HOMES = ("scripts", "benchmarks", "studies")
 CONF_DIR = ROOT / "src" / "transformer_nmt" / "conf"
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
@@ -314,7 +315,8 @@ def standalone_problem(pairs: list[str]) -> str | None:
         return None
     if hydra_problem("train", tuple(pairs)) is None or hydra_problem("prepare", tuple(pairs)) is None:
         return None
-    return f"{pairs} composes with neither train nor prepare, and is no tool's option: {hydra_problem('train', tuple(pairs))}"
+    return (f"{pairs} composes with neither train nor prepare, and is no tool's option: "
+            f"{hydra_problem('train', tuple(pairs))}")
 
 
 def command_problems(path: Path, text: str) -> list[str]:
@@ -402,7 +404,8 @@ See `tests/no_such_test.py` and `scripts/gpu_check.sh`.
     expected = ["transformer_nmt.trian", "no_such_recipe", "n_haeds", "needs -m", "bream", "'in.en' is not",
                 "transformer_nmt.hardware takes no key=value options", "no_such_script.py",
                 "--no-such-flag", "--no-previous-loss", "invalid choice: 'kernal'", "--quic",
-                "invalid int value: 'many'", "make_notebooks.py parses no --flags", "tests/no_such_test.py", "data.no_such_key"]
+                "invalid int value: 'many'", "make_notebooks.py parses no --flags", "tests/no_such_test.py",
+                "data.no_such_key"]
     assert len(problems) == len(expected), problems
     for word, problem in zip(expected, problems):
         assert word in problem, (word, problem)

@@ -110,11 +110,12 @@ def test_prune_gates_off_the_least_important_heads_from_analyze_heads(tiny, tmp_
     with open(importance, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=["kind", "layer", "head", "delta_loss"])
         writer.writeheader()
-        writer.writerows({"kind": k, "layer": l, "head": h, "delta_loss": i} for i, (k, l, h) in enumerate(heads))
+        writer.writerows({"kind": k, "layer": layer, "head": h, "delta_loss": i}
+                         for i, (k, layer, h) in enumerate(heads))
     page = explore.main([f"ckpt={path}", SENTENCES[0], f"output={tmp_path / 'p.html'}", "beam=1",
                          "max_len_offset=3", "prune=0.5", f"importance={importance}"])
     gates = read_page_data(page)["gates"]
-    off = {(k, l, h) for k in gates for l, row in enumerate(gates[k]) for h, g in enumerate(row) if g == 0}
+    off = {(k, layer, h) for k in gates for layer, row in enumerate(gates[k]) for h, g in enumerate(row) if g == 0}
     assert off == set(heads[: len(heads) // 2])  # the first half of the CSV: smallest loss increase
     with pytest.raises(SystemExit, match="prune="):
         explore.main([f"ckpt={path}", SENTENCES[0], "prune=2", f"importance={importance}"])

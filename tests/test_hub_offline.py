@@ -41,8 +41,9 @@ def test_wmt14_config_on_a_saved_hub_directory_prepares_and_trains_a_step(tmp_pa
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
         prepare_cfg = compose("prepare", overrides=overrides)
         train_cfg = compose("train", overrides=overrides + [
-            "model=tiny", "model.max_positions=1024", "trainer=cpu", "trainer.max_steps=1", "trainer.enable_progress_bar=false",
-            "train.val_bleu_max_sentences=0", "run_test=false", "attention_maps.every_n_validations=0"])
+            "model=tiny", "model.max_positions=1024", "trainer=cpu", "trainer.max_steps=1",
+            "trainer.enable_progress_bar=false", "train.val_bleu_max_sentences=0", "run_test=false",
+            "attention_maps.every_n_validations=0"])
     assert (prepare_cfg.data.max_tokens, prepare_cfg.data.max_length_ratio) == (25000, 1.5)  # the paper's setting
 
     dm = TranslationDataModule(prepare_cfg.data)

@@ -196,7 +196,8 @@ def test_swish_bias_untied_export_and_round_trip(tmp_path, sentences):
     src = padded(encode_sources(tokenizer, sentences[0], 96), 0)
     tgt_in = padded([[2] + ids for ids in tokenizer.encode_batch(sentences[1], target=True)], 0)
     with torch.no_grad():
-        difference = hf_model(input_ids=src, attention_mask=src != 0, decoder_input_ids=tgt_in).logits - model(src, tgt_in)
+        difference = (hf_model(input_ids=src, attention_mask=src != 0, decoder_input_ids=tgt_in).logits
+                      - model(src, tgt_in))
     assert difference[tgt_in != 0].abs().max() < TOLERANCE
     # Beam 4 at alpha 0 (see test_export_beam_identical_at_alpha_0). Untrained, pad and bos hold real probability:
     # only their suppression with renormalisation gives transformers our scores.
@@ -340,8 +341,8 @@ def test_imported_checkpoint_loads_and_fine_tunes(marian, tmp_path):
                                                  zip(loaded.state_dict().values(), model.state_dict().values()))
     corpus = write_tiny_corpus(tmp_path / "corpus", n_train=48, n_eval=8)
     cfg = tiny_config(corpus, f"init_from={ckpt}", "data.max_positions=128", "trainer.max_steps=6",
-                      "trainer.limit_val_batches=0", "train.val_bleu_max_sentences=0", "train.warmup_steps=4", "train.lr_factor=0.2",
-                      "checkpoint.save_top_k=0", "model.dropout=0.0")
+                      "trainer.limit_val_batches=0", "train.val_bleu_max_sentences=0", "train.warmup_steps=4",
+                      "train.lr_factor=0.2", "checkpoint.save_top_k=0", "model.dropout=0.0")
     train(cfg, tmp_path / "run")
     tuned, tuned_tokenizer, _ = load_checkpoint(tmp_path / "run" / "checkpoints" / "last.ckpt")
     assert tuned_tokenizer == tokenizer and tuned.config.d_model == model.config.d_model

@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from transformer_nmt.checkpoint import migrate_checkpoint
 from transformer_nmt.model.attention import causal_mask
 from transformer_nmt.model.transformer import Transformer, TransformerConfig, sinusoidal_positions
 
@@ -199,7 +200,7 @@ def test_old_checkpoints_with_separate_q_k_v_projections_load():
             old[key] = value
     assert not any(".in_proj." in key for key in old) and any(".q_proj.weight" in key for key in old)
     loaded = Transformer(small_config()).eval()
-    loaded.load_state_dict(old)  # strict
+    loaded.load_state_dict(migrate_checkpoint({"state_dict": old}, "old")["state_dict"])  # strict
     src, tgt = random_batch()
     torch.testing.assert_close(loaded(src, tgt), model(src, tgt), atol=0, rtol=0)
 

@@ -41,7 +41,8 @@ def test_every_validation_set_is_logged_under_its_own_name(run):
     best = trainer.checkpoint_callback
     assert (stop.monitor, stop.mode, stop.patience) == ("val/bleu", "max", 2)
     assert (best.monitor, best.mode) == ("val/bleu", "max")
-    assert json.loads((run_dir / "results.json").read_text())["val_bleu"] == pytest.approx(float(metrics["val/bleu"]), abs=1e-3)
+    assert json.loads((run_dir / "results.json").read_text())["val_bleu"] == \
+        pytest.approx(float(metrics["val/bleu"]), abs=1e-3)
 
 
 def test_in_loop_val_bleu_equals_evaluate_split_val_beam_1(run, tmp_path):

@@ -17,11 +17,10 @@ from test_multinode import free_port
 from test_resume import fake_scontrol
 from test_train_app import one_thread, tiny_config, write_tiny_corpus  # noqa: F401 (fixture)
 
-from transformer_nmt.checkpoint import read_checkpoint
+from transformer_nmt.checkpoint import CKPT_FINGERPRINT, read_checkpoint
 from transformer_nmt.hardware import CPU_BF16_ENV
 from transformer_nmt.training.app import ConfigError, finished_already, train
 from transformer_nmt.training.fingerprint import (
-    CKPT_FINGERPRINT,
     PRECISION,
     PRODUCT,
     RESULTS_FINGERPRINT,
@@ -118,7 +117,8 @@ def test_a_resume_under_another_resolved_precision_is_refused_naming_both(corpus
     with pytest.raises(ResumeError) as refused:
         check_same_run(tiny_config(corpus, "trainer.precision=auto"), saved, "found", "Resuming it")
     message = str(refused.value)
-    assert "  trainer.precision: bf16-mixed there, 32-true now (trainer.precision=auto: auto: the CPU has no " in message
+    assert ("  trainer.precision: bf16-mixed there, 32-true now (trainer.precision=auto: auto: the CPU has "
+            "no ") in message
     assert "pass trainer.precision=bf16-mixed;" in message
     check_same_run(tiny_config(corpus, "trainer.precision=bf16-mixed"), saved, "found", "Resuming it")  # no error
 

@@ -78,4 +78,5 @@ def test_score_reference_writes_sum_per_token_and_count_per_line(tmp_path, setup
         assert float(per_token) == pytest.approx(expected / n, abs=1e-3)
     (tmp_path / "short.txt").write_text("Ein Hund.\n", encoding="utf-8")
     with pytest.raises(SystemExit, match=f"score_reference={tmp_path / 'short.txt'}: 3 input lines but 1 reference"):
-        translate_main([f"ckpt={paths[0]}", f"input={tmp_path / 'in.txt'}", f"score_reference={tmp_path / 'short.txt'}"])
+        translate_main([f"ckpt={paths[0]}", f"input={tmp_path / 'in.txt'}",
+                        f"score_reference={tmp_path / 'short.txt'}"])

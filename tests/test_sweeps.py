@@ -97,7 +97,8 @@ def test_an_interrupted_job_resumes_and_ends_with_the_weights_of_the_uninterrupt
     stopped = sweep["stopped"][job]
     # SIGKILL at the gate: the last.ckpt written there; USR2: SlurmRequeue finishes the next step and writes it.
     assert stopped == {1: GATE_STEP, 2: GATE_STEP + 1}[job]
-    assert f"resume      from {sweep_dir.resolve()}/{job}/{LAST}, step {stopped} (ckpt_path=auto)" in logs(sweep_dir, job)
+    assert (f"resume      from {sweep_dir.resolve()}/{job}/{LAST}, step {stopped} (ckpt_path=auto)"
+            in logs(sweep_dir, job))
     reference = read_checkpoint(sweep_dir / "0" / LAST)["state_dict"]
     final = read_checkpoint(sweep_dir / str(job) / LAST)["state_dict"]
     difference = max((final[k].float() - reference[k].float()).abs().max().item() for k in reference)

@@ -235,7 +235,8 @@ def test_validate_at_end_scores_the_final_weights_when_max_steps_cuts_the_epoch_
     assert trainer.global_step == 3 and results["seed"] == 5 and results["val_ppl"] > 1
     record = results["provenance"]  # what made it: provenance.collect, the resolved config among it
     assert {"git", "versions", "cpu_flags", "torch_threads", "load_average", "argv"} <= set(record)
-    assert record["config"]["seed"] == 5 and record["config"]["trainer"]["max_steps"] == 3 and record["torch_threads"] == 1
+    assert (record["config"]["seed"] == 5 and record["config"]["trainer"]["max_steps"] == 3
+            and record["torch_threads"] == 1)
     hypotheses = (tmp_path / "run" / "val_hypotheses.txt").read_text(encoding="utf-8").splitlines()
     references = (tmp_path / "run" / "val_references.txt").read_text(encoding="utf-8").splitlines()
     assert len(hypotheses) == len(references) == 8  # train.val_bleu_max_sentences of tiny_overrides

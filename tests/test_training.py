@@ -21,6 +21,7 @@ from transformer_nmt.checkpoint import (
     CKPT_RUN,
     CKPT_TOKENIZER,
     CKPT_VERSION,
+    atomic_torch_save,
     load_checkpoint,
     read_checkpoint,
 )
@@ -459,12 +460,14 @@ def test_resume_from_last_without_a_checkpoint_names_the_run_dir_option(corpus, 
         train(tiny_config(corpus, "ckpt_path=last"), tmp_path / "fresh_run")
 
 
-def test_resuming_refuses_another_vocabulary_and_pre_in_proj_optimizer_state():
+def test_resuming_refuses_another_vocabulary_and_pre_in_proj_optimizer_state(tmp_path):
     """on_load_checkpoint: a checkpoint whose SentencePiece model differs from the data's stops the resume
-    (the ids would mean other pieces); a pre-in_proj checkpoint's optimizer state cannot resume."""
+    (the ids would mean other pieces); a pre-in_proj checkpoint's weights load (read_checkpoint stacks them:
+    checkpoint.migrate_checkpoint), but its optimizer state cannot resume (Lightning's loader refuses it)."""
     from test_tokenizer import sentences
 
     from transformer_nmt.data.tokenizer import train_sentencepiece
+    from transformer_nmt.training.checkpoint_io import AtomicCheckpointIO
 
     ours, other = (train_sentencepiece(iter(sentences(seed=seed)), vocab_size=size, seed=1)
                    for seed, size in ((0, 120), (1, 100)))
@@ -473,11 +476,15 @@ def test_resuming_refuses_another_vocabulary_and_pre_in_proj_optimizer_state():
     module.on_load_checkpoint({CKPT_TOKENIZER: ours.model_proto})  # the same vocabulary: fine
     with pytest.raises(ValueError, match="another SentencePiece vocabulary.*data.tokenizer_path"):
         module.on_load_checkpoint({CKPT_TOKENIZER: other.model_proto})
-    old = {"optimizer_states": [{}], "state_dict": {"model.encoder.layers.0.self_attn.q_proj.weight": torch.zeros(1)}}
-    TranslationModule(config).on_load_checkpoint(old)  # no trainer: loading weights (evaluate, translate)
-    module.trainer = object()  # attached to a trainer (Lightning's public setter): resuming
+    old = {f"model.encoder_layers.0.self_attn.{name}_proj.weight": torch.full((2, 3), float(i))
+           for i, name in enumerate("qkv")}
+    atomic_torch_save({"optimizer_states": [{}], "state_dict": old, CKPT_MODEL_CONFIG: config,
+                       CKPT_TOKENIZER: ours.model_proto}, tmp_path / "old.ckpt")
+    weights = read_checkpoint(tmp_path / "old.ckpt")["state_dict"]  # loading weights (evaluate, translate, average)
+    assert list(weights) == ["model.encoder_layers.0.self_attn.in_proj.weight"]
+    assert torch.equal(weights["model.encoder_layers.0.self_attn.in_proj.weight"], torch.cat(list(old.values())))
     with pytest.raises(ValueError, match="predates the fused Q/K/V projection"):
-        module.on_load_checkpoint(old)
+        AtomicCheckpointIO().load_checkpoint(tmp_path / "old.ckpt")  # Lightning's loader: resuming
 
 
 class _FixedTimer(Timer):

@@ -14,14 +14,17 @@ any other class is built and no code the file names runs; the configs inside are
 their keys and types checked (records.from_record), never instantiated; the model config's sizes are checked
 against sane bounds (``MODEL_LIMITS``) and against the shapes of the weights the file holds before any model is
 built (``model_config_of``): a damaged or crafted config cannot make a reader allocate what it names. Lightning's
-own loads (resume,
-``trainer.test(ckpt_path=...)``) go through the same reader (training/checkpoint_io.py).
+own loads (resume, ``trainer.test(ckpt_path=...)``) go through the same reader (training/checkpoint_io.py).
+
+A checkpoint an older version wrote is brought to today's layout as it is read, in one place
+(``migrate_checkpoint``): no model or training code knows an old layout.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -64,8 +67,9 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
     atomic_write(path, lambda f: torch.save(obj, f))
 
 
-def read_checkpoint(path: str | os.PathLike, mmap: bool = False) -> dict:
-    """``torch.load(path, weights_only=True)`` with errors that name the file and say what is wrong.
+def read_checkpoint(path: str | os.PathLike, mmap: bool = False, training_state: bool = False) -> dict:
+    """``torch.load(path, weights_only=True)`` with errors that name the file and say what is wrong, in today's
+    layout (``migrate_checkpoint``; ``training_state``: the reader restores a trainer from it, see there).
     ``mmap=True`` maps the tensors instead of reading them: pages are read only when a tensor is used."""
     path = Path(path)
     if not path.is_file():
@@ -87,6 +91,45 @@ def read_checkpoint(path: str | os.PathLike, mmap: bool = False) -> dict:
         if not isinstance(checkpoint[key], kind):
             raise CheckpointError(f"checkpoint {path}: {key} is a {type(checkpoint[key]).__name__}, not a "
                                   f"{kind.__name__}: the file is damaged or was not written by transformer_nmt")
+    return migrate_checkpoint(checkpoint, f"checkpoint {path}", training_state)
+
+
+_SEPARATE_QKV = re.compile(r"(.*)\.q_proj\.(weight|bias)")
+
+
+def migrate_checkpoint(checkpoint: dict, source: str, training_state: bool = False) -> dict:
+    """``checkpoint`` (a checkpoint dict; ``source`` names it in errors) in today's layout, converted in place
+    where an older version wrote another: the one place that knows old checkpoint layouts, applied by
+    ``read_checkpoint`` to every read (evaluate, translate, average, export, init_from, Lightning's loads).
+    ``training_state``: the reader restores a trainer from it (Lightning's loads: resume,
+    ``trainer.test(ckpt_path=...)``), where a layout that its optimizer state cannot follow is refused.
+
+    - Before the fused Q/K/V projection (2026-11-29), each attention module held ``q_proj``, ``k_proj`` and
+      ``v_proj`` apart: their weights and biases are stacked into ``in_proj``. The optimizer state holds them
+      apart, so such a checkpoint's weights load, but it cannot resume training (``CheckpointError``).
+
+    Older records inside a checkpoint are read where exports and run directories, which hold them too, are
+    read: a data config's ``_target_`` (``DataConfig.from_record``), a run fingerprint's keys
+    (training/fingerprint.py)."""
+    state = checkpoint.get("state_dict")
+    if not isinstance(state, dict):
+        return checkpoint
+    fused = False
+    for match in [m for m in map(_SEPARATE_QKV.fullmatch, list(state)) if m]:
+        prefix, kind = match.groups()
+        separate = [f"{prefix}.{name}_proj.{kind}" for name in "qkv"]
+        if all(key in state for key in separate):
+            try:
+                stacked = torch.cat([state[key] for key in separate])
+            except (RuntimeError, TypeError) as error:
+                raise CheckpointError(f"{source}: {prefix}.q_proj/k_proj/v_proj.{kind} cannot be stacked into "
+                                      f"in_proj ({str(error)[:200]}): the file is damaged") from None
+            for key in separate:
+                del state[key]
+            state[f"{prefix}.in_proj.{kind}"], fused = stacked, True
+    if fused and training_state and "optimizer_states" in checkpoint:
+        raise CheckpointError(f"{source} predates the fused Q/K/V projection (in_proj): its weights load for "
+                              f"evaluate, translate and average, but its optimizer state cannot resume training")
     return checkpoint
 
 
@@ -105,9 +148,10 @@ def model_config_of(checkpoint: dict, source: str) -> TransformerConfig:
     """The model config a checkpoint (``read_checkpoint``'s dict; ``source`` names it in errors) records, checked
     before anything is built: its fields and types (records.from_record), each size within ``MODEL_LIMITS``, each
     weight the file holds of the shape the config gives it, and no more weights described than the file holds (the
-    model is laid out on the meta device, which allocates nothing; a weight may be absent under its name where
-    the loader converts an older layout, e.g. q_proj/k_proj/v_proj into in_proj). So what a reader allocates is
-    bounded by what the file holds. ``CheckpointError`` naming the field or the weight."""
+    model is laid out on the meta device, which allocates nothing; a weight may be absent under its name in a
+    checkpoint not yet brought to today's layout, e.g. q_proj/k_proj/v_proj before ``migrate_checkpoint`` stacks
+    them into in_proj). So what a reader allocates is bounded by what the file holds. ``CheckpointError`` naming
+    the field or the weight."""
     version = checkpoint.get(CKPT_VERSION)
     record = checkpoint.get(CKPT_MODEL_CONFIG)
     if isinstance(record, dict):

@@ -55,7 +55,8 @@ def spec_from_dict(defaults: dict) -> type:
     type, Any where the default is None or a list."""
     def typed(value):
         return Any if value is None or isinstance(value, (list, dict)) else type(value)
-    return dataclasses.make_dataclass("Options", [(k, typed(v), dataclasses.field(default_factory=lambda v=v: copy.deepcopy(v)))
+    return dataclasses.make_dataclass("Options", [(k, typed(v),
+                                                   dataclasses.field(default_factory=lambda v=v: copy.deepcopy(v)))
                                                   for k, v in defaults.items()])
 
 

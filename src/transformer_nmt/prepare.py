@@ -49,7 +49,8 @@ def format_statistics(dm: TranslationDataModule, elapsed: float) -> str:
              f"{'trained' if dm.tokenizer_trained_now else 'reused'}: {dm.tokenizer_path_used}"
              f"\n  ids: pad={tok.pad_id} unk={tok.unk_id} bos={tok.bos_id} eos={tok.eos_id}")
     lines = [f"corpus: {dm.spec.format} {dm.src_lang}->{dm.tgt_lang}, cache {dm.cache_dir}", vocab]
-    header = f"{'split':6} {'pairs':>9} {'kept':>9} {'side':4} {'tokens':>11} {'p50':>5} {'p90':>5} {'p99':>5} {'max':>5}"
+    header = (f"{'split':6} {'pairs':>9} {'kept':>9} {'side':4} {'tokens':>11} "
+              f"{'p50':>5} {'p90':>5} {'p99':>5} {'max':>5}")
     lines.append(header)
     stats = {split: split_statistics(dm, split) for split in dm.splits}
     for split, st in stats.items():

@@ -183,7 +183,8 @@ def write_table(rows: list[dict], base: dict, out_dir: Path) -> None:
         writer.writeheader()
         writer.writerows(rows)
     lines = [f"Full model: BLEU {base['bleu']:.2f}, loss {base['loss']:.4f}.", "",
-             "| kind | layer | head | BLEU masked | change | loss masked | change |", "| --- | --- | --- | --- | --- | --- | --- |"]
+             "| kind | layer | head | BLEU masked | change | loss masked | change |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
     lines += [f"| {r['kind']} | {r['layer']} | {r['head']} | {r['bleu']:.2f} | {r['delta_bleu']:+.2f} | "
               f"{r['loss']:.4f} | {r['delta_loss']:+.4f} |" for r in rows]
     (out_dir / "head_importance.md").write_text("\n".join(lines) + "\n")

@@ -16,22 +16,22 @@ process, timed:
 2. average the checkpoints ``checkpoints/recent`` keeps (the run's ``checkpoint.recent.keep``: step-spaced, or one
    per epoch where the recipe writes one after every validation) into ``averaged.ckpt``;
 3. the averaged and the last checkpoint on val with the run's search (its config's ``decode``: beam, length
-   penalty and its exponent alpha; DecodeConfig's defaults, the paper's search, for a run older than that node): the higher val
-   BLEU is the chosen checkpoint, then the exponent among ``alphas`` with the higher val BLEU (the test set is
-   never used for a choice);
+   penalty and its exponent alpha; DecodeConfig's defaults, the paper's search, for a run older than that node):
+   the higher val BLEU is the chosen checkpoint, then the exponent among ``alphas`` with the higher val BLEU (the
+   test set is never used for a choice);
 4. the chosen checkpoint on test with that search, and greedy (beam 1) on val and on test.
 
 Prints the CPU flags, what the run trained against what it planned ("trained 2,100 of 8,000 planned updates, 34.4
-epochs"; ``planned``/``trained`` in reproduce.json), the time of each step, greedy validation BLEU against minutes since the run's first
-TensorBoard event file (written as training starts, after data preparation; a resumed run's minutes include
-the time between its launches), where the train step's wall time went (training steps, validation,
-checkpointing, attention maps, the rest; from the run's results.json, written by time_budget.TimeBudget: a
-resumed run's counts only its last launch) with the training steps' model FLOPs utilisation against a matmul
-ceiling measured in the training process, and the scores with length ratio and brevity penalty; writes them
-all to ``RUN/reproduce.json``, with the run directory relative to the launch directory and every other path
-relative to the run directory, beside what made it (``provenance``: commit, versions, machine, command line).
-Each score carries the conventions others publish: cased and lowercased sacreBLEU and the Multi30k literature's
-lowercased, Moses-tokenized BLEU (``bleu_multi30k``, see inference/multi30k_bleu.py).
+epochs"; ``planned``/``trained`` in reproduce.json), the time of each step, greedy validation BLEU against minutes
+since the run's first TensorBoard event file (written as training starts, after data preparation; a resumed run's
+minutes include the time between its launches), where the train step's wall time went (training steps, validation,
+checkpointing, attention maps, the rest; from the run's results.json, written by time_budget.TimeBudget: a resumed
+run's counts only its last launch) with the training steps' model FLOPs utilisation against a matmul ceiling
+measured in the training process, and the scores with length ratio and brevity penalty; writes them all to
+``RUN/reproduce.json``, with the run directory relative to the launch directory and every other path relative to the
+run directory, beside what made it (``provenance``: commit, versions, machine, command line). Each score carries the
+conventions others publish: cased and lowercased sacreBLEU and the Multi30k literature's lowercased, Moses-tokenized
+BLEU (``bleu_multi30k``, see inference/multi30k_bleu.py).
 """
 
 from __future__ import annotations

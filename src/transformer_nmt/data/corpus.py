@@ -102,7 +102,8 @@ def split_inputs(spec: CorpusSpec, split: str) -> list[str]:
     location = spec.locations.get(split)
     key = f"data.{split}"
     if location is None or location == "":
-        raise CorpusError(f"{key} is not set: give a path prefix (format=text), a file (tsv/jsonl) or a split name (hub)")
+        raise CorpusError(f"{key} is not set: give a path prefix (format=text), a file (tsv/jsonl) or a split name "
+                          "(hub)")
     if spec.format == "text":
         return [str(_text_file(location, lang, key)) for lang in spec.langs]
     if spec.format in ("tsv", "jsonl"):

@@ -22,8 +22,9 @@ other things differ, and are bridged here:
 - it refuses eos on the first step unless min_decoding_length is 0; an empty translation is allowed here.
 
 Each beam hypothesis also carries its log-probability (the sum CTranslate2 normalised, restored), as the native
-searches' do (greedy: 0.0, as its score: asking CTranslate2 for greedy scores would cost a log-softmax a step); a ``prefix`` per source goes to CTranslate2's ``target_prefix`` (greedy output limits then count
-the prefix, as ours do), and ``score_ids`` scores given translations with ``score_batch``.
+searches' do (greedy: 0.0, as its score: asking CTranslate2 for greedy scores would cost a log-softmax a step); a
+``prefix`` per source goes to CTranslate2's ``target_prefix`` (greedy output limits then count the prefix, as ours
+do), and ``score_ids`` scores given translations with ``score_batch``.
 """
 
 from __future__ import annotations
@@ -118,7 +119,8 @@ class CTranslate2Model:
             limits = [min(max(limit, len(p)), self.config.max_positions - 1) for limit, p in zip(limits, prefixes)]
         if beam == 1:  # greedy: the first `limit` tokens are the output of a search stopped at `limit`
             outputs = self._translate(sources, range(len(sources)), max(limits), beam, alpha, max_tokens, prefixes)
-            return [[Hypothesis(h.tokens[:limit], 0.0) for h in self._hypotheses(output, beam, alpha, n_best, decode.length_penalty)]
+            return [[Hypothesis(h.tokens[:limit], 0.0)
+                     for h in self._hypotheses(output, beam, alpha, n_best, decode.length_penalty)]
                     for output, limit in zip(outputs, limits)]
         groups: dict[int, list[int]] = defaultdict(list)
         for i, limit in enumerate(limits):

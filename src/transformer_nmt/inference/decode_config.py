@@ -1,6 +1,7 @@
 """How to decode: the one home of the search's settings (paper section 6.1: beam 4, length penalty 0.6, at most
-source length + 50 tokens), of sampling's (off by default) and of the engine that runs it. translate, evaluate, analyze_heads, explore, the
-validation BLEU of training, the CTranslate2 engine and the benchmarks all read their defaults from here."""
+source length + 50 tokens), of sampling's (off by default) and of the engine that runs it. translate, evaluate,
+analyze_heads, explore, the validation BLEU of training, the CTranslate2 engine and the benchmarks all read their
+defaults from here."""
 
 from __future__ import annotations
 

@@ -145,7 +145,8 @@ def to_marian_weights(model: Transformer) -> dict[str, torch.Tensor]:
         elif kind == "ffn_in":  # reads the residual stream: columns
             out[f"{theirs}.weight"], out[f"{theirs}.bias"] = state[f"{ours}.weight"][:, order], state[f"{ours}.bias"]
         else:  # norm, ffn_out: write it (rows, and the bias)
-            out[f"{theirs}.weight"], out[f"{theirs}.bias"] = state[f"{ours}.weight"][order], state[f"{ours}.bias"][order]
+            out[f"{theirs}.weight"], out[f"{theirs}.bias"] = (state[f"{ours}.weight"][order],
+                                                              state[f"{ours}.bias"][order])
     source, target = state["src_embed.weight"][:, order], state["tgt_embed.weight"][:, order]  # (vocab, d_model)
     output = target if cfg.tie_embeddings else state["output_proj.weight"][:, order]
     if cfg.tie_embeddings:
@@ -282,7 +283,8 @@ def model_card(config: TransformerConfig, meta: dict, command: str | None) -> st
     scores = _scores(meta) or ["- none recorded beside the checkpoint (python -m transformer_nmt.evaluate writes "
                                "them to eval/)"]
     data_lines = [f"- {key}: `{data[key]}`" for key in ("format", "train", "val", "test", "hub_name", "vocab_size",
-                                                         "spm_model_type", "max_positions") if data.get(key) is not None]
+                                                         "spm_model_type", "max_positions")
+                  if data.get(key) is not None]
     model = config.to_dict()
     return "\n".join([
         "---", "tags:", "- translation", "- marian", "- transformer_nmt", "language:", f"- {src}", f"- {tgt}",
@@ -424,7 +426,8 @@ def from_marian_weights(state: dict[str, torch.Tensor], config: TransformerConfi
         elif kind == "ffn_in":
             ours[f"{mine}.weight"], ours[f"{mine}.bias"] = state[f"{theirs}.weight"][:, back], state[f"{theirs}.bias"]
         else:
-            ours[f"{mine}.weight"], ours[f"{mine}.bias"] = state[f"{theirs}.weight"][back], state[f"{theirs}.bias"][back]
+            ours[f"{mine}.weight"], ours[f"{mine}.bias"] = (state[f"{theirs}.weight"][back],
+                                                            state[f"{theirs}.bias"][back])
 
     def rows(name: str) -> torch.Tensor:  # (MarianMT vocab, d_model) -> (our vocab, d_model), our layout
         return state[name][order][:, back].contiguous()

@@ -349,14 +349,6 @@ class MultiHeadAttention(nn.Module):
             k, v = self.k_proj(key), self.v_proj(value)
         return self.q_proj(query), k, v
 
-    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
-        """Checkpoints written before ``in_proj`` hold q_proj, k_proj, v_proj apart: stack them on load."""
-        for kind in ("weight", "bias"):
-            old = [f"{prefix}{name}_proj.{kind}" for name in "qkv"]
-            if all(key in state_dict for key in old):
-                state_dict[f"{prefix}in_proj.{kind}"] = torch.cat([state_dict.pop(key) for key in old])
-        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
-
     def forward(self, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None = None,
                 is_causal: bool = False, need_weights: bool = False,
                 cache: AttentionCache | None = None) -> tuple[Tensor, Tensor | None]:

@@ -135,7 +135,8 @@ def greedy_search(model: Transformer, src: Tensor, bos_id: int = BOS_ID, eos_id:
             break
         if n_done:  # drop finished sentences from the batch
             keep, _ = first_done_last(done, n_done)
-            rows, memory, src, limits, next_tokens = rows[keep], memory[keep], src[keep], limits[keep], next_tokens[keep]
+            rows, memory, src, limits, next_tokens = (rows[keep], memory[keep], src[keep], limits[keep],
+                                                      next_tokens[keep])
             cache.reorder(keep)
         last = next_tokens.unsqueeze(1)  # (b, 1)
     return [Hypothesis(tokens, 0.0, lp) for tokens, lp in zip(until_eos(out.t().tolist(), eos_id), log_prob.tolist())]

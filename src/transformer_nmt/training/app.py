@@ -33,12 +33,12 @@ from transformer_nmt.checkpoint import (
     CKPT_MODEL_CONFIG,
     MODEL_PREFIX,
     CheckpointError,
-    atomic_write,
     checkpoint_tokenizer,
     model_config_of,
     read_checkpoint,
 )
 from transformer_nmt.data.datamodule import TranslationDataModule
+from transformer_nmt.durable import atomic_write
 from transformer_nmt.hardware import reported_cpu_flags
 from transformer_nmt.model.attention import auto_kernel, check_attention
 from transformer_nmt.provenance import PROVENANCE_KEY

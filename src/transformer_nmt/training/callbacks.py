@@ -207,11 +207,11 @@ class AttentionMaps(Callback, BackgroundWork):
 class LastCheckpoint(Checkpoint):
     """``RUN_DIR/checkpoints/last.ckpt``: after every validation, every ``every_n_train_steps`` optimizer
     steps (None: not by steps; set it for mid-epoch resume) and at the end of training (after the batch where it
-    stops mid-epoch: max_steps or max_time), always on an optimizer step's boundary: a validation inside gradient accumulation (``val_check_interval`` not a multiple of
-    ``accumulate_grad_batches``) is saved after the step that completes it. A checkpoint written between the
-    micro-batches of a step would count them as trained, though their gradients are not in it: the resumed run
-    would skip them. Training that stops between them (a callback's ``should_stop``) leaves last.ckpt at the
-    step before, with a warning.
+    stops mid-epoch: max_steps or max_time), always on an optimizer step's boundary: a validation inside gradient
+    accumulation (``val_check_interval`` not a multiple of ``accumulate_grad_batches``) is saved after the step
+    that completes it. A checkpoint written between the micro-batches of a step would count them as trained,
+    though their gradients are not in it: the resumed run would skip them. Training that stops between them (a
+    callback's ``should_stop``) leaves last.ckpt at the step before, with a warning.
 
     A ``Checkpoint`` callback, so Lightning runs it in the checkpoint group, in list order: placed after the
     best-k and recent ModelCheckpoints, the copy written after a validation also holds their newest

@@ -42,6 +42,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     def load_checkpoint(self, path, map_location: Optional[Callable] = None,
                         weights_only: Optional[bool] = None) -> dict[str, Any]:
         """``read_checkpoint(path)``: weights only, whatever ``weights_only`` Lightning passes (its default None
-        would unpickle anything). ``map_location`` is not used: tensors load on the CPU, where Lightning's default
-        leaves them before it moves the restored state to the device."""
-        return read_checkpoint(path)
+        would unpickle anything), in today's layout with the trainer's state (checkpoint.migrate_checkpoint: an
+        older layout that its optimizer state cannot follow is refused). ``map_location`` is not used: tensors
+        load on the CPU, where Lightning's default leaves them before it moves the restored state to the device."""
+        return read_checkpoint(path, training_state=True)

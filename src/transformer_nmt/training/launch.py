@@ -123,8 +123,8 @@ def resume_checkpoint(ckpt_path: str | None, run_dir: Path) -> tuple[Path | None
     candidates = [p for p in [run_files.last_checkpoint(run_dir), *run_dir.glob(run_files.HPC_PATTERN)] if p.is_file()]
     if not candidates:
         if ckpt_path == "last":
-            raise LaunchError(f"ckpt_path=last: no {run_files.CHECKPOINTS}/{run_files.LAST} in {run_dir}; pass the run's directory "
-                              f"(run_id=NAME or hydra.run.dir=DIR) to resume it")
+            raise LaunchError(f"ckpt_path=last: no {run_files.CHECKPOINTS}/{run_files.LAST} in {run_dir}; "
+                              f"pass the run's directory (run_id=NAME or hydra.run.dir=DIR) to resume it")
         return None, f"fresh start: no checkpoint in {run_dir} (ckpt_path=auto)"
     steps = {path: checkpoint_step(path) for path in candidates}
     path = max(candidates, key=lambda p: (steps[p], p.stat().st_mtime))

@@ -507,9 +507,6 @@ class TranslationModule(pl.LightningModule):
                              "checkpoint's own: data.tokenizer_path=FILE, the SentencePiece model it embeds (key "
                              f"{CKPT_TOKENIZER!r})")
         resuming = self.attached_to_trainer() and "optimizer_states" in checkpoint
-        if resuming and any(key.endswith(".q_proj.weight") for key in checkpoint.get("state_dict", {})):
-            raise ValueError("this checkpoint predates the fused Q/K/V projection (in_proj): its weights load for "
-                             "evaluate, translate and average, but its optimizer state cannot resume training")
         if resuming and self.optim["ema_decay"] is not None and self.trainer.state.fn == "fit":
             self._ema_resumed = take_average(checkpoint, "the checkpoint being resumed")  # trained weights load
         if self.data_config is None:
