@@ -96,3 +96,11 @@ def test_a_scalar_curve_keeps_the_later_value_of_a_step_logged_twice(reproduce, 
         writer.close()
     assert reproduce.scalar_curve(tmp_path, "val/loss") == [(61, 5.5), (122, 4.8), (183, 4.2)]
     assert reproduce.scalar_curve(tmp_path, "val/bleu") == []
+
+
+def test_help_prints_the_usage_and_a_flag_is_refused_naming_it(reproduce, capsys):
+    with pytest.raises(SystemExit) as done:
+        reproduce.main(["--help"])
+    assert done.value.code == 0 and "python -m transformer_nmt.reproduce [experiment=" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="takes KEY=VALUE options .* not --epochs"):
+        reproduce.main(["experiment=multi30k_tiny", "--epochs"])

@@ -244,6 +244,12 @@ def main(argv: list[str], root: Path | None = None) -> dict:
     """The command line of transformer_nmt.reproduce, launched in ``root`` (default: the current directory;
     the script passes its checkout)."""
     root = Path.cwd() if root is None else root
+    if any(arg in ("-h", "--help") for arg in argv):
+        print(__doc__)
+        sys.exit(0)
+    flags = [arg for arg in argv if arg.startswith("-")]
+    if flags:
+        sys.exit(f"transformer_nmt.reproduce takes KEY=VALUE options (see --help), not {flags[0]}")
     provenance = collect_provenance()  # the load at the start; its config: the run's, once trained
     own = {"run_dir": None, "train": "true", "experiment": "multi30k_cpu", "alphas": None}
     for arg in argv:
