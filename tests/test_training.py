@@ -218,6 +218,41 @@ def test_a_peak_given_directly_and_a_warmup_from_an_initial_lr_as_fairseq_states
     assert peak_lr({"lr": None, "warmup_steps": 4000, "lr_factor": 1.0}, 512) == pytest.approx((512 * 4000) ** -0.5)
 
 
+
+def module_lrs(train: dict, steps: int) -> list[float]:
+    """The optimizer's lr at optimizer steps 1..``steps`` through the module's own schedule."""
+    module = TranslationModule(dict(vocab_size=20, d_model=16, n_heads=2, n_encoder_layers=1, n_decoder_layers=1,
+                                    d_ff=32), train)
+    scheduler = module.configure_optimizers()["lr_scheduler"]["scheduler"]
+    lrs = []
+    for _ in range(steps):
+        lrs.append(scheduler.optimizer.param_groups[0]["lr"])
+        scheduler.optimizer.step()
+        scheduler.step()
+    return lrs
+
+
+def test_a_constant_schedule_holds_the_peak_after_its_warmup_or_from_the_first_step():
+    """train.lr_schedule=constant: linear from warmup_init_lr to train.lr over warmup_steps, then train.lr; with
+    warmup_steps=0, train.lr from step 1. Values by hand."""
+    assert module_lrs({"lr": 1e-4, "warmup_steps": 0, "lr_schedule": "constant"}, 5) == pytest.approx([1e-4] * 5)
+    lrs = module_lrs({"lr": 1e-3, "warmup_steps": 4, "warmup_init_lr": 0.0, "lr_schedule": "constant"}, 8)
+    assert lrs == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3, 1e-3, 1e-3, 1e-3, 1e-3])
+    # without train.lr the peak is 5.3's factor * (d_model * warmup)^-0.5, held after the warm-up
+    lrs = module_lrs({"lr_factor": 2.0, "warmup_steps": 10, "lr_schedule": "constant"}, 30)
+    assert lrs[9:] == pytest.approx([2.0 * (16 * 10) ** -0.5] * 21)
+    # the default is the paper's: it decays
+    assert module_lrs({"lr": 1e-3, "warmup_steps": 4}, 16)[-1] == pytest.approx(1e-3 * (4 / 16) ** 0.5)
+
+
+@pytest.mark.parametrize("train, message", [
+    ({"warmup_steps": 0}, r"train.warmup_steps=0: the inverse square root schedule peaks at step warmup_steps"),
+    ({"lr_schedule": "cosine"}, r"train.lr_schedule='cosine': use one of inverse_sqrt, constant"),
+    ({"lr_schedule": "constant", "warmup_steps": -1}, r"train.warmup_steps=-1")])
+def test_a_schedule_that_cannot_run_is_refused_naming_the_option(train, message):
+    with pytest.raises(ValueError, match=message):
+        module_lrs(train, 1)
+
 def test_activation_dropout_drops_inside_the_feed_forward_only_in_training():
     from transformer_nmt.model.transformer import FeedForward
 

@@ -230,7 +230,8 @@ def summary(cfg: DictConfig, datamodule, module: TranslationModule, trainer: pl.
         f"schedule    peak lr {peak_lr(module.optim, c.d_model):.3g} at step {cfg.train.warmup_steps} ("
         + ("train.lr" if cfg.train.get("lr") is not None else f"lr_factor {cfg.train.lr_factor}")
         + (f", warmup from {cfg.train.warmup_init_lr:g}" if cfg.train.get("warmup_init_lr") else "")
-        + f", then inverse sqrt), max_steps {trainer.max_steps}, max_epochs {trainer.max_epochs}",
+        + (", then constant)" if cfg.train.get("lr_schedule") == "constant" else ", then inverse sqrt)")
+        + f", max_steps {trainer.max_steps}, max_epochs {trainer.max_epochs}",
         *([f"frozen      {module.parameter_counts['frozen']:,} parameters (train.freeze "
            f"{list(cfg.train.freeze)}), {module.parameter_counts['trainable']:,} trainable"]
           if cfg.train.get("freeze") else []),

@@ -49,6 +49,9 @@ class TrainConfig:
                                      "null: from lr_factor and d_model as in 5.3")
     warmup_init_lr: float = option(0.0, "the lr the linear warmup starts from (fairseq's --warmup-init-lr); the "
                                         "paper's starts from 0")
+    lr_schedule: str = option("inverse_sqrt", "after the warm-up: inverse_sqrt (5.3: decays with step^-0.5) | "
+                                              "constant (the peak from then on; with warmup_steps=0 from the "
+                                              "first step: a fine-tune's usual schedule)")
     betas: list[float] = option(help="Adam's (beta1, beta2) (5.3)", factory=lambda: [0.9, 0.98])
     eps: float = option(1e-9, "Adam's epsilon (5.3)")
     clip_grad_norm: float | None = option(None, "max global L2 norm of the gradients; null: no clipping (the "

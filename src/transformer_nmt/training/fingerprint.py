@@ -77,7 +77,7 @@ EXTENDS = ("trainer.max_steps", "trainer.max_epochs", "trainer.max_time")  # a l
 # Model options added since, whose value here is what every run did before them: a run that lacks one ran with it.
 DEFAULTED = {"model.activation": "relu", "model.output_bias": False, "model.activation_dropout": 0.0,
              "train.lr": None, "train.warmup_init_lr": 0.0, "data.spm_alpha": 0.0, "train.freeze": [],
-             "train.ema_decay": None, "train.ema_warmup": True}
+             "train.ema_decay": None, "train.ema_warmup": True, "train.lr_schedule": "inverse_sqrt"}
 
 
 class ResumeError(ValueError):

@@ -160,17 +160,33 @@ def warmup_inverse_sqrt_lr(step: int, peak: float, warmup_steps: int, init: floa
     return peak * (warmup_steps / step) ** 0.5
 
 
+def warmup_constant_lr(step: int, peak: float, warmup_steps: int, init: float = 0.0) -> float:
+    """``train.lr_schedule=constant`` (a fine-tune's usual schedule): linear from ``init`` at step 0 to ``peak`` at
+    ``warmup_steps`` (0: ``peak`` from the first step), then ``peak``."""
+    step = max(step, 1)
+    if step < warmup_steps:
+        return init + (peak - init) * step / warmup_steps
+    return peak
+
+
+LR_SCHEDULES = ("inverse_sqrt", "constant")  # train.lr_schedule
+
+
 def peak_lr(optim: dict, d_model: int) -> float:
     """The schedule's peak (at step warmup_steps): ``train.lr`` where given, else 5.3's factor * (d_model *
     warmup)^-0.5."""
     if optim.get("lr") is not None:
         return float(optim["lr"])
-    return inverse_sqrt_lr(optim["warmup_steps"], d_model, optim["warmup_steps"], optim["lr_factor"])
+    return inverse_sqrt_lr(max(optim["warmup_steps"], 1), d_model, max(optim["warmup_steps"], 1), optim["lr_factor"])
 
 
 def _scheduler_factor(scheduler_step: int, d_model: int, warmup_steps: int, factor: float,
-                      peak: float | None = None, init: float = 0.0) -> float:
+                      peak: float | None = None, init: float = 0.0, schedule: str = "inverse_sqrt") -> float:
     # LambdaLR's step counter is 0 before the first optimizer step; the paper counts from 1.
+    if schedule == "constant":
+        if peak is None:
+            peak = inverse_sqrt_lr(max(warmup_steps, 1), d_model, max(warmup_steps, 1), factor)
+        return warmup_constant_lr(scheduler_step + 1, peak, warmup_steps, init)
     if peak is None and init == 0.0:
         return inverse_sqrt_lr(scheduler_step + 1, d_model, warmup_steps, factor)
     if peak is None:
@@ -208,6 +224,12 @@ class TranslationModule(pl.LightningModule):
         self.tokenizer = tokenizer
         self.optim = asdict(TrainConfig(**(train_config or {})))
         self.parameter_counts = freeze(self.model, self.optim["freeze"])  # train.freeze: requires_grad=False
+        if self.optim["lr_schedule"] not in LR_SCHEDULES:
+            raise ValueError(f"train.lr_schedule={self.optim['lr_schedule']!r}: use one of {', '.join(LR_SCHEDULES)}")
+        if self.optim["warmup_steps"] < (1 if self.optim["lr_schedule"] == "inverse_sqrt" else 0):
+            raise ValueError(f"train.warmup_steps={self.optim['warmup_steps']}: the inverse square root schedule "
+                             f"peaks at step warmup_steps (>= 1); for no warm-up use train.lr_schedule=constant "
+                             f"train.warmup_steps=0")
         if self.optim["ema_decay"] is not None and not 0.0 < self.optim["ema_decay"] < 1.0:
             raise ValueError(f"train.ema_decay must be in (0, 1) or null, got {self.optim['ema_decay']}")
         self._ema_swap = None  # the average's swapped_in() context while evaluating
@@ -239,7 +261,7 @@ class TranslationModule(pl.LightningModule):
         trainable = [p for p in self.parameters() if p.requires_grad]  # frozen ones (train.freeze): no Adam state
         optimizer = torch.optim.Adam(trainable, lr=1.0, betas=tuple(o["betas"]), eps=o["eps"], fused=fused)
         schedule = partial(_scheduler_factor, d_model=self.model.config.d_model, warmup_steps=o["warmup_steps"],
-                           factor=o["lr_factor"], peak=o["lr"], init=o["warmup_init_lr"])
+                           factor=o["lr_factor"], peak=o["lr"], init=o["warmup_init_lr"], schedule=o["lr_schedule"])
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
         # interval "step": Lightning steps it once per optimizer step, i.e. after accumulation.
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
