@@ -75,3 +75,25 @@ def test_the_freeze_list_is_part_of_the_run_fingerprint(tmp_path):
     with pytest.raises((ResumeError, SystemExit, ValueError), match="train.freeze"):
         train(tiny_config(corpus, "trainer.max_steps=4", "trainer.limit_val_batches=0",
                           "train.freeze=[decoder_layers.*]"), tmp_path / "run")
+
+
+def test_a_fine_tune_keeps_its_checkpoints_vocabulary_and_refuses_another_tokenizer_path(tmp_path):
+    from tiny_checkpoint import tiny_tokenizer
+
+    from transformer_nmt.checkpoint import checkpoint_tokenizer
+    from transformer_nmt.training.app import ConfigError
+
+    corpus = write_tiny_corpus(tmp_path / "corpus")
+    train(tiny_config(corpus, "trainer.max_steps=1", "trainer.limit_val_batches=0"), tmp_path / "parent")
+    parent = tmp_path / "parent" / "checkpoints" / "last.ckpt"
+    other = tmp_path / "other.model"
+    tiny_tokenizer().save(other)
+    with pytest.raises(ConfigError, match=rf"init_from={parent} with data.tokenizer_path={other}: that is another "
+                                          r"vocabulary .* would no longer match"):
+        train(tiny_config(corpus, f"init_from={parent}", f"data.tokenizer_path={other}", "trainer.max_steps=2"),
+              tmp_path / "child")
+    same = tmp_path / "same.model"
+    checkpoint_tokenizer(read_checkpoint(parent), parent).save(same)
+    trainer = train(tiny_config(corpus, f"init_from={parent}", f"data.tokenizer_path={same}", "trainer.max_steps=2",
+                                "trainer.limit_val_batches=0"), tmp_path / "child2")
+    assert trainer.global_step == 2

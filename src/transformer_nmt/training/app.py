@@ -38,6 +38,7 @@ from transformer_nmt.checkpoint import (
     read_checkpoint,
 )
 from transformer_nmt.data.datamodule import TranslationDataModule
+from transformer_nmt.data.tokenizer import Tokenizer
 from transformer_nmt.durable import atomic_write
 from transformer_nmt.hardware import reported_cpu_flags
 from transformer_nmt.model.attention import auto_kernel, check_attention
@@ -138,6 +139,21 @@ def read_init(path: str) -> dict:
     except CheckpointError as error:
         raise ConfigError(str(error)) from None
     return {**init, CKPT_MODEL_CONFIG: config.to_dict()}
+
+
+def check_same_vocabulary(init_tokenizer, init_from: str, tokenizer_path: str) -> None:
+    """A fine-tune (``init_from``) keeps its checkpoint's vocabulary: the embeddings' rows are its pieces. A
+    ``data.tokenizer_path`` naming another SentencePiece model is refused, with the reason; the same one is fine."""
+    try:
+        given = Tokenizer.load(tokenizer_path)
+    except (OSError, RuntimeError, ValueError) as error:
+        raise ConfigError(f"data.tokenizer_path={tokenizer_path}: cannot be read ({error})") from None
+    if given != init_tokenizer:
+        raise ConfigError(f"init_from={init_from} with data.tokenizer_path={tokenizer_path}: that is another "
+                          f"vocabulary than the checkpoint's ({given.vocab_size:,} pieces, the checkpoint's "
+                          f"{init_tokenizer.vocab_size:,}, or other pieces): the embeddings' rows are the "
+                          f"checkpoint's pieces and would no longer match. A fine-tune uses the checkpoint's own "
+                          f"vocabulary: drop data.tokenizer_path")
 
 
 def build_module(cfg: DictConfig, tokenizer, init: dict | None = None) -> TranslationModule:
@@ -347,8 +363,10 @@ def _fit_and_test(cfg: DictConfig, run_dir: Path, overrides: Sequence[str], swee
     # torch.compile: batch widths a multiple of 8 too, so that shapes repeat (and the user's multiple still holds)
     compile_pad = {"pad_to_multiple": math.lcm(cfg.data.pad_to_multiple, 8)} if cfg.train.compile else {}
     init = read_init(cfg.init_from) if cfg.get("init_from") else None  # fine-tune: weights, tokenizer
-    datamodule = TranslationDataModule(cfg.data, **compile_pad, seed=batch_seed(cfg),
-                                       tokenizer=checkpoint_tokenizer(init, cfg.init_from) if init else None)
+    init_tokenizer = checkpoint_tokenizer(init, cfg.init_from) if init else None
+    if init_tokenizer is not None and cfg.data.get("tokenizer_path"):
+        check_same_vocabulary(init_tokenizer, cfg.init_from, cfg.data.tokenizer_path)
+    datamodule = TranslationDataModule(cfg.data, **compile_pad, seed=batch_seed(cfg), tokenizer=init_tokenizer)
     datamodule.setup("fit")  # builds or reuses the vocabulary: the model's vocab_size comes from it
     module = build_module(cfg, datamodule.tokenizer, init)
     if rank_zero_only.rank == 0:
