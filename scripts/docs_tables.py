@@ -453,14 +453,16 @@ def readme_suite(root: Path) -> str:
     """The suite's size and time from docs/benchmarks/suite.json (fresh-clone runs of ``bash .ci/run``)."""
     runs = read_json(root, BENCHMARKS / "suite.json")["runs"]
     last = runs[-1]
-    each = "; ".join(f"{r['commit']}: pytest {r['pytest_seconds']:.0f} s, "
+    each = "; ".join(f"{r['commit']} ({r['date_utc'][:10]}{'' if r.get('quiet', True) else ', not quiet'}): "
+                     f"pytest {r['pytest_seconds']:.0f} s, "
                      f"{r['ci_run_seconds'] / 60:.1f} minutes in all, "
                      f"{r['passed']} passed, {r['failed']} failed" + (f" ({'; '.join(r['failed_tests'])})"
                                                                      if r["failed_tests"] else "")
                      for r in runs)
     return (f"`python -m pytest -q` collects {last['collected']} tests ({last['skipped']} skip without a GPU or an "
-            f"optional tool). In a fresh clone, `bash .ci/run` (install, Chromium, then that command) on a quiet "
-            f"{last['cores']}-core machine with CPU flags `{' '.join(last['cpu_flags'])}` ({last['date_utc'][:10]}): "
+            f"optional tool). In a fresh clone, `bash .ci/run` (install, Chromium, then that command; from "
+            f"2026-12-03 in a fresh venv, ruff first) on a {last['cores']}-core machine with CPU flags "
+            f"`{' '.join(last['cpu_flags'])}`: "
             f"{each}. Most of it is the multi-process tests (sweeps, DDP, torchrun nodes), each process importing "
             f"Lightning.")
 
@@ -481,6 +483,9 @@ def ensemble_reference(group: str, rows: list[dict]) -> tuple[str, dict]:
     if group == "recent checkpoints":
         averages = [row for row in rows if row["name"].startswith("average of")]
         return averages[-1]["name"], averages[-1]
+    if group == "weights":  # ema_study.py: against the trained weights averaged (the recipe's averaged.ckpt)
+        averaged = next(row for row in rows if row["name"].startswith("trained weights averaged"))
+        return averaged["name"], averaged
     alone = [row for row in rows if row["models"] == 1]
     splits = [key for key in rows[0] if isinstance(rows[0][key], dict)]
     mean = {split: {key: statistics.mean(row[split][key] for row in alone) for key in ("bleu", "decode_seconds")}
@@ -488,7 +493,7 @@ def ensemble_reference(group: str, rows: list[dict]) -> tuple[str, dict]:
     return f"the mean of the {len(alone)} runs alone", mean
 
 
-def ensemble_study(root: Path, file: str) -> str:
+def ensemble_study(root: Path, file: str, script: str = "ensemble_study") -> str:
     """Every row of one ensemble_study.py run: BLEU on val (where the choice is made) and on test in the three
     conventions, decode seconds; the chosen row in bold, and what it gains over the reference at what cost."""
     data = read_json(root, QUALITY / file)
@@ -523,7 +528,7 @@ def ensemble_study(root: Path, file: str) -> str:
     command = " ".join(data["provenance"]["argv"][1:])
     threads = sorted({row[split]["threads"] for rows in data["groups"].values() for row in rows
                       for split in (first, last)})
-    lines.append(f"`python studies/ensemble_study.py {command}` (beam {options['beam']}, "
+    lines.append(f"`python studies/{script}.py {command}` (beam {options['beam']}, "
                  f"{'/'.join(map(str, threads))} threads; {measured_on(data['provenance'])}; raw file: "
                  f"[{Path(file).name}](quality/{file})).")
     return "\n".join(lines)
@@ -624,6 +629,7 @@ BLOCKS = {
     "quality-ensemble-recent": lambda root: ensemble_study(root, "ensemble_recent_F.json"),
     "quality-ensemble-seeds": lambda root: ensemble_study(root, "ensemble_seeds_base.json"),
     "quality-ensemble-recipe-seeds": lambda root: ensemble_study(root, "ensemble_seeds_recipe.json"),
+    "quality-ema": lambda root: ensemble_study(root, "ema_study_A.json", "ema_study"),
     "evaluation-samples-source": decoding_samples_source,
     "evaluation-sample-ensemble": lambda root: decoding_sample(root, ("ensemble",)),
     "evaluation-sample-n-best": lambda root: decoding_sample(root, ("n_best",)),

@@ -27,7 +27,8 @@ def test_one_round_prints_every_variant_against_the_fp32_fused_reference(tmp_pat
     assert names == ["32-true plain", "32-true fused", "bf16-mixed plain", "bf16-mixed fused",
                      "32-true fused previous loss", "bf16-mixed plain previous loss",
                      "32-true fused loss in large chunks", "bf16-mixed plain loss in large chunks",
-                     "32-true fused torch dropout", "bf16-mixed plain torch dropout"]
+                     "32-true fused torch dropout", "bf16-mixed plain torch dropout",
+                     "32-true fused 32-bit dropout", "bf16-mixed plain 32-bit dropout"]
     # One round on the pool's one batch: every variant steps on that batch, so its rate times its step time is the
     # batch's target tokens (not its padded cells, not its source side), and its model FLOP/s times its step time
     # the batch's FLOPs, the same for every variant (one model, one batch).
@@ -54,4 +55,20 @@ def test_one_round_prints_every_variant_against_the_fp32_fused_reference(tmp_pat
 def test_a_wrong_reference_stops_before_timing():
     run = benchmark("--tokens", "256", "--no-compile", "--reference", "bf16 plain")
     assert run.returncode != 0 and "--reference 'bf16 plain' is not an eager variant" in run.stderr, run.stderr
-    assert "Training step of the small model" not in run.stdout
+    assert "Training step of" not in run.stdout
+
+
+def test_an_experiment_gives_its_model_vocabulary_and_train_settings():
+    """--experiment NAME: the shape experiment=NAME composes (multi30k_tiny: conf/experiment/multi30k_tiny.yaml),
+    else model=small with the defaults."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    try:
+        from recipe import small_recipe
+    finally:
+        sys.path.pop(0)
+    tiny, tiny_train = small_recipe("multi30k_tiny")
+    assert (tiny["d_model"], tiny["d_ff"], tiny["n_encoder_layers"], tiny["vocab_size"], tiny["dropout"]) == \
+        (128, 256, 4, 10000, 0.3)
+    assert (tiny_train["lr"], tiny_train["warmup_steps"], tiny_train["eps"]) == (0.005, 2000, 1e-8)
+    small, _ = small_recipe()
+    assert (small["d_model"], small["d_ff"], small["n_encoder_layers"], small["vocab_size"]) == (256, 1024, 3, 8000)

@@ -61,5 +61,6 @@ def test_the_four_models_are_the_trained_and_averaged_weights_alone_and_averaged
     best = max(rows, key=lambda r: r["val"]["bleu"])["name"]
     assert result["chosen"] == {"weights": best}
     written = json.loads((tmp_path / "study.json").read_text())
-    assert written["ema"] == {"decay": 0.9, "warmup": True, "updates": 6}  # the newest: step 6 and len(written["groups"]["weights"]) == 4
+    assert written["ema"] == {"decay": 0.9, "warmup": True, "updates": 6}  # the newest checkpoint: step 6
+    assert len(written["groups"]["weights"]) == 4
     assert all(set(r["val"]) >= {"bleu", "bleu_multi30k", "chrf", "length_ratio"} for r in written["groups"]["weights"])
