@@ -10,7 +10,7 @@ u < -2^15 + round(p * 2^16): a probability p' within 2^-17 of p, so that the exp
 element, x * (1 - p') / (1 - p), is within 2^-16 (1.5e-5) of x, far inside bf16's rounding (2^-9). Above 0.5 the
 bound 2^-17 / (1 - p) grows, and the draw gives two uniform 32-bit integers instead (u < -2^31 + round(p * 2^32):
 within 2^-33 of p). A quarter of a draw per element, and no float comparison (measured against the 32-bit
-split and torch's kernel: docs/benchmarks.md, "Dropout masks and loss chunks"). The kept elements are
+split and torch's kernel: docs/benchmarks.md, "Dropout from 16-bit integers"). The kept elements are
 x * (1 / (1 - p)) rounded once to x's dtype, then multiplied by the exact 0/1 mask, a bool tensor (no float copy
 of it). (torch's CPU kernel rounds the scale to x's dtype first, which biases bf16 values up; here the scaled
 value is rounded once, as torch's CUDA kernel does.) Other devices use ``F.dropout`` (on CUDA a fused Philox

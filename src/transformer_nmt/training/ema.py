@@ -24,18 +24,23 @@ CKPT_RAW_WEIGHTS = "raw_state_dict"  # a checkpoint of an EMA run: the trained w
 CKPT_EMA = "ema"  # {"decay", "warmup", "updates"}
 
 
-class WeightEMA:
-    """The moving average of ``module``'s trainable parameters, by their ``named_parameters`` names (with
-    ``prefix``, e.g. "model.": the names of the LightningModule's state_dict)."""
+def check_decay(decay: float) -> float:
+    """``train.ema_decay`` as a decay: in (0, 1), or refused naming the option."""
+    if not 0.0 < decay < 1.0:
+        raise ValueError(f"train.ema_decay must be in (0, 1), got {decay}")
+    return decay
 
-    def __init__(self, module: nn.Module, decay: float, warmup: bool = True, prefix: str = ""):
-        if not 0.0 < decay < 1.0:
-            raise ValueError(f"train.ema_decay must be in (0, 1), got {decay}")
-        self.decay, self.warmup, self.updates = float(decay), bool(warmup), 0
+
+class WeightEMA:
+    """The moving average of ``module``'s trainable parameters, by their ``named_parameters`` names (for a
+    LightningModule, the names of its state_dict: "model....")."""
+
+    def __init__(self, module: nn.Module, decay: float, warmup: bool = True):
+        self.decay, self.warmup, self.updates = float(check_decay(decay)), bool(warmup), 0
         by_tensor: dict[int, tuple[nn.Parameter, list[str]]] = {}  # a tied parameter is one tensor, several names
         for name, p in module.named_parameters(remove_duplicate=False):
             if p.requires_grad:
-                by_tensor.setdefault(id(p), (p, []))[1].append(prefix + name)
+                by_tensor.setdefault(id(p), (p, []))[1].append(name)
         self.params = [p for p, _ in by_tensor.values()]
         self.aliases = [names for _, names in by_tensor.values()]  # every name of each parameter
         self.names = [names[0] for names in self.aliases]
@@ -54,18 +59,28 @@ class WeightEMA:
         self.updates += 1
         torch._foreach_lerp_(self.average, [p.detach() for p in self.params], 1.0 - self.decay_at(self.updates))
 
-    @contextmanager
-    def swapped_in(self):
-        """The average in the model's parameters for the duration (validation), the trained weights back after."""
-        with torch.no_grad():
+    @torch.no_grad()
+    def swap_in(self) -> None:
+        """The average into the model's parameters, the trained weights set aside (once: again is a no-op)."""
+        if self._swapped is None:
             self._swapped = [p.detach().clone() for p in self.params]
             torch._foreach_copy_([p.data for p in self.params], self.average)
+
+    @torch.no_grad()
+    def swap_out(self) -> None:
+        """The trained weights back into the model (a no-op when the average is not in it)."""
+        if self._swapped is not None:
+            torch._foreach_copy_([p.data for p in self.params], self._swapped)
+            self._swapped = None
+
+    @contextmanager
+    def swapped_in(self):
+        """The average in the model's parameters for the duration, the trained weights back after."""
+        self.swap_in()
         try:
             yield
         finally:
-            with torch.no_grad():
-                torch._foreach_copy_([p.data for p in self.params], self._swapped)
-            self._swapped = None
+            self.swap_out()
 
     def trained_weights(self) -> dict[str, Tensor]:
         """name -> the trained weights (the model's own, or the ones set aside while the average is swapped in);

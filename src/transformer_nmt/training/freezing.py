@@ -19,7 +19,7 @@ def freeze(model: nn.Module, patterns: list[str] | tuple[str, ...], option: str 
     """Set ``requires_grad=False`` on every parameter of ``model`` a pattern matches; returns {"trainable": n,
     "frozen": n} (parameter counts, each tensor once)."""
     patterns = list(patterns or [])
-    names = [(name, p) for name, p in model.named_parameters(remove_duplicate=False)]
+    names = list(model.named_parameters(remove_duplicate=False))
     for pattern in patterns:
         if not isinstance(pattern, str) or not pattern:
             raise ValueError(f"{option}: {pattern!r} is not a parameter name pattern")

@@ -37,7 +37,7 @@ from transformer_nmt.inference.decode_config import DecodeConfig
 from transformer_nmt.model.decoding import greedy_decode
 from transformer_nmt.model.transformer import Transformer, TransformerConfig
 from transformer_nmt.training.config import TrainConfig
-from transformer_nmt.training.ema import WeightEMA, take_average
+from transformer_nmt.training.ema import WeightEMA, check_decay, take_average
 from transformer_nmt.training.freezing import freeze
 from transformer_nmt.training.lightning_adapter import is_logging_step
 
@@ -183,15 +183,12 @@ def peak_lr(optim: dict, d_model: int) -> float:
 def _scheduler_factor(scheduler_step: int, d_model: int, warmup_steps: int, factor: float,
                       peak: float | None = None, init: float = 0.0, schedule: str = "inverse_sqrt") -> float:
     # LambdaLR's step counter is 0 before the first optimizer step; the paper counts from 1.
-    if schedule == "constant":
-        if peak is None:
-            peak = inverse_sqrt_lr(max(warmup_steps, 1), d_model, max(warmup_steps, 1), factor)
-        return warmup_constant_lr(scheduler_step + 1, peak, warmup_steps, init)
-    if peak is None and init == 0.0:
-        return inverse_sqrt_lr(scheduler_step + 1, d_model, warmup_steps, factor)
-    if peak is None:
-        peak = inverse_sqrt_lr(warmup_steps, d_model, warmup_steps, factor)
-    return warmup_inverse_sqrt_lr(scheduler_step + 1, peak, warmup_steps, init)
+    if schedule == "inverse_sqrt" and peak is None and init == 0.0:
+        return inverse_sqrt_lr(scheduler_step + 1, d_model, warmup_steps, factor)  # the paper's, as written
+    if peak is None:  # 5.3's peak (a constant schedule may have no warm-up: its peak at step 1 then)
+        peak = inverse_sqrt_lr(max(warmup_steps, 1), d_model, max(warmup_steps, 1), factor)
+    lr = warmup_constant_lr if schedule == "constant" else warmup_inverse_sqrt_lr
+    return lr(scheduler_step + 1, peak, warmup_steps, init)
 
 
 def dropout_seed(seed: int, rank: int, global_step: int, batch_idx: int) -> int:
@@ -230,9 +227,8 @@ class TranslationModule(pl.LightningModule):
             raise ValueError(f"train.warmup_steps={self.optim['warmup_steps']}: the inverse square root schedule "
                              f"peaks at step warmup_steps (>= 1); for no warm-up use train.lr_schedule=constant "
                              f"train.warmup_steps=0")
-        if self.optim["ema_decay"] is not None and not 0.0 < self.optim["ema_decay"] < 1.0:
-            raise ValueError(f"train.ema_decay must be in (0, 1) or null, got {self.optim['ema_decay']}")
-        self._ema_swap = None  # the average's swapped_in() context while evaluating
+        if self.optim["ema_decay"] is not None:
+            check_decay(self.optim["ema_decay"])  # refused here, before the fit, not at its start
         self.ema = None  # WeightEMA, made at the fit's start, on the training device (train.ema_decay)
         self._ema_resumed = None  # (average, updates) a resumed checkpoint holds, until the fit starts
         if self.optim["compile"]:
@@ -402,14 +398,12 @@ class TranslationModule(pl.LightningModule):
 
     def _swap_in_average(self) -> None:
         """train.ema_decay: the average in the model while it is evaluated (``_swap_out_average`` after)."""
-        if self.ema is not None and self._ema_swap is None:
-            self._ema_swap = self.ema.swapped_in()
-            self._ema_swap.__enter__()
+        if self.ema is not None:
+            self.ema.swap_in()
 
     def _swap_out_average(self) -> None:
-        if self._ema_swap is not None:
-            swap, self._ema_swap = self._ema_swap, None
-            swap.__exit__(None, None, None)
+        if self.ema is not None:
+            self.ema.swap_out()
 
     def on_validation_end(self):
         self._swap_out_average()
