@@ -5,7 +5,7 @@ A training run keeps its identity through resumes and a fresh start gets a new o
 
 import pytest
 import torch
-from tiny_checkpoint import tiny_tokenizer, write_checkpoint
+from tiny_checkpoint import reordered_pieces, tiny_tokenizer, write_checkpoint
 
 from transformer_nmt.checkpoint import CKPT_FINGERPRINT, CKPT_MODEL_CONFIG, CKPT_RUN, atomic_torch_save, load_checkpoint
 from transformer_nmt.inference.average import AVERAGED_FROM
@@ -97,6 +97,10 @@ def test_checkpoints_without_a_run_identity_are_compared_by_settings(tmp_path, t
                                                 CKPT_MODEL_CONFIG: {**config, "attention": "plain"}})
     average_main(pair)
     write_checkpoint(b, tiny_tokenizer(vocab_size=120), seed=2, step=20, run=None)
+    with pytest.raises(SystemExit, match=r"2 different vocabularies .*allow_mixed=true does not apply"):
+        average_main([*pair, "allow_mixed=true"])
+    write_checkpoint(a, reordered_pieces(reordered_pieces(tokenizer)), seed=1, step=10, run=None)
+    write_checkpoint(b, reordered_pieces(tokenizer), seed=2, step=20, run=None)  # one source model, other ids
     with pytest.raises(SystemExit, match=r"2 different vocabularies .*allow_mixed=true does not apply"):
         average_main([*pair, "allow_mixed=true"])
 

@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 from test_decoding import model_log_probs, random_model, random_sources, reference_beam, reference_greedy
-from tiny_checkpoint import multi30k_lines, tiny_tokenizer, write_checkpoint
+from tiny_checkpoint import multi30k_lines, reordered_pieces, tiny_tokenizer, write_checkpoint
 
 from transformer_nmt.inference.ensemble import load_ensemble
 from transformer_nmt.inference.evaluate import main as evaluate_main
@@ -121,5 +121,12 @@ def test_another_tokenizer_is_refused_naming_both_files(tmp_path, checkpoints):
     write_checkpoint(other, tiny_tokenizer(vocab_size=180))
     with pytest.raises(SystemExit, match=f"checkpoint {other} has another tokenizer than {checkpoints[0]}"):
         translate_main([f"ckpt=[{checkpoints[0]},{other}]", "input=/dev/null"])
+    pieces, swapped = tmp_path / "pieces.ckpt", tmp_path / "swapped.ckpt"  # one source model, ids that differ
+    tokenizer = tiny_tokenizer()
+    write_checkpoint(pieces, reordered_pieces(reordered_pieces(tokenizer)))  # swapped twice: the model's own order
+    write_checkpoint(swapped, reordered_pieces(tokenizer))
+    with pytest.raises(SystemExit, match=r"has another tokenizer than .*pieces.ckpt \(their joint vocabularies "
+                                         r"\(pieces\) differ\)"):
+        translate_main([f"ckpt=[{pieces},{swapped}]", "input=/dev/null"])
     with pytest.raises(SystemExit, match="engine=ctranslate2 decodes one model"):
         translate_main([f"ckpt=[{checkpoints[0]},{checkpoints[1]}]", "engine=ctranslate2", "input=/dev/null"])

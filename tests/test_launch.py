@@ -10,7 +10,13 @@ from hydra import compose, initialize_config_dir
 from transformer_nmt.checkpoint import CKPT_MODEL_CONFIG, CKPT_TOKENIZER
 from transformer_nmt.conf import CONF_DIR
 from transformer_nmt.training.config import register_configs
-from transformer_nmt.training.launch import LaunchError, job_identity, resume_checkpoint
+from transformer_nmt.training.launch import (
+    LaunchError,
+    job_identity,
+    note_requeue,
+    requeued_resume,
+    resume_checkpoint,
+)
 
 LAUNCHERS = ("SLURM_JOB_ID", "TORCHELASTIC_RUN_ID", "WORLD_SIZE")
 
@@ -92,6 +98,30 @@ def test_auto_resumes_from_the_newest_checkpoint_of_the_run_dir_or_starts_fresh(
     fake_checkpoint(last, 40)
     assert resume_checkpoint("last", tmp_path)[0] == last
     assert resume_checkpoint(None, tmp_path) == (None, "fresh start (ckpt_path=null)")
+
+
+def test_a_requeued_job_resumes_what_it_saved_whatever_its_ckpt_path(tmp_path, caplog):
+    """The requeued job runs its first command again: with ckpt_path=null or a file it would start over. The note
+    SlurmRequeue leaves makes that job (and only it) resume the run dir's newest checkpoint."""
+    first = fake_checkpoint(tmp_path / "elsewhere" / "init.ckpt", 7)  # what ckpt_path=FILE names
+    slurm = {"SLURM_JOB_ID": "4242"}
+    note_requeue(tmp_path, "4242", None)  # requeued during data set-up: nothing saved yet
+    assert requeued_resume(None, tmp_path, slurm) is None  # starts as its command says, as its first launch did
+    last = fake_checkpoint(tmp_path / "checkpoints" / "last.ckpt", 30)
+    note_requeue(tmp_path, "4242", 30)
+    for ckpt_path, shown in ((None, "null"), (str(first), str(first))):
+        assert requeued_resume(ckpt_path, tmp_path, slurm) == (
+            last, f"from {last}, step 30 (requeued SLURM job 4242: it resumes what its requeue saved; "
+                  f"ckpt_path={shown} was for its first launch)")
+    assert requeued_resume("auto", tmp_path, slurm) is None  # auto resumes it anyway
+    assert requeued_resume(None, tmp_path, {"SLURM_JOB_ID": "5000"}) is None  # a new job reusing the run dir
+    assert requeued_resume(None, tmp_path, {}) is None  # not under SLURM
+    array_task = {"SLURM_JOB_ID": "9", "SLURM_ARRAY_JOB_ID": "4240", "SLURM_ARRAY_TASK_ID": "3"}
+    note_requeue(tmp_path, "4240_3", 30)  # scontrol's id of an array task
+    assert requeued_resume(None, tmp_path, array_task)[0] == last
+    (tmp_path / "requeued.json").write_text("{not json")
+    assert requeued_resume(None, tmp_path, slurm) is None
+    assert "is not a requeue note" in caplog.text
 
 
 def test_missing_checkpoints_are_errors_that_name_the_fix(tmp_path):

@@ -173,6 +173,8 @@ def test_a_requeue_signal_during_data_setup_requeues_the_job(corpus, tmp_path, m
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, (
         f"killed by {signal.Signals(os.WTERMSIG(status)).name}" if os.WIFSIGNALED(status) else os.WEXITSTATUS(status))
     assert (tmp_path / "scontrol.log").read_text() == "requeue 777\n"
+    note = json.loads((tmp_path / "run" / "requeued.json").read_text())  # the requeued job resumes, if it saved
+    assert (note["slurm_job"], note["step"]) == ("777", None)
     assert signal.getsignal(signal.SIGUSR1) == signal.SIG_DFL  # this process: untouched
 
 

@@ -2,6 +2,7 @@
 requeue signal interrupts it), a writer killed mid-write never leaves a corrupt ``last.ckpt``, and the
 averaging window holds exactly the last K checkpoints."""
 
+import json
 import os
 import signal
 import subprocess
@@ -140,7 +141,8 @@ def fake_scontrol(directory: Path) -> Path:
 def test_sigusr1_under_slurm_requeues_and_the_requeued_job_ends_with_the_uninterrupted_weights(
         corpus, uninterrupted, tmp_path):
     """trainer=multinode on one CPU process under a faked SLURM job: SIGUSR1 mid-run writes last.ckpt, calls
-    `scontrol requeue JOB` and stops; the same command again (what the requeued job runs) resumes from it."""
+    `scontrol requeue JOB` and stops; the same command again (what the requeued job runs) resumes from it, also
+    when that command says ckpt_path=null (a fresh start for its first launch only)."""
     fake_scontrol(tmp_path)
     port = free_port()
     src = Path(transformer_nmt.__file__).resolve().parents[1]
@@ -154,7 +156,7 @@ def test_sigusr1_under_slurm_requeues_and_the_requeued_job_ends_with_the_uninter
                *[a.replace("trainer=cpu", "trainer=multinode") for a in tiny_overrides(corpus)],
                "trainer.num_nodes=1", "trainer.devices=1", "trainer.accelerator=cpu", "trainer.precision=32-true",
                f"trainer.max_steps={TOTAL_STEPS}", "trainer.val_check_interval=5", "checkpoint.every_n_train_steps=2",
-               "name=requeue"]
+               "name=requeue", "ckpt_path=null"]
     last = tmp_path / "outputs" / "requeue" / "slurm-4242" / "checkpoints" / "last.ckpt"  # from SLURM_JOB_ID
     job = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 240
@@ -169,7 +171,9 @@ def test_sigusr1_under_slurm_requeues_and_the_requeued_job_ends_with_the_uninter
 
     requeued = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
     assert requeued.returncode == 0, requeued.stderr[-3000:]
-    assert f"resume      from {last}, step {stopped} (ckpt_path=auto)" in requeued.stdout + requeued.stderr
+    assert json.loads((last.parent.parent / "requeued.json").read_text())["slurm_job"] == "4242"
+    assert (f"resume      from {last}, step {stopped} (requeued SLURM job 4242: it resumes what its requeue saved; "
+            f"ckpt_path=null was for its first launch)") in requeued.stdout + requeued.stderr
     final = read_checkpoint(last)
     assert final["global_step"] == TOTAL_STEPS
     difference = max((final["state_dict"][k].float() - uninterrupted[k].float()).abs().max().item()

@@ -13,11 +13,11 @@ from transformer_nmt.checkpoint import (
     CKPT_FINGERPRINT,
     CKPT_MODEL_CONFIG,
     CKPT_RUN,
-    CKPT_TOKENIZER,
     CKPT_VERSION,
     atomic_torch_save,
+    tokenizer_entries,
 )
-from transformer_nmt.data.tokenizer import train_sentencepiece
+from transformer_nmt.data.tokenizer import Tokenizer, train_sentencepiece
 from transformer_nmt.model.transformer import Transformer, TransformerConfig
 
 MULTI30K = Path(__file__).resolve().parent.parent / "data" / "multi30k"
@@ -33,6 +33,14 @@ def tiny_tokenizer(vocab_size=200):
     return train_sentencepiece(iter(sentences), vocab_size=vocab_size)
 
 
+def reordered_pieces(tokenizer):
+    """The same SentencePiece model with a joint vocabulary (pieces in id order, as an imported model carries)
+    whose ids 10 and 11 are swapped: the source model's bytes equal, the ids of two pieces not."""
+    pieces = [tokenizer.id_to_piece(i) for i in range(tokenizer.vocab_size)]
+    pieces[10], pieces[11] = pieces[11], pieces[10]
+    return Tokenizer(tokenizer.model_proto, None, pieces)
+
+
 def write_checkpoint(path, tokenizer, seed=0, step=10, max_positions=64, run=None, **config):
     """Write a loadable checkpoint of a random model (1+1 layers unless ``config`` overrides TransformerConfig),
     recording what a training run's checkpoint records besides: the version, the run identity (``run``; None: one
@@ -43,7 +51,7 @@ def write_checkpoint(path, tokenizer, seed=0, step=10, max_positions=64, run=Non
                                   "max_positions": max_positions, **config})
     model = Transformer(config)
     checkpoint = {"state_dict": {f"model.{k}": v for k, v in model.state_dict().items()},
-                  CKPT_MODEL_CONFIG: config.to_dict(), CKPT_TOKENIZER: tokenizer.model_proto,
+                  CKPT_MODEL_CONFIG: config.to_dict(), **tokenizer_entries(tokenizer),
                   "global_step": step, "epoch": 0, CKPT_VERSION: __version__,
                   CKPT_RUN: run or f"run-of-seed-{seed}", CKPT_FINGERPRINT: {"seed": seed}}
     atomic_torch_save(checkpoint, path)
@@ -91,7 +99,7 @@ def train_checkpoint(path, tokenizer, steps=300, n_pairs=3000, batch_size=48, se
         optimizer.step()
     model.eval()
     checkpoint = {"state_dict": {f"model.{k}": v for k, v in model.state_dict().items()},
-                  CKPT_MODEL_CONFIG: config.to_dict(), CKPT_TOKENIZER: tokenizer.model_proto,
+                  CKPT_MODEL_CONFIG: config.to_dict(), **tokenizer_entries(tokenizer),
                   "global_step": steps, "epoch": 0}
     atomic_torch_save(checkpoint, path)
     return model

@@ -8,6 +8,7 @@ table; the few imports that still run up are listed there, each with its reason)
     hardware.py, options.py     the machine's CPU flags and cores; key=value options over a dataclass
     durable.py, run_files.py    files and directories published atomically and durably (mkstemp, fsync, rename);
                                 the names of what a run writes under its run directory
+    file_digest.py              the sha256 of a file's bytes, memoized per version of the file (caches' keys)
     records.py                  settings dataclasses rebuilt from what a checkpoint or export records (checked)
     provenance.py               what made a results file (commit, versions, machine, command, config)
     model/                      attention, the Transformer, dropout, decoding, ensembles, sampling (plain torch)

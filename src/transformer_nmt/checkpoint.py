@@ -144,6 +144,17 @@ def tokenizer_entries(tokenizer: Tokenizer) -> dict:
     return entries
 
 
+def vocabulary_entries(checkpoint: dict) -> tuple | None:
+    """What a checkpoint records of its tokenizer (``tokenizer_entries``), as one comparable value: the source
+    SentencePiece model, the target one and the joint vocabulary (pieces in id order), as ``Tokenizer.identity``
+    gives them; None where it records no tokenizer."""
+    if checkpoint.get(CKPT_TOKENIZER) is None:
+        return None
+    pieces = checkpoint.get(CKPT_TOKENIZER_PIECES)
+    return (checkpoint[CKPT_TOKENIZER], checkpoint.get(CKPT_TARGET_TOKENIZER),
+            None if pieces is None else tuple(pieces))
+
+
 def model_config_of(checkpoint: dict, source: str) -> TransformerConfig:
     """The model config a checkpoint (``read_checkpoint``'s dict; ``source`` names it in errors) records, checked
     before anything is built: its fields and types (records.from_record), each size within ``MODEL_LIMITS``, each

@@ -24,6 +24,7 @@ RECENT = "recent"
 AVERAGED = "averaged.ckpt"  # what transformer_nmt.reproduce averages the recent window into
 TENSORBOARD = "tensorboard"
 HPC_PATTERN = "hpc_ckpt_*.ckpt"
+REQUEUED = "requeued.json"  # launch.SlurmRequeue's note: this SLURM job requeued itself; its next launch resumes
 EVAL = "eval"  # beside a checkpoint: what evaluate writes by default
 
 

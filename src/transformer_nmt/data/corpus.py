@@ -35,6 +35,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from transformer_nmt.file_digest import content_digest
+
 FORMATS = ("text", "tsv", "jsonl", "hub")
 CHUNK_PAIRS = 20_000  # pairs per Arrow record batch while reading
 CONTROL = re.compile("[\x00-\x08\x0a-\x1f]")  # C0 control characters except tab
@@ -387,16 +389,17 @@ def filter_pairs(
     return keep, report
 
 
-def file_fingerprint(paths: list[str]) -> list[tuple[str, int, int]]:
-    """(absolute path, size, mtime) of local inputs, for cache keys; hub ids pass through unchanged."""
+def file_fingerprint(paths: list[str], memo_dir: str | os.PathLike) -> list[tuple[str, int, str]]:
+    """(absolute path, size, sha256 of the bytes) of local inputs, for cache keys: a file replaced by another of
+    the same size and time (``cp -p``, ``rsync -a``) is a new key (``file_digest.content_digest``, memoized in
+    ``memo_dir``); hub ids pass through unchanged."""
     out = []
     for p in paths:
         if os.path.exists(p):
-            st = os.stat(p)
             if os.path.isdir(p):  # a saved dataset: fingerprint its files
-                out.extend(file_fingerprint(sorted(str(f) for f in Path(p).rglob("*") if f.is_file())))
+                out.extend(file_fingerprint(sorted(str(f) for f in Path(p).rglob("*") if f.is_file()), memo_dir))
                 continue
-            out.append((os.path.abspath(p), st.st_size, st.st_mtime_ns))
+            out.append((os.path.abspath(p), os.stat(p).st_size, content_digest(p, memo_dir)))
         else:
-            out.append((p, 0, 0))
+            out.append((p, 0, ""))
     return out

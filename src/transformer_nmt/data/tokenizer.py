@@ -92,6 +92,13 @@ class Tokenizer:
         return None if self._pieces is None else list(self._pieces)
 
     @property
+    def identity(self) -> tuple[bytes, bytes | None, tuple[str, ...] | None]:
+        """Everything that maps text to ids and back: the (source) SentencePiece model, the target one, the joint
+        vocabulary. Two tokenizers with equal identities encode and decode alike; models that share ids (an
+        ensemble, an average) must share it whole, not only the source model."""
+        return self._proto, self._target_proto, None if self._pieces is None else tuple(self._pieces)
+
+    @property
     def single_file(self) -> bool:
         """One SentencePiece model whose ids are the model's (what every run trains)."""
         return self._target_proto is None and self._pieces is None

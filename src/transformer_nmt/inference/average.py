@@ -34,10 +34,10 @@ from transformer_nmt.checkpoint import (
     CKPT_FINGERPRINT,
     CKPT_MODEL_CONFIG,
     CKPT_RUN,
-    CKPT_TOKENIZER,
     CheckpointError,
     atomic_torch_save,
     read_checkpoint,
+    vocabulary_entries,
 )
 from transformer_nmt.options import command_argv, option, parse_options
 
@@ -88,7 +88,7 @@ def check_one_run(checkpoints: dict[Path, dict], allow_mixed: bool = False) -> N
             raise CheckpointError(f"checkpoint {path} is an average (of {len(checkpoint[AVERAGED_FROM])} checkpoints) "
                                   f"written by transformer_nmt.average: averaging it again would weigh its inputs "
                                   f"twice; average the training checkpoints themselves")
-    checks = [("vocabularies (SentencePiece models)", lambda c: c.get(CKPT_TOKENIZER), None),
+    checks = [("vocabularies (SentencePiece models and joint pieces)", vocabulary_entries, None),
               ("training runs", lambda c: c.get(CKPT_RUN), lambda a, b: f"run {a} / run {b}")]
     if any(checkpoint.get(CKPT_RUN) is None for checkpoint in checkpoints.values()):
         checks += [("runs with other settings (run fingerprints)", lambda c: c.get(CKPT_FINGERPRINT), _differences),

@@ -36,9 +36,12 @@ def load_ensemble(paths: list[str], map_location: str | torch.device = "cpu"
         model, tokenizer, meta = load_checkpoint(path, map_location=map_location)
         if first_tokenizer is None:
             first_tokenizer, first_meta = tokenizer, meta
-        elif tokenizer.model_proto != first_tokenizer.model_proto:
-            raise SystemExit(f"ensemble: checkpoint {path} has another tokenizer than {paths[0]} (their "
-                             f"SentencePiece models differ): an ensemble's models must share one")
+        elif tokenizer.identity != first_tokenizer.identity:
+            parts = ("source SentencePiece models", "target SentencePiece models", "joint vocabularies (pieces)")
+            differ = ", ".join(part for part, a, b in zip(parts, tokenizer.identity, first_tokenizer.identity,
+                                                          strict=True) if a != b)
+            raise SystemExit(f"ensemble: checkpoint {path} has another tokenizer than {paths[0]} (their {differ} "
+                             f"differ): an ensemble's models must share one")
         models.append(model)
     if len(models) == 1:
         return models[0], first_tokenizer, first_meta

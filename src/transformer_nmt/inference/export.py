@@ -33,7 +33,6 @@ Dropout, attention dropout and the attention kernel do not exist at inference an
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -57,6 +56,7 @@ from transformer_nmt.durable import (
     replace_directory,
     temporary_directory,
 )
+from transformer_nmt.file_digest import content_digest
 from transformer_nmt.model.transformer import Transformer
 from transformer_nmt.options import command_argv, option, parse_options, require_checkpoint
 
@@ -289,22 +289,26 @@ def replace_broken(output: Path, export: Path) -> None:
             shutil.rmtree(stale, ignore_errors=True)
 
 
+def cache_root() -> Path:
+    """``$XDG_CACHE_HOME/transformer_nmt`` (default ``~/.cache/transformer_nmt``)."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "transformer_nmt"
+
+
 def cached_export(ckpt: str | os.PathLike) -> Path:
     """The float32 CTranslate2 export of checkpoint ``ckpt``, written on first use to
-    ``$XDG_CACHE_HOME/transformer_nmt/ctranslate2/`` (default ``~/.cache/...``) under a hash of its path, size and
-    modification time (checkpoints are replaced atomically, never edited: a new file is a new key; hashing the
-    bytes would read gigabytes of optimizer state on every call). Every use checks the entry (``check_export``:
-    each file at the size the export recorded); one that fails is exported again and replaced
-    (``replace_broken``). Concurrent first uses (two ``translate`` processes) each write their own temporary
-    export; the first rename wins and the others keep it: a complete entry, once there, is never removed or
-    replaced under a reader."""
+    ``$XDG_CACHE_HOME/transformer_nmt/ctranslate2/`` (default ``~/.cache/...``) under the sha256 of the checkpoint's
+    bytes (``file_digest.content_digest``: hashed once per version of the file, memoized by its identity), so that a
+    checkpoint replaced by another one with the same path, size and modification time (``cp -p``, ``rsync -a``, an
+    image with normalised times) is exported anew, never decoded with the old export; copies of one checkpoint
+    share an entry. Every use checks the entry (``check_export``: each file at the size the export recorded); one
+    that fails is exported again and replaced (``replace_broken``). Concurrent first uses (two ``translate``
+    processes) each write their own temporary export; the first rename wins and the others keep it: a complete
+    entry, once there, is never removed or replaced under a reader."""
     path = Path(ckpt)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {path} does not exist")
-    stat = path.stat()
-    digest = hashlib.sha256(f"{path.resolve()}\0{stat.st_size}\0{stat.st_mtime_ns}".encode())
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "transformer_nmt" / "ctranslate2"
-    output = cache / f"{digest.hexdigest()[:20]}-v{EXPORT_FORMAT}"
+    digest = content_digest(path, cache_root() / "digests")
+    output = cache_root() / "ctranslate2" / f"{digest[:32]}-v{EXPORT_FORMAT}"
     problem = check_export(output)
     if problem is not None:
         if output.exists():

@@ -54,7 +54,13 @@ from transformer_nmt.training.fingerprint import (
     check_resume,
     results_fingerprint,
 )
-from transformer_nmt.training.launch import SlurmRequeue, agree_on_resume, resume_checkpoint, run_dir_lock
+from transformer_nmt.training.launch import (
+    SlurmRequeue,
+    agree_on_resume,
+    requeued_resume,
+    resume_checkpoint,
+    run_dir_lock,
+)
 from transformer_nmt.training.lightning_adapter import quiet_start_up
 from transformer_nmt.training.module import TranslationModule, peak_lr
 from transformer_nmt.training.precision import compute_dtype, precision_dependent, resolve_precision
@@ -341,7 +347,7 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: Sequence[str] = (), s
     validate_config(cfg)
     callbacks = build_callbacks(cfg, overrides)
     requeue = next((c for c in callbacks if isinstance(c, SlurmRequeue)), None)
-    with run_dir_lock(run_dir, wait=cfg.wait_for_run_dir), requeue.whole_run() if requeue else nullcontext():
+    with run_dir_lock(run_dir, wait=cfg.wait_for_run_dir), requeue.whole_run(run_dir) if requeue else nullcontext():
         return _fit_and_test(cfg, run_dir, overrides, sweep, callbacks, started)
 
 
@@ -350,11 +356,14 @@ def _fit_and_test(cfg: DictConfig, run_dir: Path, overrides: Sequence[str], swee
     """``train``'s run, inside its lock and signal handling."""
     provenance = collect_provenance(OmegaConf.to_container(cfg, resolve=True))  # the load at the start
     trainer = build_trainer(cfg, run_dir, callbacks)
-    ckpt_path, resume = agree_on_resume(resume_checkpoint(cfg.ckpt_path, run_dir), trainer)  # rank 0's choice
+    requeued = requeued_resume(cfg.ckpt_path, run_dir)  # a requeued SLURM job resumes what it saved
+    choice = requeued or resume_checkpoint(cfg.ckpt_path, run_dir)
+    ckpt_path, resume = agree_on_resume(choice, trainer)  # rank 0's choice
     if not trainer.is_global_zero:
         log.info("rank %d resumes as global rank 0 chose: %s", trainer.global_rank, resume)
     # the run dir's checkpoint must be this run's: its fingerprint, with this trainer's world size and precision
-    check_resume(cfg, ckpt_path, list(overrides) if sweep else None, trainer=trainer)
+    check_resume(cfg, ckpt_path, list(overrides) if sweep else None, trainer=trainer,
+                 own_checkpoint=cfg.ckpt_path in ("auto", "last") or requeued is not None)
     if rank_zero_only.rank == 0:
         run_dir.mkdir(parents=True, exist_ok=True)
         config_text = OmegaConf.to_yaml(cfg, resolve=True)  # atomically: a link planted there is replaced

@@ -211,12 +211,15 @@ def only_extends(changed: dict[str, tuple[Any, Any]]) -> bool:
 
 
 def check_resume(cfg: DictConfig, path: Path | None, sweep_overrides: list[str] | None = None,
-                 trainer=None) -> None:
+                 trainer=None, own_checkpoint: bool | None = None) -> None:
     """Refuse to resume ``path``, the run dir's own checkpoint, when it was written by a run with another
     fingerprint than ``cfg``'s (``trainer``: the run's, whose world size and precision count), or, in a sweep
     (``sweep_overrides``: this job's), by a job with other overrides; ``force_resume=true`` and explicit
-    checkpoint paths are not checked."""
-    if path is None or cfg.ckpt_path not in ("auto", "last") or cfg.get("force_resume"):
+    checkpoint paths are not checked. ``own_checkpoint``: whether ``path`` is the run dir's own (default: as
+    ``cfg.ckpt_path`` is ``auto`` or ``last``; a requeued job's resume, ``launch.requeued_resume``, is too)."""
+    if own_checkpoint is None:
+        own_checkpoint = cfg.ckpt_path in ("auto", "last")
+    if path is None or not own_checkpoint or cfg.get("force_resume"):
         return
     checkpoint = read_checkpoint(path, mmap=True)
     if sweep_overrides is not None:

@@ -13,7 +13,10 @@ run dir and resumes, also with another ``trainer.max_time``, or ``trainer.device
 (other settings, another dir). A sweep's directory is named by ``sweep_id=``, else the launch time
 (``sweep_name``). ``ckpt_path=auto`` then resumes from the newest checkpoint in that directory, if any
 (``resume_checkpoint``), as global rank 0 found it (``agree_on_resume``), which is what a restarted or requeued
-job needs (``SlurmRequeue``). One launch at a time holds the directory (``run_dir_lock``).
+job needs (``SlurmRequeue``). A job that requeued itself leaves a note in the run dir (``run_files.REQUEUED``): its
+next launch resumes the newest checkpoint whatever ``ckpt_path`` says (``requeued_resume``), since the requeued job
+runs the same command, and ``ckpt_path=null`` or a file would otherwise start it over. One launch at a time holds
+the directory (``run_dir_lock``).
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from lightning.pytorch.utilities import rank_zero_only
 
 from transformer_nmt import run_files
 from transformer_nmt.checkpoint import checkpoint_step
+from transformer_nmt.durable import atomic_write
 from transformer_nmt.training.fingerprint import fingerprint_digest
 
 log = logging.getLogger(__name__)
@@ -129,6 +133,45 @@ def resume_checkpoint(ckpt_path: str | None, run_dir: Path) -> tuple[Path | None
     steps = {path: checkpoint_step(path) for path in candidates}
     path = max(candidates, key=lambda p: (steps[p], p.stat().st_mtime))
     return path, f"from {path}, step {steps[path]} (ckpt_path={ckpt_path})"
+
+
+def note_requeue(run_dir: Path, job: str, step: int | None) -> None:
+    """Record in ``run_dir`` that SLURM job ``job`` requeued itself, after writing ``last.ckpt`` at ``step`` (None:
+    outside fit, where the newest checkpoint, if any, is what it saved), for ``requeued_resume`` at its next launch.
+    Written atomically: a link planted there is replaced, never written through."""
+    text = json.dumps({"slurm_job": job, "step": step, "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+    run_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write(run_dir / run_files.REQUEUED, lambda f: f.write(text.encode() + b"\n"))
+
+
+def requeued_resume(ckpt_path: str | None, run_dir: Path, environ=os.environ) -> tuple[Path, str] | None:
+    """The checkpoint this launch resumes because it is a requeued SLURM job, with its start-up line, else None.
+
+    A job that requeued itself (``note_requeue``: the note names this job, ``slurm_job``) runs the same command
+    again: with ``ckpt_path=null`` it would start over, with ``ckpt_path=FILE`` from FILE again, and overwrite what
+    the requeue saved. Such a launch resumes the run dir's newest checkpoint (as ``ckpt_path=auto``) instead; None
+    when this is not a requeued job, when ``ckpt_path`` is ``auto`` or ``last`` (they resume it already), or when the
+    job was requeued before it saved anything (it starts as its command says, as its first launch did). A note
+    of another job (a new submission reusing the run dir) is ignored: that launch does what its command says."""
+    if ckpt_path in ("auto", "last") or not environ.get("SLURM_JOB_ID"):
+        return None
+    note_path = run_dir / run_files.REQUEUED
+    if not note_path.is_file():
+        return None
+    try:
+        note = json.loads(note_path.read_text(encoding="utf-8"))
+        job = note["slurm_job"]
+    except (ValueError, KeyError, TypeError) as error:
+        log.warning("%s is not a requeue note (%s): ignored; ckpt_path=%s applies", note_path, error, ckpt_path)
+        return None
+    if job != slurm_job(environ):
+        return None
+    path, _ = resume_checkpoint("auto", run_dir)
+    if path is None:
+        return None
+    given = "null" if ckpt_path is None else ckpt_path
+    return path, (f"from {path}, step {checkpoint_step(path)} (requeued SLURM job {job}: it resumes what its requeue "
+                  f"saved; ckpt_path={given} was for its first launch)")
 
 
 RESUME_ENV = "TRANSFORMER_NMT_RESUME"  # rank 0's choice, for the child processes of Lightning's own launcher
@@ -308,8 +351,9 @@ class LaggedAgreement:
 
 class SlurmRequeue(Checkpoint):
     """Under SLURM: on one of ``requeue_signals``, finish the optimizer step in progress, write
-    ``checkpoints/last.ckpt``, ``scontrol requeue`` the job and stop. The requeued job keeps its id (a sweep's
-    array task keeps its pickled config), hence its run dir, and resumes from that checkpoint exactly.
+    ``checkpoints/last.ckpt``, note the requeue in the run dir (``note_requeue``), ``scontrol requeue`` the job and
+    stop. The requeued job keeps its id (a sweep's array task keeps its pickled config), hence its run dir, and
+    resumes from that checkpoint exactly, whatever its ``ckpt_path`` (``requeued_resume``).
     SIGUSR1 is what ``sbatch --signal=USR1@120`` sends; SIGUSR2 is what hydra-submitit-launcher's jobs get
     (submitit's ``--signal=USR2@signal_delay_s``) before the time limit or on preemption.
 
@@ -329,17 +373,20 @@ class SlurmRequeue(Checkpoint):
         self._step = None
         self._previous: dict = {}
         self._agreement = LaggedAgreement()
+        self._run_dir: Path | None = None  # whole_run's
 
     @contextlib.contextmanager
-    def whole_run(self):
+    def whole_run(self, run_dir: Path):
         """Under SLURM, for the whole app around fit (data set-up, the test after fit): a requeue signal that
         would take its default action (the process dies: no requeue, no results.json) requeues the job at once
         instead (global rank 0 runs ``scontrol requeue``, which stops every task; nothing needs saving outside
-        fit: the requeued job resumes from its newest checkpoint). During fit ``setup`` takes the signal over
-        (finish the step, write last.ckpt). A handler someone else installed (submitit's, for USR2) is kept."""
+        fit: the requeued job resumes from ``run_dir``'s newest checkpoint, ``note_requeue``). During fit
+        ``setup`` takes the signal over (finish the step, write last.ckpt). A handler someone else installed
+        (submitit's, for USR2) is kept."""
         if not os.environ.get("SLURM_JOB_ID"):
             yield
             return
+        self._run_dir = Path(run_dir)
         installed = {s: signal.signal(s, self._requeue_now) for s in self.signals
                      if signal.getsignal(s) == signal.SIG_DFL}
         try:
@@ -355,6 +402,7 @@ class SlurmRequeue(Checkpoint):
                      signal.Signals(signum).name, rank_zero_only.rank)
             return
         job = slurm_job()
+        note_requeue(self._run_dir, job, None)  # before the requeue: the requeued job may start at once
         result = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True)
         if result.returncode:  # the run goes on: it may yet finish before the time limit
             log.error("requeue signal %s outside training: scontrol requeue %s failed (%s): %s",
@@ -400,6 +448,7 @@ class SlurmRequeue(Checkpoint):
         trainer.save_checkpoint(path, weights_only=False)  # the full state, for the requeued job to resume
         job = slurm_job()
         if trainer.is_global_zero:
+            note_requeue(Path(trainer.default_root_dir), job, trainer.global_step)  # before the requeue, as above
             result = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True)
             if result.returncode:
                 log.error("scontrol requeue %s failed (%s): %s", job, result.returncode, result.stderr.strip())

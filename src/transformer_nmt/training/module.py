@@ -140,6 +140,21 @@ def label_smoothed_cross_entropy(logits: Tensor, labels: Tensor, epsilon: float,
     return loss, nll, (labels != pad_id).sum()
 
 
+def unscale_for_fused_step(trainer, optimizer) -> None:
+    """Under a gradient scaler (16-mixed), unscale the gradients of an optimizer that would unscale them inside its
+    own step (fused Adam: ``_step_supports_amp_scaling``), so that what reads them before the step (clipping,
+    ``train/grad_norm``, the non-finite check) sees the true gradients.
+
+    Lightning unscales before ``on_before_optimizer_step`` only for optimizers that do not; a fused one would be
+    clipped and logged at the loss scale (2^16 times too large), and then divided by that scale in its step: clipping
+    at ``train.clip_grad_norm`` would shrink the update by the scale. Once unscaled here, the scaler's step passes the
+    optimizer its inf check and no scale (torch.amp.GradScaler.step: the stage is UNSCALED), and skips an overflowed
+    step as before. No host sync (the unscale and its inf check stay on the device)."""
+    scaler = getattr(getattr(trainer, "precision_plugin", None), "scaler", None)
+    if scaler is not None and getattr(optimizer, "_step_supports_amp_scaling", False):
+        scaler.unscale_(optimizer)
+
+
 def inverse_sqrt_lr(step: int, d_model: int, warmup_steps: int, factor: float = 1.0) -> float:
     """Section 5.3: lrate = factor * d_model^-0.5 * min(step^-0.5, step * warmup_steps^-1.5), step >= 1.
 
@@ -301,6 +316,7 @@ class TranslationModule(pl.LightningModule):
         Nothing here waits for the device: the step's sums are reduced over ranks with an asynchronous
         all-reduce, the gradients are rescaled by a device tensor, and metrics are logged only on
         ``trainer.log_every_n_steps`` boundaries, where reading them is the point."""
+        unscale_for_fused_step(self.trainer, optimizer)
         sums = self._step_sums
         if self.trainer.world_size > 1:  # not strategy.reduce: Lightning puts a barrier (a host sync) before it
             torch.distributed.all_reduce(sums)
