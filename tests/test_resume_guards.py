@@ -3,6 +3,7 @@ command's model, data, train and seed settings (the run fingerprint), and says w
 force it."""
 
 import copy
+import hashlib
 import json
 import os
 import subprocess
@@ -83,6 +84,84 @@ def test_what_may_change_leaves_the_fingerprint_alone(corpus, override):
 def test_what_changes_training_changes_the_fingerprint(corpus, override, key):
     changed = differences(run_fingerprint(tiny_config(corpus)), run_fingerprint(tiny_config(corpus, override)))
     assert list(changed) == [key]
+
+
+ACCUMULATION_SCHEDULER = ["+callbacks.accumulate._target_=lightning.pytorch.callbacks.GradientAccumulationScheduler",
+                          "+callbacks.accumulate.scheduling={0: 4}"]
+
+
+@pytest.mark.parametrize("overrides, keys", [
+    (["+trainer.limit_train_batches=3"], ["trainer.limit_train_batches"]),
+    (["+trainer.overfit_batches=2"], ["trainer.overfit_batches"]),
+    (ACCUMULATION_SCHEDULER, ["callbacks.accumulate._target_", "callbacks.accumulate.scheduling.0"]),
+    (["callbacks.early_stopping._target_=lightning.pytorch.callbacks.EarlyStopping"],  # a default name, another class
+     ["callbacks.early_stopping._target_", "callbacks.early_stopping.monitor", "callbacks.early_stopping.patience",
+      "callbacks.early_stopping.val_bleu_max_sentences"]),
+])
+def test_settings_outside_the_groups_that_change_training_count(corpus, overrides, keys):
+    """The fingerprint is the whole config minus what does not train differently, not a list of what does: a
+    Lightning trainer option or an added callback (an accumulation scheduler quadruples the tokens per step past
+    the tokens_per_step guard) is another run."""
+    changed = differences(run_fingerprint(tiny_config(corpus)), run_fingerprint(tiny_config(corpus, *overrides)))
+    assert list(changed) == keys
+
+
+@pytest.mark.parametrize("override", ["callbacks.attention_maps=null", "trainer.val_check_interval=5",
+                                      "trainer.limit_val_batches=2", "checkpoint.save_top_k=1", "decode.beam=2",
+                                      "run_test=true", "name=other", "wait_for_run_dir=true"])
+def test_what_only_observes_or_evaluates_leaves_the_fingerprint_alone(corpus, override):
+    assert differences(run_fingerprint(tiny_config(corpus)), run_fingerprint(tiny_config(corpus, override))) == {}
+
+
+def test_new_pairs_under_the_same_training_path_are_another_run(corpus, tmp_path):
+    """data.train names the same files, whose contents changed (pairs appended): refused, since the sampler's
+    saved position would index another corpus; the same bytes elsewhere are the same run."""
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    for lang in ("en", "de"):
+        (copy / f"train.{lang}").write_bytes((corpus / f"train.{lang}").read_bytes())
+    saved = run_fingerprint(tiny_config(corpus))
+    moved = tiny_config(corpus, f"data.train={copy}/train")
+    before = run_fingerprint(moved)
+    assert differences(saved, before) == {"data.train": (f"{corpus}/train", f"{copy}/train")}
+    with open(copy / "train.en", "a") as f:
+        f.write("one more sentence\n")
+    with open(copy / "train.de", "a") as f:
+        f.write("ein Satz mehr\n")
+    changed = differences(before, run_fingerprint(tiny_config(corpus, f"data.train={copy}/train")))
+    assert list(changed) == ["data.train_sha256"]
+    with pytest.raises(ResumeError, match=r"data.train_sha256: [0-9a-f]{64} there, [0-9a-f]{64} now"):
+        check_same_run(tiny_config(corpus, f"data.train={copy}/train"), before, "found", "Resuming")
+
+
+def test_a_fine_tune_is_fingerprinted_by_its_checkpoints_bytes_and_architecture(corpus, tmp_path):
+    """init_from: the checkpoint's sha256, not its path; model.* as that checkpoint's architecture (what trains),
+    but the settings the command gives a fine-tune (dropout)."""
+    from tiny_checkpoint import tiny_tokenizer, write_checkpoint
+
+    first, copied, other = tmp_path / "a.ckpt", tmp_path / "copied.ckpt", tmp_path / "b.ckpt"
+    write_checkpoint(first, tiny_tokenizer(vocab_size=100), d_model=24, n_heads=2)
+    copied.write_bytes(first.read_bytes())
+    write_checkpoint(other, tiny_tokenizer(vocab_size=100), seed=1, d_model=24, n_heads=2)
+    fine_tune = run_fingerprint(tiny_config(corpus, f"init_from={first}", "model.dropout=0.2"))
+    assert fine_tune["model.d_model"] == 24 and fine_tune["model.dropout"] == 0.2
+    assert fine_tune["init_from.sha256"] == hashlib.sha256(first.read_bytes()).hexdigest()
+    same_bytes = run_fingerprint(tiny_config(corpus, f"init_from={copied}", "model.dropout=0.2"))
+    assert differences(fine_tune, same_bytes) == {}
+    assert list(differences(fine_tune, run_fingerprint(tiny_config(corpus, f"init_from={other}",
+                                                                   "model.dropout=0.2")))) == ["init_from.sha256"]
+    assert "init_from.sha256" in differences(fine_tune, run_fingerprint(tiny_config(corpus, "model.dropout=0.2")))
+
+
+def test_a_fingerprint_from_before_the_whole_config_counted_resumes_as_it_was(corpus):
+    """Written before format 2: the groups, seed and the resolved keys. Compared on those; the keys it could not
+    hold (the training files' digest, trainer options, callbacks) are not held against it."""
+    current = run_fingerprint(tiny_config(corpus, *ACCUMULATION_SCHEDULER))
+    old = {k: v for k, v in current.items()
+           if k.split(".")[0] in ("model", "data", "train", "seed") and k != "data.train_sha256"
+           or k in (PRODUCT, "world_size", PRECISION, "trainer.accumulate_grad_batches")}
+    assert differences(old, current) == {}
+    assert list(differences(old, run_fingerprint(tiny_config(corpus, "model.dropout=0.3")))) == ["model.dropout"]
 
 
 # --- tokens per step and precision ------------------------------------------------------------------------------

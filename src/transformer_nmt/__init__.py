@@ -14,15 +14,15 @@ table; the few imports that still run up are listed there, each with its reason)
     model/                      attention, the Transformer, dropout, decoding, ensembles, sampling (plain torch)
     data/                       corpus, tokenizer, batching, the datamodule
     checkpoint.py               the checkpoint format: atomic writes, reading one into a model and tokenizer
-    inference/                  translate, evaluate, average, export, CTranslate2, alignment, ensembles, scoring
-                                (no Lightning)
+    inference/                  translate, evaluate, average, export, CTranslate2, alignment, ensembles, scoring,
+                                synthesize (no Lightning)
     interchange/                MarianMT (transformers) directories to and from our checkpoints (no Lightning;
                                 transformers imported inside its functions)
     training/                   Lightning: the module, callbacks, launch, fingerprints, precision, the run
     analysis/                   attention maps, head importance, the explorer, alignment AER; the studies
                                 (Table 3's summary and plan, the Multi30k reproduction)
     train.py, prepare.py, translate.py, evaluate.py, average.py, export.py, import_marian.py, analyze_heads.py,
-    explore.py, reproduce.py, table3.py, summarize_ablation.py, alignment_aer.py
+    explore.py, reproduce.py, table3.py, summarize_ablation.py, alignment_aer.py, synthesize.py
                                 the commands (``python -m transformer_nmt.NAME``), thin modules over the layers below
 """
 

@@ -88,18 +88,25 @@ def planned_overrides(overrides: list[str], seed: int) -> list[str]:
 
 
 def planned_fingerprint(overrides: list[str], seed: int) -> dict:
-    """fingerprint.run_fingerprint of the config the plan's command composes to, now."""
+    """fingerprint.results_fingerprint of the config the plan's command composes to, now: the whole config but
+    what changes neither training nor results, the trainer's settings included. Where the plan leaves the precision
+    to the machine (``trainer.precision=auto``), the precision is left out: a run trained on another host in what
+    auto gave there is still the plan's."""
     from hydra import compose, initialize_config_dir
 
     from transformer_nmt.conf import CONF_DIR
     from transformer_nmt.training.config import register_configs
-    from transformer_nmt.training.fingerprint import run_fingerprint
+    from transformer_nmt.training.fingerprint import PRECISION, results_fingerprint
     from transformer_nmt.training.resolvers import register_resolvers
 
     register_configs()
     register_resolvers()
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
-        return run_fingerprint(compose("train", overrides=planned_overrides(overrides, seed)))
+        cfg = compose("train", overrides=planned_overrides(overrides, seed))
+    planned = results_fingerprint(cfg)
+    if str(cfg.trainer.get("precision", "auto")) == "auto":
+        planned.pop(PRECISION)
+    return planned
 
 
 def read_results(path: Path) -> dict | None:
@@ -121,17 +128,21 @@ def check_overrides(results: dict, path: Path, overrides: list[str], seed: int, 
                          f"this directory gives\n  {' '.join(planned)}\n{fix}")
 
 
-def check_config(run_dir: Path, overrides: list[str], seed: int) -> None:
-    """Stop when the run's config.yaml has other settings (fingerprint) than the plan composes to now."""
-    from omegaconf import OmegaConf
-
-    from transformer_nmt.training.fingerprint import differences, run_fingerprint
+def check_config(run_dir: Path, results: dict, overrides: list[str], seed: int) -> None:
+    """Stop when the finished run (its ``results``, read from ``run_dir``) has other settings than the plan composes
+    to now: its results fingerprint (results.json's, with the precision it trained in; for an older run, its
+    config.yaml's) against the plan's (``planned_fingerprint``)."""
+    from transformer_nmt.training.fingerprint import PRECISION, differences, saved_results_fingerprint
 
     config = run_dir / run_files.CONFIG
     if not config.is_file():
         raise SystemExit(f"{run_dir} holds {RESULTS} but no {run_files.CONFIG}: its settings cannot be compared with "
                          f"the plan's; delete {run_dir} to run it again")
-    changed = differences(run_fingerprint(OmegaConf.load(config)), planned_fingerprint(overrides, seed))
+    planned = planned_fingerprint(overrides, seed)
+    saved = saved_results_fingerprint(results, config)
+    if PRECISION not in planned:  # auto: whatever the run's machine gave
+        saved = {k: v for k, v in saved.items() if k != PRECISION}
+    changed = differences(saved, planned)
     if changed:
         lines = "\n".join(f"  {key}: {old} there, {new} in the plan" for key, (old, new) in changed.items())
         raise SystemExit(f"{run_dir} ran with other settings than the plan composes to now:\n{lines}\nIts results "
@@ -166,7 +177,7 @@ def collect(study: Study, cell: str, seed: int, started_on: dict | None = None,
         return False
     check_overrides(results, run_dir / RESULTS, overrides, seed,
                     f"Its results are not the plan's: delete {run_dir} to run it under the plan")
-    check_config(run_dir, overrides, seed)
+    check_config(run_dir, results, overrides, seed)
     kept.mkdir(parents=True, exist_ok=True)
     results["machine"] = started_on or {**machine(), "load_average_1min": None}  # collected later: load unknown
     if (run_dir / HYPOTHESES).is_file():

@@ -146,11 +146,13 @@ def plain_line(text: str) -> str:
     return CONTROL.sub(" ", one_line(text))
 
 
-def encode_sources(tokenizer: Tokenizer, lines: list[str], max_positions: int) -> list[list[int] | None]:
-    """Source ids + eos per line; None for a blank line. Over-long lines are cut, with a warning."""
+def encode_sources(tokenizer: Tokenizer, lines: list[str], max_positions: int,
+                   first_line: int = 0) -> list[list[int] | None]:
+    """Source ids + eos per line; None for a blank line. Over-long lines are cut, with a warning naming the line
+    (``first_line``: the index of ``lines[0]`` in the whole input)."""
     sources: list[list[int] | None] = []
-    for number, ids in enumerate(tokenizer.encode_batch([line.strip() for line in lines]), start=1):
-        if not lines[number - 1].strip():
+    for number, ids in enumerate(tokenizer.encode_batch([line.strip() for line in lines]), start=first_line + 1):
+        if not lines[number - first_line - 1].strip():
             sources.append(None)
             continue
         if len(ids) + 1 > max_positions:
@@ -189,17 +191,19 @@ def encode_prefixes(tokenizer: Tokenizer, prefixes: list[str] | None, n_lines: i
 
 @torch.no_grad()
 def translate_hypotheses(model: Transformer | Ensemble | CTranslate2Model, tokenizer: Tokenizer, lines: list[str],
-                         decode: DecodeConfig | None = None, prefixes: list[str] | None = None, **changes
-                         ) -> tuple[list[list[int] | None], list[list[Hypothesis]]]:
+                         decode: DecodeConfig | None = None, prefixes: list[str] | None = None, first_line: int = 0,
+                         **changes) -> tuple[list[list[int] | None], list[list[Hypothesis]]]:
     """Translate ``lines``: (source ids as ``encode_sources`` gives them, and for each line its ``n_best``
     hypotheses (target ids without bos/eos, score, log_prob), best first, in input order). The search: ``decode``
     with ``changes`` (``beam=1``, ``sampling=True``, ...; ``decode_settings``); ``prefixes``: one target text per
-    line that its output starts with. Greedy decoding and sampling score 0.0; a blank line gives empty hypotheses."""
+    line that its output starts with. Greedy decoding and sampling score 0.0; a blank line gives empty hypotheses.
+    ``first_line``: the index of ``lines[0]`` in the whole input, so that a line's sample (seeded by its index) is
+    the same whether the input is translated at once or in parts."""
     decode = decode_settings(decode, **changes)
     check_decode(decode)
     beam, n_best, max_len_offset = decode.beam, decode.n_best, decode.max_len_offset
     greedy = beam == 1 or decode.sampling
-    sources = encode_sources(tokenizer, lines, model.config.max_positions)
+    sources = encode_sources(tokenizer, lines, model.config.max_positions, first_line)
     forced = encode_prefixes(tokenizer, prefixes, len(lines))
     results: list[list[Hypothesis]] = [[Hypothesis([], 0.0)] * (1 if greedy else n_best) for _ in lines]
     todo = [i for i, ids in enumerate(sources) if ids is not None]
@@ -228,7 +232,8 @@ def translate_hypotheses(model: Transformer | Ensemble | CTranslate2Model, token
         if greedy:
             choose = {}
             if decode.sampling:
-                choose["choose"] = Sampler(rows, decode.seed, decode.temperature, decode.top_k, decode.top_p, device)
+                choose["choose"] = Sampler([first_line + i for i in rows], decode.seed, decode.temperature,
+                                           decode.top_k, decode.top_p, device)
             outputs = [[h] for h in greedy_search(model, src, tokenizer.bos_id, tokenizer.eos_id,
                                                   max_len_offset=max_len_offset, prefix=prefix, **choose)]
         else:

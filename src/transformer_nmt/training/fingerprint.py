@@ -1,18 +1,23 @@
 """What defines a run, so that ``ckpt_path=auto`` resumes only the run this command started, and what shapes its
 results, so that a sweep run again skips only the runs that are this command's.
 
-The run fingerprint (``run_fingerprint``) is the ``model``, ``data`` and ``train`` config groups and ``seed``,
-flattened to dotted keys (``model.dropout``, ``train.lr_factor``): whatever keys the groups hold, so a new setting
-is covered without being listed here, plus two resolved values: ``trainer.precision`` as the run trains in it
-(``auto`` resolved on this machine: a requeue onto a GPU without bf16 would switch to fp16) and
-``tokens_per_step``, the product ``data.max_tokens`` x ``trainer.accumulate_grad_batches`` x ``world_size``
-(processes: devices x nodes). The product is compared, not its factors (``FACTORS``, recorded beside it for the
-messages): a 16-GPU run requeued on 8 GPUs resumes with accumulation doubled, not with half its batch.
-Left out is what a resumed run may change without training something else: the rest of the ``trainer`` group
-(accelerator, max_steps, max_time, logging), checkpointing, attention maps, names and directories, and
-``MAY_CHANGE``: how many processes load the data, where caches live, the validation and test sets, and how
-evaluation batches and how many sentences it decodes for BLEU, and how the same arithmetic is computed (the
-attention kernel, fused Adam).
+The run fingerprint (``run_fingerprint``) is the whole resolved config, flattened to dotted keys (``model.dropout``,
+``train.lr_factor``, ``trainer.limit_train_batches``, ``callbacks.NAME._target_``), minus an explicit list of what
+does not change what trains (``NOT_TRAINING``, each entry with its reason, and the callbacks of
+conf/callbacks/default.yaml while they are those), so that a new option, a trainer setting or an added callback
+(a gradient accumulation scheduler, say) is covered without being listed here. Some values are resolved:
+``trainer.precision`` as the run trains in it (``auto`` resolved on this machine: a requeue onto a GPU without bf16
+would switch to fp16); ``tokens_per_step``, the product ``data.max_tokens`` x ``trainer.accumulate_grad_batches``
+x ``world_size`` (processes: devices x nodes), compared instead of its factors (``FACTORS``, recorded beside it for
+the messages): a 16-GPU run requeued on 8 GPUs resumes with accumulation doubled, not with half its batch; the
+training files by the sha256 of their contents (``data.train_sha256``: new pairs under the same path are another
+run); ``init_from`` by its checkpoint's sha256 (``init_from.sha256``), with ``model.*`` the architecture that
+checkpoint holds (the command sets only ``INIT_RUN_SETTINGS``). Left out, among ``NOT_TRAINING``: the length of
+the run and how often it validates and logs, checkpointing, attention maps, the search, names and directories, and
+``MAY_CHANGE``: how many processes load the data, where caches live, the validation and test sets, how evaluation
+batches and how many sentences it decodes for BLEU, and how the same arithmetic is computed (the attention kernel,
+fused Adam). A fingerprint written before this derivation (no ``fingerprint_format``) is compared on the keys it
+holds.
 
 Every checkpoint carries the fingerprint of the run that wrote it (``RecordFingerprint``). Resuming the run
 dir's own checkpoint (``ckpt_path=auto`` or ``last``) with another fingerprint is refused (``check_resume``):
@@ -31,6 +36,7 @@ steps, epochs or time), the run resumes from its last checkpoint; anything else 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -46,7 +52,10 @@ from lightning.pytorch.accelerators import CPUAccelerator, CUDAAccelerator
 from lightning.pytorch.callbacks import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from transformer_nmt.checkpoint import CKPT_FINGERPRINT, CKPT_OVERRIDES, read_checkpoint
+from transformer_nmt.checkpoint import CKPT_FINGERPRINT, CKPT_MODEL_CONFIG, CKPT_OVERRIDES, read_checkpoint
+from transformer_nmt.data.config import DataConfig
+from transformer_nmt.data.corpus import CorpusError, file_fingerprint, split_inputs
+from transformer_nmt.file_digest import content_digest
 from transformer_nmt.training.precision import resolve_precision, uses_cuda
 
 log = logging.getLogger(__name__)
@@ -74,6 +83,40 @@ TRAINER_NOT_RESULTS = ("accelerator", "devices", "num_nodes", "strategy", "preci
 RESULT_KEYS = ("run_test", "validate_at_end",  # options outside the groups that change what results.json reports
                "checkpoint.monitor", "checkpoint.patience")  # which checkpoint is tested; early stopping
 EXTENDS = ("trainer.max_steps", "trainer.max_epochs", "trainer.max_time")  # a larger value trains longer
+FORMAT, FINGERPRINT_FORMAT = "fingerprint_format", 2  # 2 (2026-12-03): the whole config minus NOT_TRAINING
+TRAIN_DIGEST = "data.train_sha256"  # the training files' contents (_train_data_digest)
+INIT_DIGEST = "init_from.sha256"  # init_from's checkpoint (its bytes), in place of its path
+# The settings that a fine-tune (init_from) takes from the command rather than from its checkpoint
+INIT_RUN_SETTINGS = ("dropout", "attention_dropout", "attention", "attention_block_size")
+# What a resumed run may change without training something else: the keys (and the groups below them) left out of
+# the run fingerprint. Every other key of the resolved config counts, a new option or an added callback included.
+NOT_TRAINING = (
+    # names, directories, and how a launch finds, waits for and resumes its run
+    "name", "run_id", "sweep_id", "run_dir", "ckpt_path", "force_resume", "wait_for_run_dir", "init_from",
+    # after or beside training: the test, the last validation, checkpoints, the search, the logger, attention maps,
+    # the ablation study's labels
+    "run_test", "validate_at_end", "checkpoint", "decode", "logger", "attention_maps", "ablation",
+    # resolved instead: trainer.precision as it trains, devices and nodes in world_size (tokens_per_step)
+    "trainer.accelerator", "trainer.devices", "trainer.num_nodes", "trainer.strategy",
+    # how long, and how often it validates or logs: the results fingerprint compares what shapes results
+    "trainer.max_epochs", "trainer.max_steps", "trainer.max_time", "trainer.val_check_interval",
+    "trainer.check_val_every_n_epoch", "trainer.limit_val_batches", "trainer.limit_test_batches",
+    "trainer.num_sanity_val_steps", "trainer.log_every_n_steps", "trainer.enable_progress_bar",
+    "trainer.enable_model_summary", "trainer.enable_checkpointing", "trainer.default_root_dir", "trainer.profiler",
+    "trainer.logger",
+    *MAY_CHANGE, *RETIRED)
+# The callbacks of conf/callbacks/default.yaml: they observe, save, log or stop (their settings are checkpoint.* and
+# attention_maps.* options). One of these names with another class, or any other entry, counts.
+DEFAULT_CALLBACKS = {
+    "time_budget": "transformer_nmt.training.time_budget.TimeBudget",
+    "best_checkpoint": "transformer_nmt.training.callbacks.best_checkpoint",
+    "early_stopping": "transformer_nmt.training.callbacks.early_stopping",
+    "recent_checkpoints": "transformer_nmt.training.callbacks.recent_checkpoints",
+    "last_checkpoint": "transformer_nmt.training.callbacks.LastCheckpoint",
+    "attention_maps": "transformer_nmt.training.callbacks.attention_maps",
+    "progress_bar": "transformer_nmt.training.callbacks.progress_bar",
+    "slurm_requeue": "transformer_nmt.training.launch.SlurmRequeue",
+}
 # Model options added since, whose value here is what every run did before them: a run that lacks one ran with it.
 DEFAULTED = {"model.activation": "relu", "model.output_bias": False, "model.activation_dropout": 0.0,
              "train.lr": None, "train.warmup_init_lr": 0.0, "data.spm_alpha": 0.0, "train.freeze": [],
@@ -116,19 +159,82 @@ def resolved_precision(cfg: DictConfig) -> tuple[str, str]:
     return ("32-true" if precision == "32" else precision), why
 
 
+def _not_training(key: str) -> bool:
+    """Whether ``key`` (dotted) is one of ``NOT_TRAINING``, or below one."""
+    return any(key == entry or key.startswith(entry + ".") for entry in NOT_TRAINING)
+
+
+def _callbacks_as_configured(cfg: DictConfig) -> dict[str, Any]:
+    """The ``callbacks`` entries, a default entry kept out only while it is the default callback (its name with its
+    ``_target_``, or null: off): the same name with another class counts, as any added entry does."""
+    out: dict[str, Any] = {}
+    for name, node in (cfg.get("callbacks") or {}).items():
+        if name in DEFAULT_CALLBACKS and (node is None or node.get("_target_") == DEFAULT_CALLBACKS[name]):
+            continue
+        _flatten(OmegaConf.to_container(node, resolve=False) if node is not None else None, f"callbacks.{name}", out)
+    return out
+
+
+def _train_data_digest(cfg: DictConfig) -> str | None:
+    """A sha256 over the training files' paths, sizes and contents (``corpus.file_fingerprint``, memoized under
+    ``data.cache_dir``), so that new pairs under the same path are another run; None where the training files
+    cannot be read here (not configured, missing: the data set-up says why) or come from the hub (their id is in
+    the config)."""
+    try:
+        known = {f.name for f in dataclasses.fields(DataConfig)}  # not a retired key an older config holds
+        data = DataConfig(**{k: v for k, v in OmegaConf.to_container(cfg.data, resolve=True).items() if k in known})
+        if not data.train:
+            return None
+        inputs = split_inputs(data.corpus_spec(), "train")
+        if any(i.startswith("hub:") for i in inputs):
+            return None
+        listed = file_fingerprint(sorted(inputs), Path(data.cache_dir) / "digests")
+    except (CorpusError, OSError, TypeError, ValueError):
+        return None
+    return hashlib.sha256(json.dumps([[size, digest] for _, size, digest in listed]).encode()).hexdigest()
+
+
+def _init_settings(cfg: DictConfig, found: dict[str, Any]) -> None:
+    """With ``init_from``: its checkpoint's identity (the sha256 of its bytes) in place of its path, and, in place
+    of the command's ``model.*``, the architecture that trains: the checkpoint's own (``model.*`` but
+    ``INIT_RUN_SETTINGS``, which the command sets)."""
+    path = Path(str(cfg.init_from))
+    if not path.is_file():
+        found[INIT_DIGEST] = "missing"  # the run's set-up refuses it, naming the file
+        return
+    found[INIT_DIGEST] = content_digest(path, Path(str(OmegaConf.select(cfg, "data.cache_dir") or ".")) / "digests")
+    recorded = read_checkpoint(path, mmap=True).get(CKPT_MODEL_CONFIG)
+    if isinstance(recorded, dict):
+        for key in [k for k in found if k.startswith("model.") and k[len("model."):] not in INIT_RUN_SETTINGS]:
+            del found[key]
+        for key, value in recorded.items():
+            if key not in INIT_RUN_SETTINGS:
+                found[f"model.{key}"] = value
+
+
 def run_fingerprint(cfg: DictConfig, trainer=None) -> dict[str, Any]:
-    """{dotted key: resolved value} of what defines the run (see the module doc). ``trainer``: the run's Trainer
-    (or what has its ``world_size`` and ``precision``), whose values are the truth; without one they come from
-    ``cfg`` and the environment."""
+    """{dotted key: resolved value} of what defines the run (see the module doc): every key of the resolved config
+    but ``NOT_TRAINING`` and the default callbacks, with the precision, the world size and the tokens per step
+    resolved, the training files' contents and init_from's checkpoint by their digests. ``trainer``: the run's
+    Trainer (or what has its ``world_size`` and ``precision``), whose values are the truth; without one they come
+    from ``cfg`` and the environment."""
     world_size = trainer.world_size if trainer is not None else configured_world_size(cfg)
     precision = str(trainer.precision) if trainer is not None else resolved_precision(cfg)[0]
     accumulate = OmegaConf.select(cfg, "trainer.accumulate_grad_batches", default=1)
-    found: dict[str, Any] = {"seed": cfg.seed, "trainer.accumulate_grad_batches": accumulate,
-                             "world_size": world_size, PRECISION: precision}
-    for group in GROUPS:
-        _flatten(OmegaConf.to_container(cfg[group], resolve=True), group, found)
+    found: dict[str, Any] = {}
+    for key, node in cfg.items():
+        if key == "callbacks":
+            found.update(_callbacks_as_configured(cfg))
+        elif key != "hydra":
+            _flatten(OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node, key, found)
+    found.update({FORMAT: FINGERPRINT_FORMAT, "world_size": world_size, PRECISION: precision,
+                  "trainer.accumulate_grad_batches": accumulate})
+    found[TRAIN_DIGEST] = _train_data_digest(cfg)
+    if cfg.get("init_from"):
+        _init_settings(cfg, found)
     found[PRODUCT] = found["data.max_tokens"] * accumulate * world_size
-    return {key: value for key, value in sorted(found.items()) if key not in MAY_CHANGE + RETIRED}
+    return {key: value for key, value in sorted(found.items())
+            if key in (PRECISION, "trainer.accumulate_grad_batches", INIT_DIGEST) or not _not_training(key)}
 
 
 def results_fingerprint(cfg: DictConfig, trainer=None) -> dict[str, Any]:
@@ -177,6 +283,9 @@ def _ignored(saved: dict[str, Any], current: dict[str, Any]) -> set[str]:
     ignored = set(RETIRED) | {key for key in ADDED + RESULT_KEYS if key not in saved}
     if PRODUCT in saved and PRODUCT in current:
         ignored |= set(FACTORS)
+    if FORMAT not in saved:  # written before format 2: what it held (the groups, seed, ADDED), compared as then
+        ignored |= {key for key in current if key not in saved and key.split(".")[0] not in (*GROUPS, "seed")}
+        ignored |= {TRAIN_DIGEST, INIT_DIGEST}
     return ignored
 
 
