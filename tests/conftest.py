@@ -15,6 +15,19 @@ def resolvers():
     register_resolvers()
 
 
+KEPT = "the user's file, which nothing may change\n"  # what a victim file holds, before and after
+
+
+@pytest.fixture
+def victim(tmp_path) -> Path:
+    """A file of the user's, outside any run or checkpoint directory (``tmp_path/home/victim.txt``, holding
+    ``KEPT``), that a planted link or a recorded path must never make a command read or change."""
+    path = tmp_path / "home" / "victim.txt"
+    path.parent.mkdir()
+    path.write_text(KEPT)
+    return path
+
+
 @pytest.fixture(params=CPU_BF16_ANSWERS)
 def cpu_bf16(request, monkeypatch):
     """Each answer that trainer.precision=auto's CPU branch can get, whatever this machine's flags: a test that

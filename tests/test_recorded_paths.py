@@ -8,6 +8,7 @@ import re
 
 import pytest
 import torch
+from conftest import KEPT
 from test_train_app import write_tiny_corpus
 from tiny_checkpoint import tiny_tokenizer, write_checkpoint
 
@@ -16,7 +17,6 @@ from transformer_nmt.data.config import DataConfig
 from transformer_nmt.data.corpus import CorpusError, CorpusSpec
 from transformer_nmt.inference.evaluate import main as evaluate_main
 
-KEPT = "the user's file, which nothing may change\n"
 FAST = ["beam=1", "max_len_offset=5"]
 
 
@@ -28,14 +28,6 @@ def tokenizer():
 @pytest.fixture
 def corpus(tmp_path):
     return write_tiny_corpus(tmp_path / "corpus", n_train=4, n_eval=3)
-
-
-@pytest.fixture
-def victim(tmp_path):
-    path = tmp_path / "home" / "victim.txt"
-    path.parent.mkdir()
-    path.write_text(KEPT)
-    return path
 
 
 def checkpoint_recording(path, tokenizer, **data):

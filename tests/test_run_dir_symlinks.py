@@ -4,22 +4,13 @@ config.yaml or the validation hypotheses is never written through; the file it p
 import os
 
 import pytest
+from conftest import KEPT
 from test_train_app import one_thread, tiny_config, write_tiny_corpus  # noqa: F401 (fixture)
 
 from transformer_nmt import run_files
 from transformer_nmt.training import launch
 from transformer_nmt.training.app import train
 from transformer_nmt.training.launch import LaunchError, run_dir_lock
-
-KEPT = "the user's file, which nothing may change\n"
-
-
-@pytest.fixture
-def victim(tmp_path):
-    path = tmp_path / "elsewhere" / "victim.txt"
-    path.parent.mkdir()
-    path.write_text(KEPT)
-    return path
 
 
 @pytest.mark.parametrize("link", ["symlink", "hardlink"])
