@@ -12,6 +12,8 @@ from transformer_nmt.conf import CONF_DIR
 from transformer_nmt.training.config import register_configs
 from transformer_nmt.training.launch import (
     LaunchError,
+    forget_requeue,
+    is_requeue_resume,
     job_identity,
     note_requeue,
     requeued_resume,
@@ -119,6 +121,12 @@ def test_a_requeued_job_resumes_what_it_saved_whatever_its_ckpt_path(tmp_path, c
     array_task = {"SLURM_JOB_ID": "9", "SLURM_ARRAY_JOB_ID": "4240", "SLURM_ARRAY_TASK_ID": "3"}
     note_requeue(tmp_path, "4240_3", 30)  # scontrol's id of an array task
     assert requeued_resume(None, tmp_path, array_task)[0] == last
+    assert is_requeue_resume(requeued_resume(None, tmp_path, array_task)[1])
+    assert not is_requeue_resume(resume_checkpoint("auto", tmp_path)[1])
+    forget_requeue(tmp_path, "other")  # another job's failed requeue: this note stays
+    assert requeued_resume(None, tmp_path, array_task)[0] == last
+    forget_requeue(tmp_path, "4240_3")  # its scontrol requeue failed: no requeued job will come
+    assert requeued_resume(None, tmp_path, array_task) is None and not (tmp_path / "requeued.json").exists()
     (tmp_path / "requeued.json").write_text("{not json")
     assert requeued_resume(None, tmp_path, slurm) is None
     assert "is not a requeue note" in caplog.text

@@ -108,14 +108,16 @@ def test_settings_outside_the_groups_that_change_training_count(corpus, override
 
 @pytest.mark.parametrize("override", ["callbacks.attention_maps=null", "trainer.val_check_interval=5",
                                       "trainer.limit_val_batches=2", "checkpoint.save_top_k=1", "decode.beam=2",
-                                      "run_test=true", "name=other", "wait_for_run_dir=true"])
+                                      "run_test=true", "name=other", "wait_for_run_dir=true",
+                                      "name=${hydra:job.name}", "+trainer.min_steps=5"])
 def test_what_only_observes_or_evaluates_leaves_the_fingerprint_alone(corpus, override):
     assert differences(run_fingerprint(tiny_config(corpus)), run_fingerprint(tiny_config(corpus, override))) == {}
 
 
 def test_new_pairs_under_the_same_training_path_are_another_run(corpus, tmp_path):
     """data.train names the same files, whose contents changed (pairs appended): refused, since the sampler's
-    saved position would index another corpus; the same bytes elsewhere are the same run."""
+    saved position would index another corpus. (The path counts too: the same bytes under another path differ in
+    data.train only.)"""
     copy = tmp_path / "copy"
     copy.mkdir()
     for lang in ("en", "de"):
@@ -130,8 +132,11 @@ def test_new_pairs_under_the_same_training_path_are_another_run(corpus, tmp_path
         f.write("ein Satz mehr\n")
     changed = differences(before, run_fingerprint(tiny_config(corpus, f"data.train={copy}/train")))
     assert list(changed) == ["data.train_sha256"]
-    with pytest.raises(ResumeError, match=r"data.train_sha256: [0-9a-f]{64} there, [0-9a-f]{64} now"):
+    with pytest.raises(ResumeError, match=r"data.train_sha256: [0-9a-f]{64} there, [0-9a-f]{64} now") as refused:
         check_same_run(tiny_config(corpus, f"data.train={copy}/train"), before, "found", "Resuming")
+    assert "To resume it as it was, restore the training files as it was" not in str(refused.value)
+    assert "restore the training files as they were;" in str(refused.value)
+    assert "data.train_sha256=" not in str(refused.value)
 
 
 def test_a_fine_tune_is_fingerprinted_by_its_checkpoints_bytes_and_architecture(corpus, tmp_path):
@@ -151,6 +156,17 @@ def test_a_fine_tune_is_fingerprinted_by_its_checkpoints_bytes_and_architecture(
     assert list(differences(fine_tune, run_fingerprint(tiny_config(corpus, f"init_from={other}",
                                                                    "model.dropout=0.2")))) == ["init_from.sha256"]
     assert "init_from.sha256" in differences(fine_tune, run_fingerprint(tiny_config(corpus, "model.dropout=0.2")))
+    with pytest.raises(ResumeError) as refused:  # the hint names options only: restore the checkpoint
+        check_same_run(tiny_config(corpus, f"init_from={other}", "model.dropout=0.2"), fine_tune, "found", "Resuming")
+    assert "restore init_from's checkpoint as it was;" in str(refused.value)
+    assert "init_from.sha256=" not in str(refused.value)
+    # written before format 2, a fine-tune's fingerprint held the command's model.*: compared as it was
+    command = run_fingerprint(tiny_config(corpus, "model.dropout=0.2"))
+    old = {k: v for k, v in command.items() if k.split(".")[0] in ("model", "data", "train", "seed")
+           and k != "data.train_sha256" or k in (PRODUCT, "world_size", PRECISION, "trainer.accumulate_grad_batches")}
+    assert differences(old, fine_tune) == {}
+    assert list(differences(old, run_fingerprint(tiny_config(corpus, f"init_from={first}", "model.dropout=0.3")))) == [
+        "model.dropout"]
 
 
 def test_a_fingerprint_from_before_the_whole_config_counted_resumes_as_it_was(corpus):

@@ -124,6 +124,9 @@ def test_another_command_over_the_same_shards_or_outputs_is_refused(model, tmp_p
     with pytest.raises(SystemExit, match=r"would write .*input.en, the file input=.* names"):
         synthesize_main([f"ckpt={ckpt}", f"input={source}", f"output={source.with_suffix('')}", "src_lang=en",
                          "tgt_lang=de", *FAST])
+    with pytest.raises(SystemExit, match=r"tgt_lang=json: PREFIX.json is the synthesis's own"):
+        synthesize_main([f"ckpt={ckpt}", f"input={source}", f"output={tmp_path / 'x'}", "src_lang=en",
+                         "tgt_lang=json", *FAST])
     with pytest.raises(SystemExit, match=r"src_lang='../x' is not a language code"):
         synthesize_main([f"ckpt={ckpt}", f"input={source}", f"output={tmp_path / 'x'}", "src_lang=../x",
                          "tgt_lang=de", *FAST])

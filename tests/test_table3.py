@@ -87,6 +87,27 @@ def test_a_run_with_other_overrides_or_settings_than_the_plan_is_not_collected(t
     assert not (tmp_path / "docs" / "heads2").exists()
 
 
+def test_a_run_whose_results_hold_a_fingerprint_is_compared_by_it_with_the_precision_it_trained_in(tmp_path):
+    """results.json's own results fingerprint decides (not the config re-resolved on this machine): the plan's
+    trainer.precision=auto accepts the precision the run's machine gave, and a trainer setting of the results
+    (max_epochs) that differs from the plan's is refused."""
+    from transformer_nmt.training.fingerprint import PRECISION, RESULTS_FINGERPRINT, results_fingerprint
+
+    study = table3.Study(tmp_path, tmp_path / "docs", tmp_path / "outputs")
+    (tmp_path / "docs").mkdir()
+    run, results = finished_run(study, "heads8", 2)
+    fingerprint = results_fingerprint(OmegaConf.load(run / "config.yaml"))
+    fingerprint[PRECISION] = "16-mixed"  # what auto gave on the run's GPU, whatever this machine gives
+    (run / "results.json").write_text(json.dumps({**results, RESULTS_FINGERPRINT: fingerprint}))
+    table3.check_config(run, {**results, RESULTS_FINGERPRINT: fingerprint}, next(o for c, _, o in table3.PLAN
+                                                                               if c == "heads8"), 2)
+    fingerprint["trainer.max_epochs"] = 1
+    with pytest.raises(SystemExit, match=r"heads8/seed2 ran with other settings than the plan composes to now:\n"
+                                         r"  trainer.max_epochs: 1 there, \d+ in the plan"):
+        table3.check_config(run, {**results, RESULTS_FINGERPRINT: fingerprint},
+                            next(o for c, _, o in table3.PLAN if c == "heads8"), 2)
+
+
 def test_a_truncated_done_marker_counts_as_missing(tmp_path):
     study = table3.Study(tmp_path, tmp_path / "docs", tmp_path / "outputs")
     kept = tmp_path / "docs" / "heads8" / "seed2"

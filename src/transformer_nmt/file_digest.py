@@ -6,7 +6,9 @@ caches of this package are keyed by content instead (``content_digest``). Hashin
 every use would read gigabytes, so the digest is memoized under ``memo_dir`` by the file's whole identity: its
 resolved path, device, inode, size, modification and status-change times. A file rewritten or replaced has a new
 status-change time (the kernel sets it at every write and rename; ``cp -p``, ``rsync -a`` and image layers restore
-the modification time, never that one) or a new inode, hence no memo: its bytes are hashed again.
+the modification time, never that one) or a new inode, hence no memo: its bytes are hashed again. A file changed
+in the last two seconds is hashed but not memoized (a second write within the same status-change time tick would
+keep its identity).
 """
 
 from __future__ import annotations
@@ -14,11 +16,20 @@ from __future__ import annotations
 import hashlib
 import os
 import sys
+import time
 from pathlib import Path
 
 from transformer_nmt.durable import atomic_write
 
 HEX = frozenset("0123456789abcdef")
+CHUNK = 1 << 20  # bytes read at a time
+RACY_NS = 2_000_000_000  # a file changed this recently may change again within the same ctime tick: not memoized
+
+
+def user_cache() -> Path:
+    """``$XDG_CACHE_HOME/transformer_nmt`` (default ``~/.cache/transformer_nmt``): the CTranslate2 export cache and
+    the digests' memos of files outside a data cache (checkpoints, the fingerprint's training files)."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "transformer_nmt"
 
 
 def _memo(path: Path, stat: os.stat_result, memo_dir: Path) -> Path:
@@ -39,8 +50,14 @@ def content_digest(path: str | os.PathLike, memo_dir: str | os.PathLike) -> str:
     except (OSError, UnicodeDecodeError):
         pass
     with open(path, "rb") as f:
-        memo = _memo(path, os.fstat(f.fileno()), memo_dir)  # the file hashed, even if the path is replaced meanwhile
-        digest = hashlib.file_digest(f, "sha256").hexdigest()
+        stat = os.fstat(f.fileno())  # the file hashed, even if the path is replaced meanwhile
+        memo = _memo(path, stat, memo_dir)
+        sha = hashlib.sha256()
+        while chunk := f.read(CHUNK):
+            sha.update(chunk)
+        digest = sha.hexdigest()
+    if time.time_ns() - stat.st_ctime_ns < RACY_NS:  # a write within the same ctime tick would keep this identity
+        return digest
     try:
         memo_dir.mkdir(parents=True, exist_ok=True)
         atomic_write(memo, lambda f: f.write(digest.encode("ascii") + b"\n"))

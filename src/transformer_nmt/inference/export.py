@@ -56,7 +56,7 @@ from transformer_nmt.durable import (
     replace_directory,
     temporary_directory,
 )
-from transformer_nmt.file_digest import content_digest
+from transformer_nmt.file_digest import content_digest, user_cache
 from transformer_nmt.model.transformer import Transformer
 from transformer_nmt.options import command_argv, option, parse_options, require_checkpoint
 
@@ -289,11 +289,6 @@ def replace_broken(output: Path, export: Path) -> None:
             shutil.rmtree(stale, ignore_errors=True)
 
 
-def cache_root() -> Path:
-    """``$XDG_CACHE_HOME/transformer_nmt`` (default ``~/.cache/transformer_nmt``)."""
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "transformer_nmt"
-
-
 def cached_export(ckpt: str | os.PathLike) -> Path:
     """The float32 CTranslate2 export of checkpoint ``ckpt``, written on first use to
     ``$XDG_CACHE_HOME/transformer_nmt/ctranslate2/`` (default ``~/.cache/...``) under the sha256 of the checkpoint's
@@ -307,8 +302,8 @@ def cached_export(ckpt: str | os.PathLike) -> Path:
     path = Path(ckpt)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {path} does not exist")
-    digest = content_digest(path, cache_root() / "digests")
-    output = cache_root() / "ctranslate2" / f"{digest[:32]}-v{EXPORT_FORMAT}"
+    digest = content_digest(path, user_cache() / "digests")
+    output = user_cache() / "ctranslate2" / f"{digest[:32]}-v{EXPORT_FORMAT}"
     problem = check_export(output)
     if problem is not None:
         if output.exists():

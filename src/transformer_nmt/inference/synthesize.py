@@ -30,6 +30,7 @@ removed; the command run again then reports the corpus complete and translates n
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 import time
@@ -40,10 +41,9 @@ from typing import Optional
 
 from transformer_nmt.data.corpus import CorpusError, check_lang
 from transformer_nmt.durable import atomic_write
-from transformer_nmt.file_digest import content_digest
+from transformer_nmt.file_digest import content_digest, user_cache
 from transformer_nmt.inference.decode_config import DecodeConfig
 from transformer_nmt.inference.ensemble import checkpoint_paths
-from transformer_nmt.inference.export import cache_root
 from transformer_nmt.inference.translate import (
     ModelOptions,
     check_decode,
@@ -59,7 +59,8 @@ from transformer_nmt.provenance import collect as collect_provenance
 USAGE = "python -m transformer_nmt.synthesize ckpt=PATH|[A,B,...] input=FILE output=PREFIX [key=value ...]"
 PLAN = "plan.json"
 # Settings of the search that change how fast it runs, not what it writes: a run started again may change them
-SPEED_ONLY = ("device", "threads", "inter_threads", "max_tokens", "compute_type")
+SPEED_ONLY = ("device", "threads", "inter_threads", "max_tokens")
+RESERVED = ("json", "shards")  # PREFIX.json and PREFIX.shards are the synthesis's own: no language's suffix
 
 
 @dataclass
@@ -86,7 +87,7 @@ OPTIONS = SynthesizeOptions  # what test_docs checks the docs' commands against
 
 def model_identities(options: SynthesizeOptions) -> list[dict]:
     """Each model's path and sha256 (a checkpoint's bytes; an export's model.bin), memoized per file version."""
-    memo = cache_root() / "digests"
+    memo = user_cache() / "digests"
     if options.model_dir:
         path = Path(options.model_dir) / "model.bin"
         return [{"path": str(Path(options.model_dir)), "model.bin sha256": content_digest(path, memo)}]
@@ -107,6 +108,10 @@ def languages(options: SynthesizeOptions, meta: dict) -> tuple[str, str]:
         except CorpusError as error:
             raise SystemExit(str(error)) from None
         chosen.append(lang)
+    for name, lang in zip(("src_lang", "tgt_lang"), chosen):
+        if lang in RESERVED:
+            raise SystemExit(f"{name}={lang}: PREFIX.{lang} is the synthesis's own ({', '.join(RESERVED)}): give the "
+                             f"language's code")
     if chosen[0] == chosen[1]:
         raise SystemExit(f"src_lang and tgt_lang are both {chosen[0]!r}: the two files need different suffixes")
     return chosen[0], chosen[1]
@@ -125,8 +130,19 @@ def read_shard(path: Path, first_line: int, count: int) -> dict | None:
 
 
 def check_plan(work: Path, plan: dict) -> None:
-    """Write ``plan`` into ``work`` (PREFIX.shards/), or refuse where the shards there were made by another plan."""
+    """Write ``plan`` into ``work`` (PREFIX.shards/), or refuse where the shards there were made by another plan.
+    The plan is published exclusively (a link that fails where one exists): of two launches with different plans
+    started together, one writes it and the other is refused."""
     path = work / PLAN
+    if not path.exists():
+        staged = work / f"{PLAN}.{uuid.uuid4().hex}"
+        atomic_write(staged, lambda f: f.write(json.dumps(plan, indent=2).encode() + b"\n"))
+        try:
+            os.link(staged, path)  # fails if another launch published its plan meanwhile
+        except FileExistsError:
+            pass
+        finally:
+            staged.unlink()
     if path.is_file():
         try:
             saved = json.loads(path.read_text(encoding="utf-8"))
@@ -138,8 +154,6 @@ def check_plan(work: Path, plan: dict) -> None:
             raise SystemExit(f"{work} holds the shards of another synthesis (its {PLAN} differs in: "
                              f"{', '.join(differ)}): run the command that made them to finish it, or delete {work} "
                              f"to start this one")
-        return
-    atomic_write(path, lambda f: f.write(json.dumps(plan, indent=2).encode() + b"\n"))
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -170,7 +184,7 @@ def main(argv: list[str] | None = None) -> dict:
                                  f"another prefix")
     lines = read_lines(options.input)
     plan = {"input": str(Path(options.input).resolve()),
-            "input_sha256": content_digest(options.input, cache_root() / "digests"), "input_lines": len(lines),
+            "input_sha256": content_digest(options.input, user_cache() / "digests"), "input_lines": len(lines),
             "models": model_identities(options), "engine": options.engine,
             "decode": {k: v for k, v in asdict(decode).items() if k not in SPEED_ONLY},
             "src_lang": src_lang, "tgt_lang": tgt_lang, "shard_lines": options.shard_lines}

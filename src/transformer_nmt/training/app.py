@@ -57,6 +57,7 @@ from transformer_nmt.training.fingerprint import (
 from transformer_nmt.training.launch import (
     SlurmRequeue,
     agree_on_resume,
+    is_requeue_resume,
     requeued_resume,
     resume_checkpoint,
     run_dir_lock,
@@ -362,8 +363,8 @@ def _fit_and_test(cfg: DictConfig, run_dir: Path, overrides: Sequence[str], swee
     if not trainer.is_global_zero:
         log.info("rank %d resumes as global rank 0 chose: %s", trainer.global_rank, resume)
     # the run dir's checkpoint must be this run's: its fingerprint, with this trainer's world size and precision
-    check_resume(cfg, ckpt_path, list(overrides) if sweep else None, trainer=trainer,
-                 own_checkpoint=cfg.ckpt_path in ("auto", "last") or requeued is not None)
+    check_resume(cfg, ckpt_path, list(overrides) if sweep else None, trainer=trainer,  # as rank 0 decided:
+                 own_checkpoint=cfg.ckpt_path in ("auto", "last") or is_requeue_resume(resume))
     if rank_zero_only.rank == 0:
         run_dir.mkdir(parents=True, exist_ok=True)
         config_text = OmegaConf.to_yaml(cfg, resolve=True)  # atomically: a link planted there is replaced

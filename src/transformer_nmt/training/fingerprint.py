@@ -55,7 +55,7 @@ from omegaconf import DictConfig, OmegaConf
 from transformer_nmt.checkpoint import CKPT_FINGERPRINT, CKPT_MODEL_CONFIG, CKPT_OVERRIDES, read_checkpoint
 from transformer_nmt.data.config import DataConfig
 from transformer_nmt.data.corpus import CorpusError, file_fingerprint, split_inputs
-from transformer_nmt.file_digest import content_digest
+from transformer_nmt.file_digest import content_digest, user_cache
 from transformer_nmt.training.precision import resolve_precision, uses_cuda
 
 log = logging.getLogger(__name__)
@@ -99,7 +99,8 @@ NOT_TRAINING = (
     # resolved instead: trainer.precision as it trains, devices and nodes in world_size (tokens_per_step)
     "trainer.accelerator", "trainer.devices", "trainer.num_nodes", "trainer.strategy",
     # how long, and how often it validates or logs: the results fingerprint compares what shapes results
-    "trainer.max_epochs", "trainer.max_steps", "trainer.max_time", "trainer.val_check_interval",
+    "trainer.max_epochs", "trainer.max_steps", "trainer.max_time", "trainer.min_epochs", "trainer.min_steps",
+    "trainer.val_check_interval",
     "trainer.check_val_every_n_epoch", "trainer.limit_val_batches", "trainer.limit_test_batches",
     "trainer.num_sanity_val_steps", "trainer.log_every_n_steps", "trainer.enable_progress_bar",
     "trainer.enable_model_summary", "trainer.enable_checkpointing", "trainer.default_root_dir", "trainer.profiler",
@@ -168,29 +169,32 @@ def _callbacks_as_configured(cfg: DictConfig) -> dict[str, Any]:
     """The ``callbacks`` entries, a default entry kept out only while it is the default callback (its name with its
     ``_target_``, or null: off): the same name with another class counts, as any added entry does."""
     out: dict[str, Any] = {}
-    for name, node in (cfg.get("callbacks") or {}).items():
+    callbacks = cfg.get("callbacks") or {}
+    for name in callbacks:
+        node = callbacks[name]
         if name in DEFAULT_CALLBACKS and (node is None or node.get("_target_") == DEFAULT_CALLBACKS[name]):
             continue
-        _flatten(OmegaConf.to_container(node, resolve=False) if node is not None else None, f"callbacks.{name}", out)
+        _flatten(OmegaConf.to_container(node, resolve=True) if node is not None else None, f"callbacks.{name}", out)
     return out
 
 
 def _train_data_digest(cfg: DictConfig) -> str | None:
-    """A sha256 over the training files' paths, sizes and contents (``corpus.file_fingerprint``, memoized under
-    ``data.cache_dir``), so that new pairs under the same path are another run; None where the training files
-    cannot be read here (not configured, missing: the data set-up says why) or come from the hub (their id is in
-    the config)."""
+    """A sha256 over the training files' sizes and contents (``corpus.file_fingerprint``, memoized in the user's
+    cache, ``file_digest.user_cache``), so that new pairs under the same path are another run; None where there are
+    no training files to read (not configured, or missing: the data set-up then stops and says why) or they come
+    from the hub (their id is in the config). A file that exists but cannot be read is an error, here as in the
+    data set-up: every rank must compute the same fingerprint."""
     try:
         known = {f.name for f in dataclasses.fields(DataConfig)}  # not a retired key an older config holds
         data = DataConfig(**{k: v for k, v in OmegaConf.to_container(cfg.data, resolve=True).items() if k in known})
         if not data.train:
             return None
         inputs = split_inputs(data.corpus_spec(), "train")
-        if any(i.startswith("hub:") for i in inputs):
-            return None
-        listed = file_fingerprint(sorted(inputs), Path(data.cache_dir) / "digests")
-    except (CorpusError, OSError, TypeError, ValueError):
+    except (CorpusError, TypeError, ValueError):
         return None
+    if any(i.startswith("hub:") for i in inputs):
+        return None
+    listed = file_fingerprint(sorted(inputs), user_cache() / "digests")
     return hashlib.sha256(json.dumps([[size, digest] for _, size, digest in listed]).encode()).hexdigest()
 
 
@@ -202,7 +206,7 @@ def _init_settings(cfg: DictConfig, found: dict[str, Any]) -> None:
     if not path.is_file():
         found[INIT_DIGEST] = "missing"  # the run's set-up refuses it, naming the file
         return
-    found[INIT_DIGEST] = content_digest(path, Path(str(OmegaConf.select(cfg, "data.cache_dir") or ".")) / "digests")
+    found[INIT_DIGEST] = content_digest(path, user_cache() / "digests")
     recorded = read_checkpoint(path, mmap=True).get(CKPT_MODEL_CONFIG)
     if isinstance(recorded, dict):
         for key in [k for k in found if k.startswith("model.") and k[len("model."):] not in INIT_RUN_SETTINGS]:
@@ -222,10 +226,11 @@ def run_fingerprint(cfg: DictConfig, trainer=None) -> dict[str, Any]:
     precision = str(trainer.precision) if trainer is not None else resolved_precision(cfg)[0]
     accumulate = OmegaConf.select(cfg, "trainer.accumulate_grad_batches", default=1)
     found: dict[str, Any] = {}
-    for key, node in cfg.items():
+    for key in cfg:
         if key == "callbacks":
             found.update(_callbacks_as_configured(cfg))
-        elif key != "hydra":
+        elif key != "hydra" and key not in NOT_TRAINING:  # left out before it is resolved (name=${hydra:...})
+            node = cfg[key]
             _flatten(OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node, key, found)
     found.update({FORMAT: FINGERPRINT_FORMAT, "world_size": world_size, PRECISION: precision,
                   "trainer.accumulate_grad_batches": accumulate})
@@ -286,6 +291,9 @@ def _ignored(saved: dict[str, Any], current: dict[str, Any]) -> set[str]:
     if FORMAT not in saved:  # written before format 2: what it held (the groups, seed, ADDED), compared as then
         ignored |= {key for key in current if key not in saved and key.split(".")[0] not in (*GROUPS, "seed")}
         ignored |= {TRAIN_DIGEST, INIT_DIGEST}
+        if INIT_DIGEST in current:  # a fine-tune: it recorded the command's model.*, not the architecture trained
+            ignored |= {key for key in saved.keys() | current.keys()
+                        if key.startswith("model.") and key[len("model."):] not in INIT_RUN_SETTINGS}
     return ignored
 
 
@@ -340,7 +348,9 @@ def check_resume(cfg: DictConfig, path: Path | None, sweep_overrides: list[str] 
     if saved is None:
         log.warning("%s predates run fingerprints: its settings cannot be compared with this command's", path)
         return
-    check_same_run(cfg, saved, f"ckpt_path={cfg.ckpt_path} found {path} (step {checkpoint.get('global_step')}), "
+    how = (f"ckpt_path={cfg.ckpt_path}" if cfg.ckpt_path in ("auto", "last") else
+           f"the requeued job (its ckpt_path={cfg.ckpt_path} was for its first launch)")
+    check_same_run(cfg, saved, f"{how} found {path} (step {checkpoint.get('global_step')}), "
                                f"written by a run", "Resuming it would continue that run's weights and schedule",
                    trainer=trainer)
 
@@ -413,12 +423,19 @@ def check_same_run(cfg: DictConfig, saved: dict[str, Any], found: str, consequen
     changed = differences(saved, current)
     if not changed or cfg.get("force_resume"):
         return
+    derived = (PRODUCT, "world_size", TRAIN_DIGEST, INIT_DIGEST, FORMAT)
+    from_init = INIT_DIGEST in current  # model.* of a fine-tune: its checkpoint's, not options
     as_it_was = " ".join(f"~{key}" if old == "absent" else f"{key}={_override(old)}"
-                         for key, (old, new) in changed.items() if key not in (PRODUCT, "world_size"))
+                         for key, (old, new) in changed.items() if key not in derived
+                         and not (from_init and key.startswith("model.") and key[6:] not in INIT_RUN_SETTINGS))
+    restore = [what for key, what in ((TRAIN_DIGEST, "the training files as they were"),
+                                      (INIT_DIGEST, "init_from's checkpoint as it was")) if key in changed]
     keep = _keep_product(saved, current) if PRODUCT in changed else ""
     raise ResumeError(
         f"{found} with other settings than this command's:\n{_lines(changed, saved, current, cfg)}\n{consequence} "
-        f"under the new settings. To resume it as it was, pass {' '.join(filter(None, [as_it_was, keep]))}; to start "
+        f"under the new settings. To resume it as it was, "
+        f"{'restore ' + ' and '.join(restore) + (', and ' if as_it_was or keep else '') if restore else ''}"
+        f"{'pass ' + ' '.join(filter(None, [as_it_was, keep])) if as_it_was or keep else ''}; to start "
         f"a new run, give it its own directory (run_id=NAME or hydra.run.dir=DIR; in a sweep, sweep_id=NAME); to "
         f"resume it with the new settings anyway, pass force_resume=true.")
 

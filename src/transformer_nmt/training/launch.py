@@ -170,10 +170,28 @@ def requeued_resume(ckpt_path: str | None, run_dir: Path, environ=os.environ) ->
     if path is None:
         return None
     given = "null" if ckpt_path is None else ckpt_path
-    return path, (f"from {path}, step {checkpoint_step(path)} (requeued SLURM job {job}: it resumes what its requeue "
+    return path, (f"from {path}, step {checkpoint_step(path)} ({REQUEUE_MARK} {job}: it resumes what its requeue "
                   f"saved; ckpt_path={given} was for its first launch)")
 
 
+def is_requeue_resume(line: str) -> bool:
+    """Whether ``line`` (the resume line every rank agreed on, ``agree_on_resume``) is ``requeued_resume``'s: the
+    run dir's own checkpoint, resumed whatever ``ckpt_path`` says."""
+    return f"({REQUEUE_MARK} " in line
+
+
+def forget_requeue(run_dir: Path, job: str) -> None:
+    """Remove ``run_dir``'s requeue note of ``job`` (its ``scontrol requeue`` failed: no requeued job will come, and
+    a later launch of the same job must do what its command says)."""
+    note = run_dir / run_files.REQUEUED
+    try:
+        if json.loads(note.read_text(encoding="utf-8")).get("slurm_job") == job:
+            note.unlink()
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
+REQUEUE_MARK = "requeued SLURM job"  # in requeued_resume's start-up line
 RESUME_ENV = "TRANSFORMER_NMT_RESUME"  # rank 0's choice, for the child processes of Lightning's own launcher
 
 
@@ -405,6 +423,7 @@ class SlurmRequeue(Checkpoint):
         note_requeue(self._run_dir, job, None)  # before the requeue: the requeued job may start at once
         result = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True)
         if result.returncode:  # the run goes on: it may yet finish before the time limit
+            forget_requeue(self._run_dir, job)
             log.error("requeue signal %s outside training: scontrol requeue %s failed (%s): %s",
                       signal.Signals(signum).name, job, result.returncode, result.stderr.strip())
             return
@@ -451,6 +470,7 @@ class SlurmRequeue(Checkpoint):
             note_requeue(Path(trainer.default_root_dir), job, trainer.global_step)  # before the requeue, as above
             result = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True)
             if result.returncode:
+                forget_requeue(Path(trainer.default_root_dir), job)
                 log.error("scontrol requeue %s failed (%s): %s", job, result.returncode, result.stderr.strip())
             else:
                 log.info("requeue signal at step %d: wrote %s and requeued SLURM job %s; it resumes from there",
