@@ -38,11 +38,13 @@ def _memo(path: Path, stat: os.stat_result, memo_dir: Path) -> Path:
     return memo_dir / hashlib.sha256(identity.encode()).hexdigest()[:32]
 
 
-def content_digest(path: str | os.PathLike, memo_dir: str | os.PathLike) -> str:
-    """The sha256 (hex) of ``path``'s bytes, from its memo in ``memo_dir`` when the file is the one hashed then.
-    A memo that cannot be read is recomputed; one that cannot be written costs the next call a hash, with a
+def content_digest(path: str | os.PathLike, memo_dir: str | os.PathLike | None = None) -> str:
+    """The sha256 (hex) of ``path``'s bytes, from its memo in ``memo_dir`` (None: ``user_cache()/digests``, which
+    every cache of the package shares, so that a file is hashed once whoever asks) when the file is the one hashed
+    then. A memo that cannot be read is recomputed; one that cannot be written costs the next call a hash, with a
     warning."""
-    path, memo_dir = Path(path), Path(memo_dir)
+    path = Path(path)
+    memo_dir = user_cache() / "digests" if memo_dir is None else Path(memo_dir)
     try:
         digest = _memo(path, path.stat(), memo_dir).read_text(encoding="ascii").strip()
         if len(digest) == 64 and set(digest) <= HEX:

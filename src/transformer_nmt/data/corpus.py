@@ -389,17 +389,17 @@ def filter_pairs(
     return keep, report
 
 
-def file_fingerprint(paths: list[str], memo_dir: str | os.PathLike) -> list[tuple[str, int, str]]:
+def file_fingerprint(paths: list[str]) -> list[tuple[str, int, str]]:
     """(absolute path, size, sha256 of the bytes) of local inputs, for cache keys: a file replaced by another of
-    the same size and time (``cp -p``, ``rsync -a``) is a new key (``file_digest.content_digest``, memoized in
-    ``memo_dir``); hub ids pass through unchanged."""
+    the same size and time (``cp -p``, ``rsync -a``) is a new key (``file_digest.content_digest``, memoized in the
+    user's cache); hub ids pass through unchanged."""
     out = []
     for p in paths:
         if os.path.exists(p):
             if os.path.isdir(p):  # a saved dataset: fingerprint its files
-                out.extend(file_fingerprint(sorted(str(f) for f in Path(p).rglob("*") if f.is_file()), memo_dir))
+                out.extend(file_fingerprint(sorted(str(f) for f in Path(p).rglob("*") if f.is_file())))
                 continue
-            out.append((os.path.abspath(p), os.stat(p).st_size, content_digest(p, memo_dir)))
+            out.append((os.path.abspath(p), os.stat(p).st_size, content_digest(p)))
         else:
             out.append((p, 0, ""))
     return out

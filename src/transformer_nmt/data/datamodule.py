@@ -257,7 +257,7 @@ class TranslationDataModule(L.LightningDataModule):
         key = cache_key("raw", self.spec.format, sorted(self.spec.langs), self.spec.columns, self.spec.utf8_errors,
                         self.spec.control_chars,
                         self.spec.hub_name, self.spec.hub_config, self.spec.locations[split],
-                        file_fingerprint(sorted(inputs), self.cache_dir / "digests"))
+                        file_fingerprint(sorted(inputs)))
         path = self.cache_dir / f"raw-{split}-{key}"
 
         def build(tmp: Path):

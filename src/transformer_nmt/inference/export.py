@@ -302,7 +302,7 @@ def cached_export(ckpt: str | os.PathLike) -> Path:
     path = Path(ckpt)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {path} does not exist")
-    digest = content_digest(path, user_cache() / "digests")
+    digest = content_digest(path)
     output = user_cache() / "ctranslate2" / f"{digest[:32]}-v{EXPORT_FORMAT}"
     problem = check_export(output)
     if problem is not None:

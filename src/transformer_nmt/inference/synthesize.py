@@ -41,7 +41,7 @@ from typing import Optional
 
 from transformer_nmt.data.corpus import CorpusError, check_lang
 from transformer_nmt.durable import atomic_write
-from transformer_nmt.file_digest import content_digest, user_cache
+from transformer_nmt.file_digest import content_digest
 from transformer_nmt.inference.decode_config import DecodeConfig
 from transformer_nmt.inference.ensemble import checkpoint_paths
 from transformer_nmt.inference.translate import (
@@ -87,11 +87,10 @@ OPTIONS = SynthesizeOptions  # what test_docs checks the docs' commands against
 
 def model_identities(options: SynthesizeOptions) -> list[dict]:
     """Each model's path and sha256 (a checkpoint's bytes; an export's model.bin), memoized per file version."""
-    memo = user_cache() / "digests"
     if options.model_dir:
         path = Path(options.model_dir) / "model.bin"
-        return [{"path": str(Path(options.model_dir)), "model.bin sha256": content_digest(path, memo)}]
-    return [{"path": str(Path(p)), "sha256": content_digest(p, memo)} for p in checkpoint_paths(options.ckpt)]
+        return [{"path": str(Path(options.model_dir)), "model.bin sha256": content_digest(path)}]
+    return [{"path": str(Path(p)), "sha256": content_digest(p)} for p in checkpoint_paths(options.ckpt)]
 
 
 def languages(options: SynthesizeOptions, meta: dict) -> tuple[str, str]:
@@ -175,16 +174,15 @@ def main(argv: list[str] | None = None) -> dict:
     outputs = {"src": prefix.with_name(f"{prefix.name}.{src_lang}"),
                "tgt": prefix.with_name(f"{prefix.name}.{tgt_lang}")}
     record, work = prefix.with_name(f"{prefix.name}.json"), prefix.with_name(f"{prefix.name}.shards")
-    for name, path in [*outputs.items(), ("json", record)]:
-        reads = [("input", options.input)] + [("ckpt", p) for p in (checkpoint_paths(options.ckpt)
-                                                                      if options.ckpt else [])]
+    reads = [("input", options.input)] + [("ckpt", p) for p in (checkpoint_paths(options.ckpt) if options.ckpt else [])]
+    for path in [*outputs.values(), record]:
         for what, read in reads:
             if same_file(path, read):
                 raise SystemExit(f"output={options.output} would write {path}, the file {what}={read} names: choose "
                                  f"another prefix")
     lines = read_lines(options.input)
     plan = {"input": str(Path(options.input).resolve()),
-            "input_sha256": content_digest(options.input, user_cache() / "digests"), "input_lines": len(lines),
+            "input_sha256": content_digest(options.input), "input_lines": len(lines),
             "models": model_identities(options), "engine": options.engine,
             "decode": {k: v for k, v in asdict(decode).items() if k not in SPEED_ONLY},
             "src_lang": src_lang, "tgt_lang": tgt_lang, "shard_lines": options.shard_lines}

@@ -48,6 +48,7 @@ from transformer_nmt.training.callbacks import LastCheckpoint, StepBoundaryTimer
 from transformer_nmt.training.checkpoint_io import AtomicCheckpointIO
 from transformer_nmt.training.config import schema_error
 from transformer_nmt.training.fingerprint import (
+    INIT_RUN_SETTINGS,
     RESULTS_FINGERPRINT,
     RecordFingerprint,
     check_finished_run,
@@ -130,10 +131,6 @@ def batch_seed(cfg: DictConfig) -> int:
     """The seed of the batch order: data.seed, or the run's seed where data.seed is null (the default), so
     that one ``seed=`` sweep axis varies initialisation, dropout and data order together."""
     return cfg.seed if cfg.data.get("seed") is None else cfg.data.seed
-
-
-# What model.* still sets for a run that starts from init_from (the checkpoint gives the architecture).
-INIT_RUN_SETTINGS = ("dropout", "attention_dropout", "attention", "attention_block_size")
 
 
 def read_init(path: str) -> dict:

@@ -55,7 +55,7 @@ from omegaconf import DictConfig, OmegaConf
 from transformer_nmt.checkpoint import CKPT_FINGERPRINT, CKPT_MODEL_CONFIG, CKPT_OVERRIDES, read_checkpoint
 from transformer_nmt.data.config import DataConfig
 from transformer_nmt.data.corpus import CorpusError, file_fingerprint, split_inputs
-from transformer_nmt.file_digest import content_digest, user_cache
+from transformer_nmt.file_digest import content_digest
 from transformer_nmt.training.precision import resolve_precision, uses_cuda
 
 log = logging.getLogger(__name__)
@@ -86,7 +86,7 @@ EXTENDS = ("trainer.max_steps", "trainer.max_epochs", "trainer.max_time")  # a l
 FORMAT, FINGERPRINT_FORMAT = "fingerprint_format", 2  # 2 (2026-12-03): the whole config minus NOT_TRAINING
 TRAIN_DIGEST = "data.train_sha256"  # the training files' contents (_train_data_digest)
 INIT_DIGEST = "init_from.sha256"  # init_from's checkpoint (its bytes), in place of its path
-# The settings that a fine-tune (init_from) takes from the command rather than from its checkpoint
+# The settings that a fine-tune (init_from) takes from the command rather than from its checkpoint (app.build_module)
 INIT_RUN_SETTINGS = ("dropout", "attention_dropout", "attention", "attention_block_size")
 # What a resumed run may change without training something else: the keys (and the groups below them) left out of
 # the run fingerprint. Every other key of the resolved config counts, a new option or an added callback included.
@@ -180,10 +180,10 @@ def _callbacks_as_configured(cfg: DictConfig) -> dict[str, Any]:
 
 def _train_data_digest(cfg: DictConfig) -> str | None:
     """A sha256 over the training files' sizes and contents (``corpus.file_fingerprint``, memoized in the user's
-    cache, ``file_digest.user_cache``), so that new pairs under the same path are another run; None where there are
-    no training files to read (not configured, or missing: the data set-up then stops and says why) or they come
-    from the hub (their id is in the config). A file that exists but cannot be read is an error, here as in the
-    data set-up: every rank must compute the same fingerprint."""
+    cache, as the data set-up's own keys are), so that new pairs under the same path are another run; None where
+    there are no training files to read (not configured, or missing: the data set-up then stops and says why) or
+    they come from the hub (their id is in the config). A file that exists but cannot be read is an error, here as
+    in the data set-up: every rank must compute the same fingerprint."""
     try:
         known = {f.name for f in dataclasses.fields(DataConfig)}  # not a retired key an older config holds
         data = DataConfig(**{k: v for k, v in OmegaConf.to_container(cfg.data, resolve=True).items() if k in known})
@@ -194,7 +194,7 @@ def _train_data_digest(cfg: DictConfig) -> str | None:
         return None
     if any(i.startswith("hub:") for i in inputs):
         return None
-    listed = file_fingerprint(sorted(inputs), user_cache() / "digests")
+    listed = file_fingerprint(sorted(inputs))
     return hashlib.sha256(json.dumps([[size, digest] for _, size, digest in listed]).encode()).hexdigest()
 
 
@@ -206,7 +206,7 @@ def _init_settings(cfg: DictConfig, found: dict[str, Any]) -> None:
     if not path.is_file():
         found[INIT_DIGEST] = "missing"  # the run's set-up refuses it, naming the file
         return
-    found[INIT_DIGEST] = content_digest(path, user_cache() / "digests")
+    found[INIT_DIGEST] = content_digest(path)
     recorded = read_checkpoint(path, mmap=True).get(CKPT_MODEL_CONFIG)
     if isinstance(recorded, dict):
         for key in [k for k in found if k.startswith("model.") and k[len("model."):] not in INIT_RUN_SETTINGS]:
