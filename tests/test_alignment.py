@@ -21,6 +21,7 @@ from transformer_nmt.inference.alignment import (
     word_alignment,
     word_ids,
 )
+from transformer_nmt.inference.attention_weights import teacher_forced_attention
 from transformer_nmt.inference.translate import main as translate_main
 from transformer_nmt.inference.translate import translate_ids
 
@@ -137,7 +138,7 @@ def test_translate_prints_hard_and_soft_alignments_over_words(checkpoint, tmp_pa
     (src_ids,), (((hyp, _),),) = translate_ids(model, tokenizer, sentences[:1], beam=1, max_len_offset=3)
     translation, rows = soft[0].split("\t")
     assert tokenizer.decode(hyp) == translation
-    cross = model.teacher_forced_attention(src_ids, hyp, tokenizer.bos_id)["cross"]  # (layers, h, T + 1, S)
+    cross = teacher_forced_attention(model, src_ids, hyp, tokenizer.bos_id)["cross"]  # (layers, h, T + 1, S)
 
     def words(weights):  # (T + 1, S) -> (target words, source words)
         return word_alignment(weights[:-1], *piece_words(tokenizer, src_ids, hyp))

@@ -373,10 +373,11 @@ def test_check_attention_names_the_options():
 
 
 def test_head_gate_silences_exactly_one_head():
+    from transformer_nmt.analysis.head_gates import set_layer_gates
+
     mha = MultiHeadAttention(16, 4)
     x = torch.randn(2, 5, 16)
-    gates = torch.tensor([1.0, 0.0, 1.0, 1.0])
-    mha.head_gates = gates
+    set_layer_gates(mha, torch.tensor([1.0, 0.0, 1.0, 1.0]))  # a hook analysis attaches; the model has no gates
     out_gated, _ = mha(x, x, x)
     # Reference: zero that head's slice of the merged heads before W_O.
     q, k, v = (mha.split_heads(p(x)) for p in (mha.q_proj, mha.k_proj, mha.v_proj))

@@ -105,20 +105,26 @@ def test_n_best_hypotheses_and_scores_match_native(trained, exported, validation
 
 # --- the export itself ---------------------------------------------------------------------------
 
-@pytest.mark.parametrize("norm_first,tie_embeddings", [(False, True), (True, False)])
-def test_export_gives_our_log_probabilities(tmp_path, norm_first, tie_embeddings):
-    """Post-LN and pre-LN, tied and untied, with head gates: CTranslate2's per-token log-probabilities
-    of reference translations equal ours (teacher forcing, pad and bos forbidden as in decoding)."""
+@pytest.mark.parametrize("layout", [
+    dict(norm_first=False, tie_embeddings=True),
+    dict(norm_first=True, tie_embeddings=False),
+    dict(norm_first=True, norm="rmsnorm", activation="swiglu", positions="rotary"),  # the "modern" combination
+    dict(norm="rmsnorm", activation="geglu", positions="learned"),
+    dict(positions="rotary", activation="gelu"),
+], ids=["post-norm-tied", "pre-norm-untied", "pre-rmsnorm-swiglu-rotary", "rmsnorm-geglu-learned", "rotary-gelu"])
+def test_export_gives_our_log_probabilities(tmp_path, layout):
+    """Post-norm and pre-norm, tied and untied, LayerNorm and RMSNorm, plain and gated feed-forwards, sinusoidal,
+    learned and rotary positions: CTranslate2's per-token log-probabilities of reference translations equal ours
+    (teacher forcing, pad and bos forbidden as in decoding)."""
     tokenizer = tiny_tokenizer()
     torch.manual_seed(0)
     model = Transformer(TransformerConfig(vocab_size=tokenizer.vocab_size, d_model=32, n_heads=4,
                                           n_encoder_layers=2, n_decoder_layers=2, d_ff=64, max_positions=64,
-                                          norm_first=norm_first, tie_embeddings=tie_embeddings)).eval()
-    with torch.no_grad():  # LayerNorms away from (1, 0), so a misplaced one shows
+                                          **layout)).eval()
+    with torch.no_grad():  # norms away from (1, 0), so a misplaced one shows
         for name, param in model.named_parameters():
             if "norm" in name:
                 param.add_(0.2 * torch.randn_like(param))
-    model.set_head_gates("cross", 1, torch.tensor([1.0, 0.0, 0.5, 1.0]))
     translator = ctranslate2.Translator(str(export_model(model, tokenizer, tmp_path / "ct2")), intra_threads=1)
 
     sources = [tokenizer.encode(line)[:40] for line in multi30k_lines("val", "en", 16)]
@@ -386,3 +392,13 @@ def test_scoring_and_prefixes_match_native(trained, exported, validation):
             assert h[0].tokens[: len(tokenizer.encode(prefix))] == tokenizer.encode(prefix)
         same = sum(a[0].tokens == b[0].tokens for a, b in zip(ours, theirs))
         assert same >= 0.8 * len(sources)
+
+
+def test_export_refuses_a_model_without_positions_naming_the_option():
+    from transformer_nmt.inference.export import transformer_spec
+
+    tokenizer = tiny_tokenizer()
+    model = Transformer(TransformerConfig(vocab_size=tokenizer.vocab_size, d_model=32, n_heads=4, positions="none",
+                                          n_encoder_layers=1, n_decoder_layers=1, d_ff=32, max_positions=64))
+    with pytest.raises(ValueError, match=r"model.positions=none: CTranslate2's Transformer always adds positions"):
+        transformer_spec(model, tokenizer)

@@ -219,10 +219,12 @@ def test_analyze_heads_masks_every_head_once_and_writes_its_reports(tmp_path, ch
     model, tokenizer, _ = load_checkpoint(checkpoint)
     cut = model.config.max_positions - 2
 
+    from transformer_nmt.analysis.head_gates import attention_modules
+
     def loss_without(heads) -> float:
         silenced = copy.deepcopy(model)
         for kind, layer, head in heads:
-            out_proj = silenced.attention_layers(kind)[layer].out_proj
+            out_proj = attention_modules(silenced, kind)[layer].out_proj
             d_v = out_proj.in_features // 2
             out_proj.weight.data[:, head * d_v:(head + 1) * d_v] = 0.0
         total = tokens = 0

@@ -225,8 +225,12 @@ def test_trained_round_trip_identical(trained, exported):
     assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
 
 
-@pytest.mark.parametrize("change, reason", [({"positions": "learned"}, "row E"), ({"norm_first": True}, "post-LN"),
-                                            ({"d_k": 4}, "row B"), ({"d_v": 4}, "row B")])
+@pytest.mark.parametrize("change, reason", [
+    ({"positions": "learned"}, "model.positions=learned"), ({"positions": "rotary"}, "model.positions=rotary"),
+    ({"positions": "none"}, "model.positions=none"), ({"norm_first": True}, "post-LN"),
+    ({"norm": "rmsnorm"}, "model.norm=rmsnorm: MarianMTModel has LayerNorm only"),
+    ({"activation": "swiglu"}, "model.activation=swiglu: .* a gated one cannot be exported"),
+    ({"activation": "geglu"}, "model.activation=geglu"), ({"d_k": 4}, "row B"), ({"d_v": 4}, "row B")])
 def test_export_refuses_what_marian_cannot_hold(change, reason):
     config = TransformerConfig(vocab_size=50, d_model=16, n_heads=2, **change)
     tokenizer = type("T", (), {"vocab_size": 50})()

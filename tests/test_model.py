@@ -7,9 +7,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from transformer_nmt.analysis.head_gates import attention_modules, fold_gates, gates, set_gates, set_layer_gates
 from transformer_nmt.checkpoint import migrate_checkpoint
+from transformer_nmt.inference.attention_weights import teacher_forced_attention
 from transformer_nmt.model.attention import causal_mask
-from transformer_nmt.model.transformer import Transformer, TransformerConfig, sinusoidal_positions
+from transformer_nmt.model.positions import sinusoidal_positions
+from transformer_nmt.model.transformer import Transformer, TransformerConfig
 
 PAD = 0
 
@@ -81,8 +84,8 @@ def test_logits_equal_torch_transformer_with_copied_weights(norm_first):
 
     # The reference, fed with our embeddings and projected with our output matrix.
     with torch.enable_grad():  # keep nn.Transformer off its inference fast path (nested tensors)
-        src_x = model.src_embed(src) * math.sqrt(32) + model.positions[: src.shape[1]]
-        tgt_x = model.tgt_embed(tgt) * math.sqrt(32) + model.positions[:T]
+        src_x = model.src_embed(src) * math.sqrt(32) + model.positions.table[: src.shape[1]]
+        tgt_x = model.tgt_embed(tgt) * math.sqrt(32) + model.positions.table[:T]
         hidden = ref(src_x, tgt_x, tgt_mask=torch.ones(T, T, dtype=torch.bool).triu(1),
                      src_key_padding_mask=src == PAD, tgt_key_padding_mask=tgt == PAD,
                      memory_key_padding_mask=src == PAD, tgt_is_causal=True)
@@ -209,9 +212,9 @@ def test_buffers_are_not_saved_so_ddp_need_not_broadcast_them():
     # The only buffer is the sinusoidal table, a function of the config, not saved in the state_dict:
     # DDP can run with broadcast_buffers=False (no per-step broadcast) without ranks drifting apart.
     model = Transformer(small_config())
-    assert [name for name, _ in model.named_buffers()] == ["positions"]
-    assert not any(key.endswith("positions") for key in model.state_dict())
-    torch.testing.assert_close(model.positions, sinusoidal_positions(64, 32), atol=0, rtol=0)
+    assert [name for name, _ in model.named_buffers()] == ["positions.table"]
+    assert not any(key.startswith("positions") for key in model.state_dict())
+    torch.testing.assert_close(model.positions.table, sinusoidal_positions(64, 32), atol=0, rtol=0)
 
 
 def test_cache_reorder_follows_the_batch_rows():
@@ -280,14 +283,14 @@ def test_teacher_forced_attention_holds_every_layer_of_one_pair_with_bos_first()
     torch.manual_seed(5)
     model = Transformer(small_config()).eval()
     src, tgt, bos = [9, 10, 11, 12, 3], [20, 21, 22], 2
-    maps = model.teacher_forced_attention(src, tgt, bos)
+    maps = teacher_forced_attention(model, src, tgt, bos)
     assert {kind: tuple(w.shape) for kind, w in maps.items()} == {
         "encoder": (2, 4, 5, 5), "decoder": (3, 4, 4, 4), "cross": (3, 4, 4, 5)}
     assert all(w.dtype == torch.float32 and w.device.type == "cpu" for w in maps.values())
     torch.testing.assert_close(maps["cross"].sum(-1), torch.ones(3, 4, 4))
     _, attn = model(torch.tensor([src]), torch.tensor([[bos] + tgt]), return_attention=True)
     torch.testing.assert_close(maps["cross"][1], attn["cross"][1][0])  # layer 1 is the model's layer 1
-    changed = model.teacher_forced_attention(src, tgt[:-1] + [30], bos)
+    changed = teacher_forced_attention(model, src, tgt[:-1] + [30], bos)
     for kind in ("decoder", "cross"):
         torch.testing.assert_close(changed[kind][:, :, :3], maps[kind][:, :, :3])
         assert not torch.allclose(changed[kind][:, :, 3], maps[kind][:, :, 3])
@@ -321,12 +324,26 @@ def test_head_gate_of_zero_changes_output_and_can_be_removed():
     model = Transformer(small_config()).eval()
     src, tgt = random_batch()
     before = model(src, tgt)
-    model.set_head_gates("cross", 1, torch.tensor([1.0, 0.0, 1.0, 1.0]))
-    assert not torch.allclose(model(src, tgt), before)
-    model.set_head_gates("cross", 1, None)
-    torch.testing.assert_close(model(src, tgt), before)
+    cross_1 = attention_modules(model, "cross")[1]
+    set_layer_gates(cross_1, torch.tensor([1.0, 0.0, 1.0, 1.0]))
+    gated = model(src, tgt)
+    assert not torch.allclose(gated, before)
+    assert gates(model)["cross"].tolist()[1] == [1.0, 0.0, 1.0, 1.0] and gates(model)["encoder"].eq(1).all()
+    set_layer_gates(cross_1, None)
+    torch.testing.assert_close(model(src, tgt), before, atol=0, rtol=0)
     with pytest.raises(ValueError, match=r"shape \(4,\)"):
-        model.set_head_gates("encoder", 0, torch.ones(3))
+        set_layer_gates(attention_modules(model, "encoder")[0], torch.ones(3))
+    # Silencing a head = zeroing its d_v input columns of W_O (the independent reference), and fold_gates
+    # makes that permanent: the same logits with no hook left.
+    reference = Transformer(small_config()).eval()
+    reference.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        reference.decoder_layers[1].cross_attn.out_proj.weight[:, 8:16] = 0  # head 1 of 4, d_v 8
+    set_gates(model, {("cross", 1, 1)})
+    torch.testing.assert_close(model(src, tgt), reference(src, tgt), atol=1e-6, rtol=1e-6)
+    fold_gates(model)
+    assert gates(model)["cross"].eq(1).all() and not cross_1.out_proj._forward_pre_hooks
+    torch.testing.assert_close(model(src, tgt), reference(src, tgt), atol=1e-6, rtol=1e-6)
 
 
 @pytest.mark.parametrize("overrides, message", [
@@ -354,7 +371,7 @@ def test_d_k_apart_and_learned_positions_train_and_decode_under_every_kernel(ker
     torch.manual_seed(3)
     shape = dict(d_k=6, d_v=10, positions="learned", n_encoder_layers=1, n_decoder_layers=2)
     model = Transformer(small_config(**shape, attention=kernel, attention_block_size=3))
-    assert isinstance(model.positions, nn.Parameter) and model.positions.shape == (64, 32)
+    assert isinstance(model.positions.weight, nn.Parameter) and model.positions.weight.shape == (64, 32)
     plain = Transformer(small_config(**shape, attention="plain"))
     plain.load_state_dict(model.state_dict())  # strict: the learned table is saved
     src, tgt = random_batch()
@@ -365,7 +382,8 @@ def test_d_k_apart_and_learned_positions_train_and_decode_under_every_kernel(ker
         loss = F.cross_entropy(model(src, tgt[:, :-1]).flatten(0, 1), tgt[:, 1:].flatten(), ignore_index=PAD)
         optimizer.zero_grad()
         loss.backward()
-        assert model.positions.grad[:7].abs().sum() > 0 and (model.positions.grad[7:] == 0).all()
+        grad = model.positions.weight.grad
+        assert grad[:7].abs().sum() > 0 and (grad[7:] == 0).all()
         optimizer.step()
 
     model.eval()
@@ -391,10 +409,11 @@ def test_checkpoints_from_before_d_k_and_positions_load():
     assert loaded.config.head_dims() == (8, 8) and loaded.config.positions == "sinusoidal"
     src, tgt = random_batch()
     torch.testing.assert_close(loaded(src, tgt), model(src, tgt), atol=0, rtol=0)
-    assert "positions" not in model.state_dict()
-    assert "positions" in Transformer(small_config(positions="learned")).state_dict()
+    assert not any(key.startswith("positions") for key in model.state_dict())
+    assert "positions.weight" in Transformer(small_config(positions="learned")).state_dict()
 
 
 def test_unknown_positions_are_rejected_with_the_option_named():
-    with pytest.raises(ValueError, match=r"model.positions must be one of \('sinusoidal', 'learned'\)"):
-        small_config(positions="rotary")
+    expected = r"model.positions must be one of \('sinusoidal', 'learned', 'rotary', 'none'\)"
+    with pytest.raises(ValueError, match=expected):
+        small_config(positions="alibi")

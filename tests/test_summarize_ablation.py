@@ -122,3 +122,22 @@ def test_runs_of_two_precisions_are_refused_naming_both(tmp_path):
     with pytest.raises(SystemExit, match=r"different precisions \(bf16-mixed: 1 runs.*; 32-true: 1 runs"):
         summarize_ablation.load_runs([tmp_path / "a", tmp_path / "b"])
     assert len(summarize_ablation.load_runs([tmp_path / "a"])) == 1  # one precision: summarized
+
+
+def test_a_model_option_added_since_separates_runs_and_has_its_row():
+    """Every TransformerConfig field is part of a configuration (a new option needs no edit of the grouping): a
+    results.json that records ``model.norm`` is another configuration than one without it (which ran with the
+    default), and the rows since the paper follow which fields changed."""
+    base = summarize_ablation.config_key({**BASE, "d_k": 32, "d_v": 32})
+    key = lambda **model: summarize_ablation.config_key({**BASE, "d_k": 32, "d_v": 32, "model": model})  # noqa: E731
+    row = summarize_ablation.table_row
+    assert key(norm="layernorm", activation="relu") == base  # the defaults, recorded or not
+    assert row(key(norm="rmsnorm"), base) == "G" and row(key(norm_first=True), base) == "G"
+    assert row(summarize_ablation.config_key({**BASE, "d_k": 32, "d_v": 32, "d_ff": 344,
+                                              "model": {"activation": "swiglu"}}), base) == "F"
+    modern = {"norm": "rmsnorm", "norm_first": True, "activation": "swiglu"}
+    assert row(summarize_ablation.config_key({**BASE, "d_k": 32, "d_v": 32, "d_ff": 344, "positions": "rotary",
+                                              "model": modern}), base) == "H"
+    record = dict(zip(summarize_ablation.KEYS, key(norm="rmsnorm", activation="geglu")))
+    assert summarize_ablation.extra_changes(record, dict(zip(summarize_ablation.KEYS, base))) == \
+        "norm=rmsnorm activation=geglu"

@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 from omegaconf import OmegaConf
 from test_train_app import compose_train
 
@@ -18,13 +19,26 @@ from transformer_nmt.training.app import with_run_dir
 
 def test_the_plan_has_every_row_five_base_seeds_and_two_for_every_other_cell():
     rows = {row for _, row, _ in table3.PLAN}
-    assert rows == {"base", "A", "B", "C", "D", "E"}
+    assert rows == {"base", "A", "B", "C", "D", "E", "F", "G", "H"}
     planned = table3.runs()
     assert sorted(seed for cell, _, seed in planned if cell == "base") == [1, 2, 3, 4, 5]
     others = {cell for cell, _, _ in table3.PLAN} - {"base"}
     assert all(sorted(s for c, _, s in planned if c == cell) == [1, 2] for cell in others)
-    assert all(len(overrides) == 1 for cell, _, overrides in table3.PLAN if cell != "base")  # one change a cell
+    # the paper's rows: one change a cell; SwiGLU changes its width with it (equal parameters), H all at once
+    assert all(len(overrides) == 1 for cell, row, overrides in table3.PLAN if row in "ABCDE" and cell != "base")
     assert len(planned) == 5 + 2 * len(others)
+
+
+def test_the_swiglu_cell_has_the_base_models_parameters():
+    """d_ff 344 = gated_width(512): the gated feed-forward's three matrices weigh what the base's two do (0.5%)."""
+    from transformer_nmt.model.transformer import Transformer, TransformerConfig
+
+    model = dict(vocab_size=8000, d_model=128, n_heads=4, n_encoder_layers=2, n_decoder_layers=2)
+    with torch.device("meta"):
+        plain = Transformer(TransformerConfig(**model, d_ff=512)).num_parameters()
+        gated = Transformer(TransformerConfig(**model, d_ff=344, activation="swiglu")).num_parameters()
+    assert abs(gated - plain) / plain < 0.005
+    assert ["model.activation=swiglu", "model.d_ff=344"] == next(o for c, _, o in table3.PLAN if c == "swiglu")
 
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "table3"
@@ -118,8 +132,15 @@ def test_a_truncated_done_marker_counts_as_missing(tmp_path):
 
 
 def test_every_kept_run_of_the_study_is_the_plans():
+    """Every run kept in docs/table3 is the plan's; the paper's rows (base, A-E) are complete (F-H, added since,
+    fill in as their runs are kept)."""
     study = table3.Study(DOCS.parent.parent, DOCS, DOCS.parent.parent / "no-outputs")
-    assert all(table3.collect(study, cell, seed, overrides=overrides) for cell, overrides, seed in table3.runs())
+    paper = {cell for cell, row, _ in table3.PLAN if row in ("base", "A", "B", "C", "D", "E") and
+             not cell.startswith(("rotary", "no_positions"))}
+    kept = [(cell, overrides, seed) for cell, overrides, seed in table3.runs()
+            if (DOCS / cell / f"seed{seed}").is_dir()]
+    assert paper <= {cell for cell, _, _ in kept}
+    assert all(table3.collect(study, cell, seed, overrides=overrides) for cell, overrides, seed in kept)
 
 
 def test_every_cell_lands_in_its_row_of_the_summary():

@@ -254,7 +254,7 @@ def test_a_schedule_that_cannot_run_is_refused_naming_the_option(train, message)
         module_lrs(train, 1)
 
 def test_activation_dropout_drops_inside_the_feed_forward_only_in_training():
-    from transformer_nmt.model.transformer import FeedForward
+    from transformer_nmt.model.feed_forward import FeedForward
 
     torch.manual_seed(0)
     ff = FeedForward(8, 32, "relu", dropout=0.5)

@@ -11,15 +11,16 @@ table; the few imports that still run up are listed there, each with its reason)
     file_digest.py              the sha256 of a file's bytes, memoized per version of the file (caches' keys)
     records.py                  settings dataclasses rebuilt from what a checkpoint or export records (checked)
     provenance.py               what made a results file (commit, versions, machine, command, config)
-    model/                      attention, the Transformer, dropout, decoding, ensembles, sampling (plain torch)
+    model/                      attention, positions, feed-forwards, norms, the Transformer, dropout, decoding,
+                                ensembles, sampling (plain torch)
     data/                       corpus, tokenizer, batching, the datamodule
     checkpoint.py               the checkpoint format: atomic writes, reading one into a model and tokenizer
-    inference/                  translate, evaluate, average, export, CTranslate2, alignment, ensembles, scoring,
-                                synthesize (no Lightning)
+    inference/                  translate, evaluate, average, export, CTranslate2, alignment, attention weights,
+                                ensembles, scoring, synthesize (no Lightning)
     interchange/                MarianMT (transformers) directories to and from our checkpoints (no Lightning;
                                 transformers imported inside its functions)
     training/                   Lightning: the module, callbacks, launch, fingerprints, precision, the run
-    analysis/                   attention maps, head importance, the explorer, alignment AER; the studies
+    analysis/                   attention maps, head gates and importance, the explorer, alignment AER; the studies
                                 (Table 3's summary and plan, the Multi30k reproduction)
     train.py, prepare.py, translate.py, evaluate.py, average.py, export.py, import_marian.py, analyze_heads.py,
     explore.py, reproduce.py, table3.py, summarize_ablation.py, alignment_aer.py, synthesize.py

@@ -47,6 +47,7 @@ CKPT_VERSION = "transformer_nmt_version"  # the package version that wrote the c
 CKPT_RUN = "training_run"  # the training run (one id from its fresh start through every resume): what averaging checks
 CKPT_FINGERPRINT = "run_fingerprint"  # the settings that define the run (training/fingerprint.py)
 CKPT_OVERRIDES = "run_overrides"  # the command line's overrides (a sweep job's: Hydra's overrides.task)
+CKPT_RAW_WEIGHTS = "raw_state_dict"  # an EMA run's trained weights (its state_dict holds the average: training/ema.py)
 MODEL_PREFIX = "model."  # TranslationModule holds the Transformer as ``self.model``
 
 # The largest value of each size of a model config read from a file: far above any Transformer trained for
@@ -95,6 +96,8 @@ def read_checkpoint(path: str | os.PathLike, mmap: bool = False, training_state:
 
 
 _SEPARATE_QKV = re.compile(r"(.*)\.q_proj\.(weight|bias)")
+OLD_LEARNED_POSITIONS, LEARNED_POSITIONS = MODEL_PREFIX + "positions", MODEL_PREFIX + "positions.weight"
+
 
 
 def migrate_checkpoint(checkpoint: dict, source: str, training_state: bool = False) -> dict:
@@ -107,6 +110,9 @@ def migrate_checkpoint(checkpoint: dict, source: str, training_state: bool = Fal
     - Before the fused Q/K/V projection (2026-11-29), each attention module held ``q_proj``, ``k_proj`` and
       ``v_proj`` apart: their weights and biases are stacked into ``in_proj``. The optimizer state holds them
       apart, so such a checkpoint's weights load, but it cannot resume training (``CheckpointError``).
+    - Before positions were modules (2026-12-03), a learned position table was the model's parameter
+      ``positions``; it is ``positions.weight`` now, in the trained and in the EMA run's raw weights. The
+      parameter order is unchanged, so the optimizer state still follows and such a checkpoint resumes.
 
     Older records inside a checkpoint are read where exports and run directories, which hold them too, are
     read: a data config's ``_target_`` (``DataConfig.from_record``), a run fingerprint's keys
@@ -127,6 +133,9 @@ def migrate_checkpoint(checkpoint: dict, source: str, training_state: bool = Fal
             for key in separate:
                 del state[key]
             state[f"{prefix}.in_proj.{kind}"], fused = stacked, True
+    for weights in (state, checkpoint.get(CKPT_RAW_WEIGHTS)):
+        if isinstance(weights, dict) and OLD_LEARNED_POSITIONS in weights:
+            weights[LEARNED_POSITIONS] = weights.pop(OLD_LEARNED_POSITIONS)
     if fused and training_state and "optimizer_states" in checkpoint:
         raise CheckpointError(f"{source} predates the fused Q/K/V projection (in_proj): its weights load for "
                               f"evaluate, translate and average, but its optimizer state cannot resume training")

@@ -32,14 +32,17 @@ import os
 import statistics
 import warnings
 from collections import defaultdict
+from dataclasses import fields
 from pathlib import Path
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+from omegaconf import OmegaConf
 
 from transformer_nmt import run_files
+from transformer_nmt.model.transformer import TransformerConfig
 
 RESULTS, HYPOTHESES, REFERENCES = run_files.RESULTS, run_files.HYPOTHESES, run_files.REFERENCES
 SEED_ENV, DEFAULT_SEED, DEFAULT_RESAMPLES = "SACREBLEU_SEED", "12345", 1000
@@ -47,9 +50,20 @@ ALPHA = 0.05
 # A configuration: (results.json key, column), in the paper's column order.
 CONFIG = [("n_layers", "N"), ("d_model", "d_model"), ("d_ff", "d_ff"), ("n_heads", "h"), ("d_k", "d_k"),
           ("d_v", "d_v"), ("dropout", "P_drop"), ("label_smoothing", "eps_ls"), ("positions", "positions")]
+# TransformerConfig's fields that CONFIG's columns hold (n_layers is n_encoder_layers; d_k, d_v resolved), and
+# those that are not an architecture to compare: the vocabulary (the data's), the pad id, how attention is
+# computed, the longest sequence. Every other field of the dataclass is part of a configuration too (EXTRA), by
+# name, so that a new model option separates unlike runs without an edit here.
+IN_COLUMNS = {"n_encoder_layers", "d_model", "d_ff", "n_heads", "d_k", "d_v", "dropout", "positions"}
+NOT_ARCHITECTURE = {"vocab_size", "pad_id", "attention", "attention_block_size", "max_positions"}
+EXTRA = [f.name for f in fields(TransformerConfig) if f.name not in IN_COLUMNS | NOT_ARCHITECTURE]
+KEYS = [key for key, _ in CONFIG] + EXTRA
 ROWS = {  # Table 3's rows: the settings each one changes, alone or together, against the base
-    "A": {"n_heads"}, "B": {"d_k", "d_v"}, "C": {"n_layers", "d_model", "d_ff"},
+    "A": {"n_heads"}, "B": {"d_k", "d_v"}, "C": {"n_layers", "n_decoder_layers", "d_model", "d_ff"},
     "D": {"dropout", "label_smoothing"}, "E": {"positions"},
+    # since the paper: the feed-forward (a gated one at equal parameters), the normalisation, all of them at once
+    "F": {"activation", "d_ff"}, "G": {"norm", "norm_first"},
+    "H": {"positions", "activation", "d_ff", "norm", "norm_first"},
 }
 ROW_ORDER = ["base", *ROWS, "other"]
 
@@ -92,10 +106,16 @@ def check_one_precision(runs: list[dict]) -> None:
 
 
 def config_key(run: dict) -> tuple:
-    """The configuration of a run, in CONFIG's order; defaults for fields older results.json lack."""
+    """The configuration of a run, in KEYS' order (CONFIG's columns, then EXTRA's fields): each from results.json's
+    ``model`` record, its top-level key, or, for fields older results.json lack, the default (TransformerConfig's,
+    what those runs ran with)."""
     per_head = run["d_model"] // run["n_heads"]
-    defaults = {"d_v": per_head, "label_smoothing": None, "positions": "sinusoidal"}
-    return tuple(run.get(key, defaults.get(key)) for key, _ in CONFIG)
+    defaults = {"d_v": per_head, "label_smoothing": None, "positions": "sinusoidal",
+                **{f.name: f.default for f in fields(TransformerConfig) if f.name in EXTRA},
+                "n_decoder_layers": run["n_layers"]}  # N: both stacks
+    model = run.get("model") or {}
+    return (*(run.get(key, defaults.get(key)) for key, _ in CONFIG),
+            *(model.get(name, run.get(name, defaults[name])) for name in EXTRA))
 
 
 def composed_config(*overrides: str) -> tuple:
@@ -115,7 +135,8 @@ def composed_config(*overrides: str) -> tuple:
     d_k, d_v = head_dims(model.d_model, model.n_heads, model.d_k, model.d_v)
     return config_key({"n_layers": model.n_encoder_layers, "d_model": model.d_model, "d_ff": model.d_ff,
                        "n_heads": model.n_heads, "d_k": d_k, "d_v": d_v, "dropout": model.dropout,
-                       "label_smoothing": cfg.train.label_smoothing, "positions": model.positions})
+                       "label_smoothing": cfg.train.label_smoothing, "positions": model.positions,
+                       "model": OmegaConf.to_container(model, resolve=True)})
 
 
 def base_config(experiment: str) -> tuple:
@@ -130,7 +151,7 @@ def table_row(config: tuple, base: tuple | None) -> str:
         return "other"
 
     def settings(key: tuple) -> dict:
-        values = dict(zip((k for k, _ in CONFIG), key))
+        values = dict(zip(KEYS, key))
         per_head = values["d_model"] // values["n_heads"]
         for name in ("d_k", "d_v"):
             values[name] = "d_model/h" if values[name] == per_head else values[name]
@@ -162,7 +183,7 @@ def summarize_groups(runs: list[dict], base: tuple | None) -> list[dict]:
         bleu = [r["val_bleu"] for r in members if r.get("val_bleu") is not None]
         ppl = [r["val_ppl"] for r in members if r.get("val_ppl") is not None]
         minutes = [r["wall_seconds"] / 60 for r in members if r.get("wall_seconds") is not None]
-        record = dict(zip((k for k, _ in CONFIG), config))
+        record = dict(zip(KEYS, config))
         record.update(config=config, row=table_row(config, base), runs=members, n=len(bleu),
                       seeds=[r.get("seed") for r in members], parameters=members[0]["parameters"],
                       minutes=statistics.fmean(minutes) if minutes else None)
@@ -244,11 +265,13 @@ def cell(mean, std, digits: int = 2) -> str:
 def markdown_table(records: list[dict], p_values: dict) -> str:
     """The paper's layout: settings equal to the base's are left blank (all shown in the base row)."""
     base = next((r for r in records if r["row"] == "base"), None)
-    header = ["", *(name for _, name in CONFIG), "params", "PPL (dev)", "BLEU (dev)", "n", "ΔBLEU", "p", "p<0.05"]
+    others = any(extra_changes(r, base) for r in records)  # a column for EXTRA's fields where any run sets one
+    header = ["", *(name for _, name in CONFIG), *(["other"] if others else []), "params", "PPL (dev)", "BLEU (dev)",
+              "n", "ΔBLEU", "p", "p<0.05"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for record in records:
         settings = [("" if base is not None and record is not base and record[key] == base[key] else str(record[key]))
-                    for key, _ in CONFIG]
+                    for key, _ in CONFIG] + ([extra_changes(record, base)] if others else [])
         delta = (record["bleu_mean"] - base["bleu_mean"]) if base is not None and record is not base and \
             record["bleu_mean"] is not None and base["bleu_mean"] is not None else None
         p = p_values.get(record["config"])
@@ -324,11 +347,26 @@ def plot_bleu_vs_heads(records: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
+def extra_changes(record: dict, base: dict | None) -> str:
+    """EXTRA's fields where ``record`` differs from the base (or, without one, from TransformerConfig's defaults):
+    "activation=swiglu norm=rmsnorm"."""
+    defaults = {f.name: f.default for f in fields(TransformerConfig)}
+    reference = base if base is not None else defaults
+
+    def shown(name: str) -> bool:
+        if name == "n_decoder_layers":  # N is both stacks' depth: a decoder of another depth than N is a change
+            return record[name] != record["n_layers"]
+        return record[name] != reference[name]
+
+    return " ".join(f"{name}={record[name]}" for name in EXTRA if shown(name))
+
+
 def label(record: dict, base: dict | None) -> str:
     if base is None or record is base:
         return "base" if record is base else "h{n_heads} d{d_model} N{n_layers} ff{d_ff}".format(**record)
     names = dict(CONFIG)
-    return " ".join(f"{names[k]}={record[k]}" for k, _ in CONFIG if record[k] != base[k])
+    return " ".join([*(f"{names[k]}={record[k]}" for k, _ in CONFIG if record[k] != base[k]),
+                     *filter(None, [extra_changes(record, base)])])
 
 
 def plot_bleu_vs_params(records: list[dict], path: Path) -> None:
@@ -352,7 +390,7 @@ def plot_bleu_vs_params(records: list[dict], path: Path) -> None:
             text = "base"
         else:
             key = next((k for k, _ in CONFIG if r[k] != base[k]), None) if base is not None else None
-            text = f"{names[key]} {r[key]}" if key else label(r, base)
+            text = f"{names[key]} {r[key]}" if key and not extra_changes(r, base) else label(r, base)
         ax.errorbar(r["parameters"], r["bleu_mean"], yerr=r["bleu_std"] or 0.0, fmt=markers[i % len(markers)],
                     capsize=3, color="black" if r is base else colors[i % len(colors)],
                     label=f"{text} ({r['parameters'] / 1e6:.2f}M)")

@@ -33,8 +33,10 @@ import torch
 from torch import Tensor
 
 from transformer_nmt.analysis.attention_maps import ATTENTION_KINDS, attention_entropy
+from transformer_nmt.analysis.head_gates import gates, set_gates
 from transformer_nmt.checkpoint import load_checkpoint
 from transformer_nmt.data.tokenizer import Tokenizer
+from transformer_nmt.inference.attention_weights import teacher_forced_attention
 from transformer_nmt.inference.decode_config import DecodeConfig, decode_settings
 from transformer_nmt.inference.translate import encode_sources, read_lines, translate_ids
 from transformer_nmt.model.transformer import Transformer
@@ -97,20 +99,13 @@ class Attention:
     gates: dict[str, Tensor]
 
 
-def head_gates(model: Transformer) -> dict[str, Tensor]:
-    """The gates of every head, 1 where no gate is set. kind -> (layers, heads)"""
-    return {kind: torch.stack([module.head_gates.float().cpu() if module.head_gates is not None
-                               else torch.ones(module.n_heads) for module in model.attention_layers(kind)])
-            for kind in KINDS}
-
-
 @torch.no_grad()
 def attention(model: Transformer, tokenizer: Tokenizer, sentences: list[str], decode: DecodeConfig | None = None,
               translations: list[str] | None = None, **changes) -> Attention:
     """Translate ``sentences`` (blank ones are skipped; the search: ``decode`` with ``changes``, as
     ``translate_ids``) and return every head's attention on each, the decoder teacher-forced with the
     translation, or with ``translations`` when given (one per sentence, e.g. the references). The model's
-    head gates (``analyze_heads.set_gates``) apply."""
+    head gates (``head_gates.set_gates``) apply."""
     decode = decode_settings(decode, **changes)
     if translations is not None and len(translations) != len(sentences):
         raise ValueError(f"{len(translations)} translations for {len(sentences)} sentences")
@@ -126,14 +121,14 @@ def attention(model: Transformer, tokenizer: Tokenizer, sentences: list[str], de
     out = []
     for sentence, src, hyps in zip(sentences, sources, results):
         hyp = hyps[0][0][: model.config.max_positions - 1]
-        weights = model.teacher_forced_attention(src, hyp, tokenizer.bos_id)  # kind -> (layers, h, Lq, Lk)
+        weights = teacher_forced_attention(model, src, hyp, tokenizer.bos_id)  # kind -> (layers, h, Lq, Lk)
         out.append(SentenceAttention(
             source=sentence.strip(), translation=tokenizer.decode(hyp),
             source_pieces=[tokenizer.id_to_piece(i) for i in src],
             target_pieces=[tokenizer.id_to_piece(i) for i in [tokenizer.bos_id] + hyp],
             weights=weights, entropy={kind: attention_entropy(w.unsqueeze(0).flatten(1, 2)).view(w.shape[:2])
                                       for kind, w in weights.items()}))  # (layers, h)
-    return Attention(out, head_gates(model))
+    return Attention(out, gates(model))
 
 
 def quantise(weights: Tensor) -> bytes:
@@ -226,7 +221,7 @@ def main(argv: list[str] | None = None) -> Path:
     model, tokenizer, _ = load_checkpoint(options.ckpt, map_location=options.device)
     if options.prune:
         # Imported here: analyze_heads switches matplotlib to Agg, which a notebook importing explore must not get.
-        from transformer_nmt.analysis.heads import pruned_heads, read_importance, set_gates
+        from transformer_nmt.analysis.heads import pruned_heads, read_importance
 
         importance = options.importance or Path(options.ckpt).parent / "heads" / "head_importance.csv"
         try:

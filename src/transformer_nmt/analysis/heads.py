@@ -1,7 +1,7 @@
 """Head importance: silence one attention head at a time, measure what BLEU and loss lose.
 
 After Michel, Levy and Neubig (2019), "Are Sixteen Heads Really Better than One?": each head's output
-is multiplied by a gate (1 = on, 0 = off) at evaluation, with no retraining.
+is multiplied by a gate (1 = on, 0 = off) at evaluation, with no retraining (head_gates.py).
 
     python -m transformer_nmt.analyze_heads ckpt=RUN/checkpoints/last.ckpt split=val max_sentences=300
     python -m transformer_nmt.analyze_heads ckpt=model.ckpt src=val.en ref=val.de
@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from sacrebleu.metrics import BLEU
 
+from transformer_nmt.analysis.head_gates import KINDS, all_heads, set_gates
 from transformer_nmt.checkpoint import load_checkpoint
 from transformer_nmt.data.tokenizer import Tokenizer
 from transformer_nmt.inference.batches import token_batches
@@ -40,7 +41,6 @@ from transformer_nmt.inference.translate import encode_sources, translate_lines
 from transformer_nmt.model.transformer import Transformer
 from transformer_nmt.options import command_argv, option, option_of, parse_options, require_checkpoint, values_of
 
-KINDS = ("encoder", "decoder", "cross")
 USAGE = "python -m transformer_nmt.analyze_heads ckpt=PATH (split=val|test | src=FILE ref=FILE) [key=value ...]"
 
 
@@ -72,7 +72,7 @@ def reference_loss(model: Transformer, tokenizer: Tokenizer, sources: list[str],
                for ids in tokenizer.encode_batch(references, target=True)]
     keep = [i for i, ids in enumerate(src_ids) if ids is not None]
     total, count = 0.0, 0
-    device = model.positions.device
+    device = model.device
     for batch in token_batches([max(len(src_ids[i]), len(tgt_ids[i])) for i in keep], max_tokens):
         rows = [keep[j] for j in batch]
         src = _pad([src_ids[i] for i in rows], model.config.pad_id).to(device)
@@ -96,19 +96,6 @@ def measure(model, tokenizer, sources, references, decode: DecodeConfig) -> tupl
     hypotheses = [h[0][0] for h in translate_lines(model, tokenizer, sources, decode)]
     return (BLEU().corpus_score(hypotheses, [references]).score,
             reference_loss(model, tokenizer, sources, references, decode.max_tokens))
-
-
-def all_heads(model: Transformer) -> list[tuple[str, int, int]]:
-    return [(kind, layer, head) for kind in KINDS for layer, module in enumerate(model.attention_layers(kind))
-            for head in range(module.n_heads)]
-
-
-def set_gates(model: Transformer, removed: set[tuple[str, int, int]]) -> None:
-    """Gate off exactly the heads in ``removed`` (all others on)."""
-    for kind in KINDS:
-        for layer, module in enumerate(model.attention_layers(kind)):
-            gates = torch.tensor([0.0 if (kind, layer, h) in removed else 1.0 for h in range(module.n_heads)])
-            model.set_head_gates(kind, layer, None if bool(gates.all()) else gates)
 
 
 def head_ablation(model, tokenizer, sources, references, decode: DecodeConfig, log=print) -> tuple[dict, list]:

@@ -8,7 +8,8 @@ The study's kept files go to ``--study`` (default ``table3/`` in the launch dire
 study is ``--study docs/table3``); the runs to outputs/table3/ there.
 
 The plan (PLAN) is Table 3 scaled down: the base (conf/experiment/ablation_base.yaml) under BASE_SEEDS seeds,
-so that its run-to-run noise is measured, and every other cell, one setting changed (rows A-E), under SEEDS.
+so that its run-to-run noise is measured, and every other cell, one setting changed (rows A-E; since the paper,
+F: a gated feed-forward, G: the norm, H: all of them with rotary positions), under SEEDS.
 A run is ``python -m transformer_nmt.train experiment=ablation_base OVERRIDES seed=K`` in
 outputs/table3/CELL/seedK (a killed run resumes from its last checkpoint there, and its wall_seconds then count
 the resumed part only); when it ends, its results.json (with the machine added: CPU model, cores, load average
@@ -56,6 +57,15 @@ PLAN = [
     *((f"dropout{p}", "D", [f"model.dropout={p}"]) for p in ("0.0", "0.2")),
     *((f"smoothing{e}", "D", [f"train.label_smoothing={e}"]) for e in ("0.0", "0.2")),
     ("learned_positions", "E", ["model.positions=learned"]),
+    # Since the paper (issue 38): rotary and no positions, a gated feed-forward at the base's parameters (d_ff 512
+    # -> gated_width 344), RMSNorm, pre-norm, and the "modern" combination of them all.
+    ("rotary_positions", "E", ["model.positions=rotary"]),
+    ("no_positions", "E", ["model.positions=none"]),
+    ("swiglu", "F", ["model.activation=swiglu", "model.d_ff=344"]),
+    ("rmsnorm", "G", ["model.norm=rmsnorm"]),
+    ("pre_norm", "G", ["model.norm_first=true"]),
+    ("modern", "H", ["model.norm_first=true", "model.norm=rmsnorm", "model.activation=swiglu", "model.d_ff=344",
+                     "model.positions=rotary"]),
 ]
 
 

@@ -30,6 +30,7 @@ from typing import List, Optional
 import torch
 from torch import Tensor
 
+from transformer_nmt.inference.attention_weights import teacher_forced_attention
 from transformer_nmt.model.transformer import Transformer
 from transformer_nmt.options import option
 
@@ -98,7 +99,7 @@ def piece_alignment(model: Transformer, src: list[int], hyp: list[int], bos_id: 
     """Cross-attention of each target piece of ``hyp`` (ids without bos/eos) over the source pieces of
     ``src`` (ids ending in eos), averaged over ``heads`` of decoder ``layer``. -> (len(hyp), len(src))"""
     check_alignment_options(model, layer, heads, position)
-    weights = model.teacher_forced_attention(src, hyp, bos_id)["cross"][layer]  # (h, T + 1, S): query t, piece t - 1
+    weights = teacher_forced_attention(model, src, hyp, bos_id)["cross"][layer]  # (h, T + 1, S): query t, piece t - 1
     weights = weights.mean(0) if heads is None else weights[heads].mean(0)  # (T + 1, S)
     return weights[1:] if position == "input" else weights[:-1]  # (T, S)
 

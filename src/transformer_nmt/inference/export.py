@@ -17,17 +17,20 @@ one is complete: the old one is moved aside, the new one renamed in, then the ol
 (``durable.replace_directory``).
 
 How our model maps onto CTranslate2's ``TransformerSpec``:
-- post-LN or pre-LN (``pre_norm``; pre-LN's final LayerNorms are the stacks' ``layer_norm``), LayerNorm eps 1e-5;
+- post-norm or pre-norm (``pre_norm``; pre-norm's final norms are the stacks' ``layer_norm``); LayerNorm (eps
+  1e-5) or RMSNorm (``rms_norm``, eps 1e-6), CTranslate2's ``layer_norm_epsilon`` the model's (model/norms.py);
 - embeddings scaled by sqrt(d_model) (``scale_embeddings``); tied or untied matrices (tied ones are stored once);
 - positions: our sinusoid table is given explicitly, because ours interleaves sin and cos
-  (PE[:, 2i] = sin, PE[:, 2i+1] = cos) where CTranslate2's built-in one concatenates [sin | cos];
+  (PE[:, 2i] = sin, PE[:, 2i+1] = cos) where CTranslate2's built-in one concatenates [sin | cos]; a learned
+  table likewise; rotary as CTranslate2's ``rotary_dim=0`` (every feature), ``rotary_interleave=False`` (halves
+  paired, as ours), base 10000, in self-attention only; ``positions=none`` is refused (CTranslate2 always adds
+  positions);
 - vocabulary: the SentencePiece pieces in id order, so CTranslate2 id == our id; its unk/bos/eos tokens are
   the pieces of our ids 1/2/3; the decoder starts from bos, and eos is appended to every source;
-- activation relu, swish or gelu (``model.activation``); the model's ``output_bias``, if any, is the output
-  layer's bias, but on pad and bos:
+- the feed-forward: relu, swish or gelu; swiglu and geglu as ``ffn_glu`` (W1 is ``linear_0``, the linear branch
+  ``linear_0_noact``) with swish or gelu; the model's ``output_bias``, if any, is the output layer's bias, but:
 - the output layer gets a bias of -1e4 on pad and bos, which are never valid outputs (``forbid_special``
-  in decoding): exp(-1e4) underflows to 0, so every other log-probability is unchanged;
-- head gates (set by head-importance analysis) are folded into the attention output projections.
+  in decoding): exp(-1e4) underflows to 0, so every other log-probability is unchanged.
 Dropout, attention dropout and the attention kernel do not exist at inference and are ignored.
 """
 
@@ -57,6 +60,9 @@ from transformer_nmt.durable import (
     temporary_directory,
 )
 from transformer_nmt.file_digest import content_digest, user_cache
+from transformer_nmt.model.feed_forward import GATED_ACTIVATIONS
+from transformer_nmt.model.norms import NORM_EPS
+from transformer_nmt.model.positions import ROTARY_BASE
 from transformer_nmt.model.transformer import Transformer
 from transformer_nmt.options import command_argv, option, parse_options, require_checkpoint
 
@@ -64,7 +70,6 @@ EXPORT_INFO = "transformer_nmt.json"  # our configs, beside CTranslate2's files
 EXPORT_FORMAT = 2  # part of the cache key: bump when the export of a given checkpoint changes (2: files listed)
 SENTENCEPIECE_MODEL = "sentencepiece.model"
 FORBIDDEN_LOGIT_BIAS = -1e4  # on pad and bos; finite so float16 and int8 exports keep it
-LAYER_NORM_EPS = 1e-5  # torch.nn.LayerNorm's default, which the model uses
 USAGE = "python -m transformer_nmt.export ckpt=PATH output=DIR [quantization=int8] [format=marian] [force=true]"
 
 
@@ -108,21 +113,21 @@ def _array(tensor: torch.Tensor) -> np.ndarray:
     return tensor.detach().to("cpu", torch.float32).numpy().copy()
 
 
-def _set_linear(spec, linear: torch.nn.Linear, rows: slice = slice(None), column_scale: torch.Tensor | None = None
-                ) -> None:
-    """Fill a LinearSpec from output rows ``rows`` of ``linear``; ``column_scale`` (d_in,) multiplies the
-    input columns (folds per-head gates into W_O)."""
-    weight = linear.weight[rows]  # (d_out, d_in)
-    spec.weight = _array(weight if column_scale is None else weight * column_scale)
+def _set_linear(spec, linear: torch.nn.Linear, rows: slice = slice(None)) -> None:
+    """Fill a LinearSpec from output rows ``rows`` of ``linear``."""
+    spec.weight = _array(linear.weight[rows])  # (d_out, d_in)
     if linear.bias is not None:
         spec.bias = _array(linear.bias[rows])
 
 
-def _set_layer_norm(spec, norm: torch.nn.LayerNorm) -> None:
-    spec.gamma, spec.beta = _array(norm.weight), _array(norm.bias)
+def _set_layer_norm(spec, norm: torch.nn.Module) -> None:
+    """A LayerNorm's gamma and beta, or an RMSNorm's gamma (``model.norm``)."""
+    spec.gamma = _array(norm.weight)
+    if getattr(norm, "bias", None) is not None:
+        spec.beta = _array(norm.bias)
 
 
-def _set_attention(spec, attention, norm: torch.nn.LayerNorm, self_attention: bool) -> None:
+def _set_attention(spec, attention, norm: torch.nn.Module, self_attention: bool) -> None:
     """``in_proj`` stacks [W_Q; W_K; W_V]. Self-attention: linear[0] = Q|K|V, linear[1] = W_O;
     cross-attention: linear[0] = Q, linear[1] = K|V, linear[2] = W_O."""
     if self_attention:
@@ -130,23 +135,28 @@ def _set_attention(spec, attention, norm: torch.nn.LayerNorm, self_attention: bo
     else:
         _set_linear(spec.linear[0], attention.in_proj, slice(0, attention.d_model))
         _set_linear(spec.linear[1], attention.in_proj, slice(attention.d_model, None))
-    gates = attention.head_gates  # one per head, over its d_v columns of W_O
-    column_scale = None if gates is None else gates.to(torch.float32).cpu().repeat_interleave(attention.d_v)
-    _set_linear(spec.linear[-1], attention.out_proj, column_scale=column_scale)
+    _set_linear(spec.linear[-1], attention.out_proj)
     _set_layer_norm(spec.layer_norm, norm)
 
 
-def _set_feed_forward(spec, feed_forward, norm: torch.nn.LayerNorm) -> None:
+def _set_feed_forward(spec, feed_forward, norm: torch.nn.Module) -> None:
+    """linear_0 = W1 (through the non-linearity), linear_1 = W2; a gated layer's linear branch V is linear_0_noact."""
     _set_linear(spec.linear_0, feed_forward.linear1)
+    if hasattr(feed_forward, "linear_v"):
+        _set_linear(spec.linear_0_noact, feed_forward.linear_v)
     _set_linear(spec.linear_1, feed_forward.linear2)
     _set_layer_norm(spec.layer_norm, norm)
 
 
-def _set_inputs(spec, embedding: torch.nn.Embedding, positions: torch.Tensor) -> None:
+def _set_inputs(spec, embedding: torch.nn.Embedding, positions: torch.nn.Module) -> None:
     embeddings = spec.embeddings[0] if isinstance(spec.embeddings, list) else spec.embeddings
     embeddings.weight = _array(embedding.weight)
     spec.scale_embeddings = True  # * sqrt(d_model)
-    spec.position_encodings.encodings = _array(positions)  # (max_positions, d_model), our interleaved layout
+    table = getattr(positions, "table", getattr(positions, "weight", None))  # sinusoidal or learned
+    if table is not None:
+        spec.position_encodings.encodings = _array(table)  # (max_positions, d_model), our interleaved layout
+    elif hasattr(spec, "position_encodings"):  # rotary: positions live in the self-attention, not the inputs
+        del spec.position_encodings
 
 
 def transformer_spec(model: Transformer, tokenizer: Tokenizer):
@@ -159,14 +169,21 @@ def transformer_spec(model: Transformer, tokenizer: Tokenizer):
     if not cfg.n_heads * d_k == cfg.n_heads * d_v == cfg.d_model:
         raise ValueError(f"CTranslate2 needs n_heads x d_k = n_heads x d_v = d_model ({cfg.d_model}); this model has "
                          f"n_heads {cfg.n_heads}, model.d_k {d_k}, model.d_v {d_v}: translate with PyTorch")
+    if cfg.positions == "none":
+        raise ValueError("model.positions=none: CTranslate2's Transformer always adds positions (a table, or rotary "
+                         "in the self-attention); translate with PyTorch (engine=native)")
     if not tokenizer.single_file:
         raise ValueError("CTranslate2 export reads one SentencePiece model whose ids are the model's; this "
                          "tokenizer has separate source and target models or an imported vocabulary: translate "
                          "with PyTorch (engine=native)")
-    activation = {"relu": specs.Activation.RELU, "swish": specs.Activation.SWISH,
-                  "gelu": specs.Activation.GELU}[cfg.activation]
-    spec = specs.TransformerSpec.from_config((cfg.n_encoder_layers, cfg.n_decoder_layers), cfg.n_heads,
-                                             pre_norm=cfg.norm_first, activation=activation)
+    activation = {"relu": specs.Activation.RELU, "swish": specs.Activation.SWISH, "gelu": specs.Activation.GELU,
+                  "swiglu": specs.Activation.SWISH, "geglu": specs.Activation.GELU}[cfg.activation]
+    layout = dict(pre_norm=cfg.norm_first, activation=activation, ffn_glu=cfg.activation in GATED_ACTIVATIONS,
+                  rms_norm=cfg.norm == "rmsnorm")
+    if cfg.positions == "rotary":  # every feature of the head, halves paired (positions.RotaryPositions)
+        layout.update(rotary_dim=0, rotary_interleave=False, rotary_base=ROTARY_BASE)
+    spec = specs.TransformerSpec(specs.TransformerEncoderSpec(cfg.n_encoder_layers, cfg.n_heads, **layout),
+                                 specs.TransformerDecoderSpec(cfg.n_decoder_layers, cfg.n_heads, **layout))
     _set_inputs(spec.encoder, model.src_embed, model.positions)
     for layer_spec, layer in zip(spec.encoder.layer, model.encoder_layers):
         _set_attention(layer_spec.self_attention, layer.self_attn, layer.attn_block.norm, self_attention=True)
@@ -194,7 +211,7 @@ def transformer_spec(model: Transformer, tokenizer: Tokenizer):
     spec.config.bos_token = spec.config.decoder_start_token = pieces[tokenizer.bos_id]
     spec.config.eos_token = pieces[tokenizer.eos_id]
     spec.config.add_source_eos = True
-    spec.config.layer_norm_epsilon = LAYER_NORM_EPS
+    spec.config.layer_norm_epsilon = NORM_EPS[cfg.norm]
     return spec
 
 

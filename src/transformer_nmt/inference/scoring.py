@@ -46,7 +46,7 @@ def ids_log_probs(model: Transformer | Ensemble | CTranslate2Model, tokenizer: T
     """As ``token_log_probs``, from ids: sources and references each ending in eos."""
     if isinstance(model, CTranslate2Model):
         return model.score_ids(src_ids, ref_ids, max_tokens)
-    device, pad = model.positions.device, model.config.pad_id
+    device, pad = model.device, model.config.pad_id
     results: list[list[float]] = [[] for _ in src_ids]
     for batch in token_batches([max(len(src_ids[i]), len(ref_ids[i])) for i in range(len(src_ids))], max_tokens):
         src = torch.nn.utils.rnn.pad_sequence([torch.tensor(src_ids[i]) for i in batch], batch_first=True,

@@ -215,7 +215,7 @@ def translate_hypotheses(model: Transformer | Ensemble | CTranslate2Model, token
         for i, hyps in zip(todo, outputs):
             results[i] = hyps
         return sources, results
-    device = model.positions.device
+    device = model.device
     for batch in token_batches([len(sources[i]) for i in todo], decode.max_tokens):
         rows = [todo[j] for j in batch]
         longest = max(len(sources[i]) for i in rows)

@@ -25,10 +25,11 @@ network (post-LN encoder-decoder, sinusoidal positions, embeddings scaled by sqr
   the same distribution, so greedy search and beam search see the same scores.
 - the logits bias: ``final_logits_bias`` is our ``model.output_bias`` (zeros where we have none; an all-zero
   one imports as none).
-- refused, with the reason: learned positions (Table 3, row E) and pre-LN (MarianMTModel has neither),
-  d_k x h or d_v x h other than d_model (row B: MarianMTModel's heads are d_model / h wide), an activation
-  other than relu, swish and gelu, unscaled embeddings, encoder and decoder of other widths, heads or
-  feed-forward sizes, separate source and target vocabularies.
+- refused, with the reason: positions other than sinusoidal (learned, Table 3 row E; rotary; none), pre-LN and
+  RMSNorm (MarianMTModel has none of them), d_k x h or d_v x h other than d_model (row B: MarianMTModel's heads
+  are d_model / h wide), an activation other than relu, swish and gelu (the gated swiglu and geglu), unscaled
+  embeddings, encoder and decoder of other widths, heads or feed-forward sizes, separate source and target
+  vocabularies.
 - not convertible, so documented: beam search's length penalty. Ours is GNMT's ((5 + |Y|) / 6) ** alpha,
   transformers' |Y| ** length_penalty; they agree at alpha = 0 (tests/test_marian.py proves beam output
   identical there). The exported ``generation_config.json`` asks for beam 4 with ``length_penalty`` alpha.
@@ -111,9 +112,14 @@ def check_exportable(config: TransformerConfig, tokenizer: Tokenizer) -> None:
     d_k, d_v = config.head_dims()
     if config.positions != "sinusoidal":
         raise ConversionError(f"model.positions={config.positions}: MarianMTModel has sinusoidal positions only "
-                              f"(Table 3, row E cannot be exported)")
+                              f"(learned, rotary and no positions cannot be exported)")
     if config.norm_first:
         raise ConversionError("model.norm_first=true: MarianMTModel is post-LN only")
+    if config.norm != "layernorm":
+        raise ConversionError(f"model.norm={config.norm}: MarianMTModel has LayerNorm only")
+    if config.activation not in TO_MARIAN_ACTIVATION:
+        raise ConversionError(f"model.activation={config.activation}: MarianMTModel's feed-forward has two matrices "
+                              f"and one of {', '.join(TO_MARIAN_ACTIVATION)}; a gated one cannot be exported")
     if not config.n_heads * d_k == config.n_heads * d_v == config.d_model:
         raise ConversionError(f"n_heads x d_k = {config.n_heads * d_k}, n_heads x d_v = {config.n_heads * d_v}: "
                               f"MarianMTModel's heads are d_model / n_heads = {config.d_model / config.n_heads} "
@@ -123,16 +129,11 @@ def check_exportable(config: TransformerConfig, tokenizer: Tokenizer) -> None:
 
 
 def to_marian_weights(model: Transformer) -> dict[str, torch.Tensor]:
-    """Our weights under MarianMTModel's names and layout (the model dimension permuted; head gates folded into
-    the attention output projections). Positions are not weights on either side."""
+    """Our weights under MarianMTModel's names and layout (the model dimension permuted). Positions are not
+    weights on either side."""
     cfg = model.config
     order = model_dim_order(cfg.d_model)
     state = {name: tensor.detach().to("cpu", torch.float32) for name, tensor in model.state_dict().items()}
-    for name, module in model.named_modules():
-        gates = getattr(module, "head_gates", None)
-        if gates is not None:  # one gate per head, over its d_v input columns of W_O
-            scale = gates.to("cpu", torch.float32).repeat_interleave(module.d_v)
-            state[f"{name}.out_proj.weight"] = state[f"{name}.out_proj.weight"] * scale
     out = {}
     for ours, theirs, kind in layer_pairs(cfg.n_encoder_layers, cfg.n_decoder_layers):
         if kind == "attention":

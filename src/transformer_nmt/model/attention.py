@@ -301,7 +301,8 @@ class MultiHeadAttention(nn.Module):
     """
 
     def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, bias: bool = True,
-                 kernel: str = "auto", block_size: int = 128, d_k: int | None = None, d_v: int | None = None):
+                 kernel: str = "auto", block_size: int = 128, d_k: int | None = None, d_v: int | None = None,
+                 rotary: nn.Module | None = None):
         super().__init__()
         check_attention(d_model, n_heads, kernel, d_k=d_k, d_v=d_v)
         self.d_model, self.n_heads = d_model, n_heads
@@ -311,8 +312,18 @@ class MultiHeadAttention(nn.Module):
         # [W_Q; W_K; W_V]: (2 h d_k + h d_v, d_model)
         self.in_proj = nn.Linear(d_model, sum(self.proj_sizes), bias=bias)
         self.out_proj = nn.Linear(n_heads * self.d_v, d_model, bias=bias)  # W_O: (d_model, h d_v)
-        # Per-head gate (h,), 1 = keep, 0 = silence the head (head-importance analysis); None = all on.
-        self.register_buffer("head_gates", None, persistent=False)
+        # Self-attention's rotation of queries and keys by position (model/positions.py), shared by every layer;
+        # None: positions are added to the embeddings, or this is cross-attention.
+        self.rotary = rotary
+
+    def init_weights(self) -> None:
+        """Xavier per matrix (W_Q, W_K, W_V one by one, though ``in_proj`` stacks them; W_O), biases 0."""
+        for matrix in self.in_proj.weight.split(self.proj_sizes):
+            nn.init.xavier_uniform_(matrix)
+        nn.init.xavier_uniform_(self.out_proj.weight)
+        for linear in (self.in_proj, self.out_proj):
+            if linear.bias is not None:
+                nn.init.zeros_(linear.bias)
 
     def split_heads(self, x: Tensor) -> Tensor:
         B, L, _ = x.shape
@@ -359,6 +370,9 @@ class MultiHeadAttention(nn.Module):
             k, v = cache.k, cache.v  # source keys/values, projected on the first step
         else:
             q, k, v = (self.split_heads(x) for x in self.project_qkv(query, key, value))  # (B, h, L, d_k or d_v)
+            if self.rotary is not None:  # new queries and keys sit after the cached ones; cached keys are rotated
+                offset = len(cache) if cache is not None else 0
+                q, k = self.rotary(q, offset), self.rotary(k, offset)
             if cache is not None:
                 if not cache.static and cache.k is not None:
                     k = torch.cat([cache.k, k], dim=2)  # (B, h, t, d_k)
@@ -376,6 +390,4 @@ class MultiHeadAttention(nn.Module):
             out = blocked_attention(q, k, v, mask, self.block_size, is_causal)
         else:
             out = fused_attention(q, k, v, mask, dropout_p, is_causal)
-        if self.head_gates is not None:
-            out = out * self.head_gates.view(1, -1, 1, 1)  # silence gated heads
         return self.out_proj(self.merge_heads(out)), (weights if need_weights else None)

@@ -51,9 +51,9 @@ class Ensemble(nn.Module):
         self.widths = [m.config.d_model for m in models]
 
     @property
-    def positions(self) -> Tensor:
-        """The first model's position table (where callers look for the device)."""
-        return self.models[0].positions
+    def device(self) -> torch.device:
+        """Where the first model's weights are (``load_ensemble`` puts all on one device)."""
+        return self.models[0].device
 
     def encode(self, src: Tensor) -> Tensor:
         """src (B, S) -> every model's memory side by side, (B, S, sum of d_model)."""

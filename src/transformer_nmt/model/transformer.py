@@ -1,13 +1,17 @@
 """The encoder-decoder Transformer of "Attention Is All You Need" (section 3), in one page.
 
-Data flows: token ids -> shared embedding * sqrt(d_model) + positions, sinusoidal or learned (3.4, 3.5)
--> N encoder layers (self-attention, feed-forward; 3.1, 3.3) -> memory; target ids shifted
-right -> N decoder layers (causal self-attention, cross-attention over memory, feed-forward)
--> linear map onto the vocabulary, with the weights shared with the embedding (3.4).
+Data flows: token ids -> shared embedding * sqrt(d_model) (+ absolute positions; 3.4, 3.5) -> N encoder layers
+(self-attention, feed-forward; 3.1, 3.3) -> memory; target ids shifted right -> N decoder layers (causal
+self-attention, cross-attention over memory, feed-forward) -> linear map onto the vocabulary, with the weights
+shared with the embedding (3.4).
 
-Every sub-layer is wrapped as LayerNorm(x + Dropout(sublayer(x))) (post-LN, the paper), or
-x + Dropout(sublayer(LayerNorm(x))) with a final LayerNorm (pre-LN, ``norm_first=True``).
-This module is plain PyTorch: it knows nothing of Lightning.
+Every sub-layer is wrapped as Norm(x + Dropout(sublayer(x))) (post-norm, the paper), or
+x + Dropout(sublayer(Norm(x))) with a final Norm per stack (pre-norm, ``norm_first=True``).
+
+The parts a study swaps are modules chosen by name, each in its own file: positions (positions.py: sinusoidal,
+learned, rotary, none), the feed-forward (feed_forward.py: relu, gelu, swish, swiglu, geglu), the norm
+(norms.py: layernorm, rmsnorm), the attention kernel (attention.py). Each module initialises its own weights
+(``init_weights``). This module is plain PyTorch: it knows nothing of Lightning.
 """
 
 from __future__ import annotations
@@ -21,11 +25,9 @@ from torch import Tensor, nn
 
 from transformer_nmt.model.attention import AttentionCache, MultiHeadAttention, causal_mask, check_attention, head_dims
 from transformer_nmt.model.dropout import Dropout
-
-POSITIONS = ("sinusoidal", "learned")  # 3.5: fixed sinusoids, or a trained table (Table 3, row E)
-# The feed-forward's non-linearity: the paper's relu; swish (x * sigmoid(x), what opus-mt models use) and gelu
-# (the exact, erf form), so that MarianMT models import exactly (interchange/marian.py).
-ACTIVATIONS = {"relu": F.relu, "swish": F.silu, "gelu": F.gelu}
+from transformer_nmt.model.feed_forward import ACTIVATION_NAMES, feed_forward
+from transformer_nmt.model.norms import NORMS, norm
+from transformer_nmt.model.positions import POSITIONS, absolute_positions, rotary_positions
 
 
 @dataclass
@@ -47,12 +49,16 @@ class TransformerConfig:
         "help": "inside the feed-forward, after the non-linearity (fairseq's activation_dropout); the paper has none"})
     max_positions: int = field(default=1024, metadata={"help": "longest sequence the position table holds"})
     positions: str = field(default="sinusoidal", metadata={
-        "help": "sinusoidal (3.5) | learned: a trained (max_positions, d_model) table (row E)"})
-    norm_first: bool = field(default=False, metadata={"help": "false: post-LN as in the paper; true: pre-LN"})
+        "help": "sinusoidal (3.5) | learned: a trained (max_positions, d_model) table (row E) | rotary: "
+                "self-attention's queries and keys rotated by position (RoFormer) | none"})
+    norm_first: bool = field(default=False, metadata={"help": "false: post-norm as in the paper; true: pre-norm"})
+    norm: str = field(default="layernorm", metadata={
+        "help": "layernorm (the paper) | rmsnorm (Zhang & Sennrich 2019: no centring, no bias)"})
     tie_embeddings: bool = field(default=True, metadata={
         "help": "one matrix for source, target and output embeddings (3.4)"})
     activation: str = field(default="relu", metadata={
-        "help": "the feed-forward's non-linearity: relu (3.3) | swish (x sigmoid(x), opus-mt's) | gelu (erf form)"})
+        "help": "the feed-forward: relu (3.3) | swish (x sigmoid(x), opus-mt's) | gelu (erf form) | swiglu, geglu: "
+                "gated, three matrices (at equal parameters d_ff is 2/3 of a plain one's: feed_forward.gated_width)"})
     output_bias: bool = field(default=False, metadata={
         "help": "a bias on the output logits (the paper has none; MarianMT's final_logits_bias)"})
     pad_id: int = field(default=0, metadata={"help": "must be 0, the tokenizer's pad id"})
@@ -64,8 +70,13 @@ class TransformerConfig:
         check_attention(self.d_model, self.n_heads, self.attention, prefix="model.", d_k=self.d_k, d_v=self.d_v)
         if self.positions not in POSITIONS:
             raise ValueError(f"model.positions must be one of {POSITIONS}, got {self.positions!r}")
-        if self.activation not in ACTIVATIONS:
-            raise ValueError(f"model.activation must be one of {tuple(ACTIVATIONS)}, got {self.activation!r}")
+        if self.activation not in ACTIVATION_NAMES:
+            raise ValueError(f"model.activation must be one of {ACTIVATION_NAMES}, got {self.activation!r}")
+        if self.norm not in NORMS:
+            raise ValueError(f"model.norm must be one of {NORMS}, got {self.norm!r}")
+        if self.positions == "rotary" and self.head_dims()[0] % 2:
+            raise ValueError(f"model.positions=rotary rotates pairs of query/key features: d_k must be even, got "
+                             f"{self.head_dims()[0]}")
         if self.attention == "blocked" and self.attention_dropout > 0:
             raise ValueError("model.attention=blocked does not support model.attention_dropout > 0")
         if not 0 <= self.pad_id < self.vocab_size:
@@ -82,38 +93,12 @@ class TransformerConfig:
         return head_dims(self.d_model, self.n_heads, self.d_k, self.d_v)
 
 
-def sinusoidal_positions(max_positions: int, d_model: int) -> Tensor:
-    """Section 3.5: PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(same). (max_positions, d_model)"""
-    position = torch.arange(max_positions, dtype=torch.float32).unsqueeze(1)  # (P, 1)
-    inv_freq = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float32) * (-math.log(10000.0) / d_model))
-    table = torch.zeros(max_positions, d_model)
-    table[:, 0::2] = torch.sin(position * inv_freq)  # (P, d/2)
-    table[:, 1::2] = torch.cos(position * inv_freq)[:, : d_model // 2]
-    return table
-
-
-class FeedForward(nn.Module):
-    """Section 3.3: FFN(x) = max(0, x W1 + b1) W2 + b2 (relu; or swish, gelu: ``activation``), with optional
-    dropout on the hidden activations (``dropout``; the paper has none)."""
-
-    def __init__(self, d_model: int, d_ff: int, activation: str = "relu", dropout: float = 0.0):
-        super().__init__()
-        self.linear1 = nn.Linear(d_model, d_ff)
-        self.linear2 = nn.Linear(d_ff, d_model)
-        self.activation = ACTIVATIONS[activation]
-        self.dropout = Dropout(dropout)
-
-    def forward(self, x: Tensor) -> Tensor:
-        """x (B, L, d_model) -> (B, L, d_model), through (B, L, d_ff)."""
-        return self.linear2(self.dropout(self.activation(self.linear1(x))))
-
-
 class SublayerConnection(nn.Module):
-    """Residual connection around a sub-layer, with dropout and LayerNorm (3.1, 5.4)."""
+    """Residual connection around a sub-layer, with dropout and a norm (``model.norm``; 3.1, 5.4)."""
 
-    def __init__(self, d_model: int, dropout: float, norm_first: bool):
+    def __init__(self, d_model: int, dropout: float, norm_first: bool, norm_kind: str = "layernorm"):
         super().__init__()
-        self.norm = nn.LayerNorm(d_model)
+        self.norm = norm(norm_kind, d_model)
         self.dropout = Dropout(dropout)
         self.norm_first = norm_first
 
@@ -127,12 +112,16 @@ class SublayerConnection(nn.Module):
 
 
 class EncoderLayer(nn.Module):
-    def __init__(self, cfg: TransformerConfig):
+    def __init__(self, cfg: TransformerConfig, rotary: nn.Module | None = None):
         super().__init__()
-        self.self_attn = _attention(cfg)
-        self.feed_forward = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation, cfg.activation_dropout)
-        self.attn_block = SublayerConnection(cfg.d_model, cfg.dropout, cfg.norm_first)
-        self.ff_block = SublayerConnection(cfg.d_model, cfg.dropout, cfg.norm_first)
+        self.self_attn = _attention(cfg, rotary)
+        self.feed_forward = feed_forward(cfg.d_model, cfg.d_ff, cfg.activation, cfg.activation_dropout)
+        self.attn_block = SublayerConnection(cfg.d_model, cfg.dropout, cfg.norm_first, cfg.norm)
+        self.ff_block = SublayerConnection(cfg.d_model, cfg.dropout, cfg.norm_first, cfg.norm)
+
+    def init_weights(self) -> None:
+        self.self_attn.init_weights()
+        self.feed_forward.init_weights()
 
     def forward(self, x: Tensor, mask: Tensor, need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
         """x (B, S, d_model), mask (B, 1, 1, S): every query sees every real key."""
@@ -142,14 +131,19 @@ class EncoderLayer(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: TransformerConfig):
+    def __init__(self, cfg: TransformerConfig, rotary: nn.Module | None = None):
         super().__init__()
-        self.self_attn = _attention(cfg)
-        self.cross_attn = _attention(cfg)
-        self.feed_forward = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation, cfg.activation_dropout)
-        self.self_attn_block = SublayerConnection(cfg.d_model, cfg.dropout, cfg.norm_first)
-        self.cross_attn_block = SublayerConnection(cfg.d_model, cfg.dropout, cfg.norm_first)
-        self.ff_block = SublayerConnection(cfg.d_model, cfg.dropout, cfg.norm_first)
+        self.self_attn = _attention(cfg, rotary)
+        self.cross_attn = _attention(cfg)  # source and target positions are unrelated: never rotary
+        self.feed_forward = feed_forward(cfg.d_model, cfg.d_ff, cfg.activation, cfg.activation_dropout)
+        self.self_attn_block = SublayerConnection(cfg.d_model, cfg.dropout, cfg.norm_first, cfg.norm)
+        self.cross_attn_block = SublayerConnection(cfg.d_model, cfg.dropout, cfg.norm_first, cfg.norm)
+        self.ff_block = SublayerConnection(cfg.d_model, cfg.dropout, cfg.norm_first, cfg.norm)
+
+    def init_weights(self) -> None:
+        self.self_attn.init_weights()
+        self.cross_attn.init_weights()
+        self.feed_forward.init_weights()
 
     def forward(self, x: Tensor, memory: Tensor, memory_mask: Tensor, self_mask: Tensor | None = None,
                 is_causal: bool = False, cache: LayerCache | None = None, need_weights: bool = False):
@@ -164,9 +158,9 @@ class DecoderLayer(nn.Module):
         return x, self_weights, cross_weights
 
 
-def _attention(cfg: TransformerConfig) -> MultiHeadAttention:
+def _attention(cfg: TransformerConfig, rotary: nn.Module | None = None) -> MultiHeadAttention:
     return MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attention_dropout, kernel=cfg.attention,
-                              block_size=cfg.attention_block_size, d_k=cfg.d_k, d_v=cfg.d_v)
+                              block_size=cfg.attention_block_size, d_k=cfg.d_k, d_v=cfg.d_v, rotary=rotary)
 
 
 class LayerCache:
@@ -204,41 +198,42 @@ class Transformer(nn.Module):
         self.src_embed = nn.Embedding(cfg.vocab_size, cfg.d_model, padding_idx=cfg.pad_id)
         self.tgt_embed = self.src_embed if cfg.tie_embeddings else nn.Embedding(
             cfg.vocab_size, cfg.d_model, padding_idx=cfg.pad_id)
-        if cfg.positions == "learned":  # trained, so saved: (max_positions, d_model)
-            self.positions = nn.Parameter(torch.empty(cfg.max_positions, cfg.d_model))
-        else:  # a function of the config: not saved (checkpoints stay small; DDP need not broadcast it)
-            self.register_buffer("positions", sinusoidal_positions(cfg.max_positions, cfg.d_model), persistent=False)
+        # Added to the embeddings (sinusoidal, learned), or nothing (rotary, none): (B, L, d_model) -> same
+        self.positions = absolute_positions(cfg.positions, cfg.max_positions, cfg.d_model)
+        # rotary: one rotation of queries and keys (B, h, L, d_k), shared by every self-attention; else None
+        rotary = rotary_positions(cfg.positions, cfg.max_positions, cfg.head_dims()[0])
         self.embed_dropout = Dropout(cfg.dropout)
-        self.encoder_layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.n_encoder_layers))
-        self.decoder_layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.n_decoder_layers))
-        # Pre-LN leaves the residual stream un-normalised: close each stack with a LayerNorm.
-        self.encoder_norm = nn.LayerNorm(cfg.d_model) if cfg.norm_first else nn.Identity()
-        self.decoder_norm = nn.LayerNorm(cfg.d_model) if cfg.norm_first else nn.Identity()
+        self.encoder_layers = nn.ModuleList(EncoderLayer(cfg, rotary) for _ in range(cfg.n_encoder_layers))
+        self.decoder_layers = nn.ModuleList(DecoderLayer(cfg, rotary) for _ in range(cfg.n_decoder_layers))
+        # Pre-norm leaves the residual stream un-normalised: close each stack with a norm.
+        self.encoder_norm = norm(cfg.norm, cfg.d_model) if cfg.norm_first else nn.Identity()
+        self.decoder_norm = norm(cfg.norm, cfg.d_model) if cfg.norm_first else nn.Identity()
         self.output_proj = None if cfg.tie_embeddings else nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         # (vocab,) added to the logits; starts at 0. None: no bias (the paper; checkpoints before it)
         self.output_bias = nn.Parameter(torch.zeros(cfg.vocab_size)) if cfg.output_bias else None
-        self._init_weights()
+        self.init_weights()
 
-    def _init_weights(self) -> None:
-        for name, param in self.named_parameters():
-            if param.dim() > 1 and "embed" not in name and name != "positions":
-                # Xavier per matrix: W_Q, W_K, W_V one by one, though in_proj stacks them.
-                for matrix in param.split(self._in_proj_sizes()) if name.endswith("in_proj.weight") else (param,):
-                    nn.init.xavier_uniform_(matrix)
-            elif name.endswith("bias") and "norm" not in name:
-                nn.init.zeros_(param)
+    def init_weights(self) -> None:
+        """Each layer's matrices Xavier-uniform and biases 0 (in module order), norms at gamma 1 and beta 0, then
+        the embeddings N(0, d^-1/2) with pad's row 0, then a learned position table as the embeddings."""
+        for layer in (*self.encoder_layers, *self.decoder_layers):
+            layer.init_weights()
+        if self.output_proj is not None:
+            nn.init.xavier_uniform_(self.output_proj.weight)
+        if self.output_bias is not None:
+            nn.init.zeros_(self.output_bias)
         for embed in dict.fromkeys([self.src_embed, self.tgt_embed]):  # once each, in a fixed order
             # Shared with the output layer: N(0, d^-1/2) keeps logits O(1) (as in tensor2tensor).
             nn.init.normal_(embed.weight, mean=0.0, std=self.config.d_model ** -0.5)
             with torch.no_grad():
                 embed.weight[self.config.pad_id].zero_()
-        if isinstance(self.positions, nn.Parameter):  # learned: N(0, d^-1/2), as the token embeddings start
-            nn.init.normal_(self.positions, mean=0.0, std=self.config.d_model ** -0.5)
+        if hasattr(self.positions, "init_weights"):  # a learned table
+            self.positions.init_weights()
 
-    def _in_proj_sizes(self) -> list[int]:
-        """Rows of W_Q, W_K, W_V in every ``in_proj``: h d_k, h d_k, h d_v."""
-        d_k, d_v = self.config.head_dims()
-        return [self.config.n_heads * d_k, self.config.n_heads * d_k, self.config.n_heads * d_v]
+    @property
+    def device(self) -> torch.device:
+        """Where the model's weights are."""
+        return self.src_embed.weight.device
 
     def num_parameters(self, trainable_only: bool = True) -> int:
         """Number of distinct parameters (shared embeddings counted once)."""
@@ -254,7 +249,7 @@ class Transformer(nn.Module):
         if offset + length > self.config.max_positions:
             raise ValueError(f"sequence of {offset + length} tokens is longer than model.max_positions "
                              f"({self.config.max_positions})")
-        x = embedding(ids) * self.embed_scale + self.positions[offset:offset + length]  # (B, L, d_model)
+        x = self.positions(embedding(ids) * self.embed_scale, offset)  # (B, L, d_model)
         return self.embed_dropout(x)
 
     # --- encoder / decoder -----------------------------------------------------------------
@@ -318,35 +313,3 @@ class Transformer(nn.Module):
         memory, enc_weights = self.encode(src, need_weights=True)
         logits, dec_weights, cross_weights = self.decode(tgt_in, memory, src, need_weights=True)
         return logits, {"encoder": enc_weights, "decoder": dec_weights, "cross": cross_weights}
-
-    @torch.no_grad()
-    def teacher_forced_attention(self, src: list[int], tgt: list[int], bos_id: int) -> dict[str, Tensor]:
-        """Every head's attention on one sentence pair, the decoder teacher-forced with ``tgt``: ``src`` ids
-        (ending in eos), ``tgt`` ids without bos or eos; the decoder's inputs (its queries) are bos + ``tgt``.
-        -> {"encoder": (layers, h, S, S), "decoder": (layers, h, T + 1, T + 1), "cross": (layers, h, T + 1, S)},
-        float32 on the CPU."""
-        device = self.positions.device
-        src_t = torch.tensor([src], device=device)  # (1, S)
-        tgt_in = torch.tensor([[bos_id] + tgt], device=device)  # (1, T + 1): query t holds piece t - 1
-        _, attention = self(src_t, tgt_in, return_attention=True)  # kind -> per layer (1, h, Lq, Lk)
-        return {kind: torch.cat(layers).float().cpu() for kind, layers in attention.items()}  # (layers, h, Lq, Lk)
-
-    # --- head importance ---------------------------------------------------------------------
-    def attention_layers(self, kind: str) -> list[MultiHeadAttention]:
-        """The attention modules of one kind: "encoder", "decoder" (self) or "cross"."""
-        if kind == "encoder":
-            return [layer.self_attn for layer in self.encoder_layers]
-        if kind == "decoder":
-            return [layer.self_attn for layer in self.decoder_layers]
-        if kind == "cross":
-            return [layer.cross_attn for layer in self.decoder_layers]
-        raise ValueError(f"attention kind must be encoder, decoder or cross, got {kind!r}")
-
-    def set_head_gates(self, kind: str, layer: int, gates: Tensor | None) -> None:
-        """Multiply the output of each head of one layer by ``gates`` (h,); None removes the gates."""
-        module = self.attention_layers(kind)[layer]
-        if gates is not None:
-            gates = torch.as_tensor(gates, dtype=torch.float32, device=self.positions.device)
-            if gates.shape != (module.n_heads,):
-                raise ValueError(f"gates must have shape ({module.n_heads},), got {tuple(gates.shape)}")
-        module.head_gates = gates

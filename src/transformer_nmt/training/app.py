@@ -18,6 +18,7 @@ import math
 import time
 from collections.abc import Sequence
 from contextlib import nullcontext
+from dataclasses import fields
 from pathlib import Path
 
 import hydra
@@ -42,6 +43,7 @@ from transformer_nmt.data.tokenizer import Tokenizer
 from transformer_nmt.durable import atomic_write
 from transformer_nmt.hardware import reported_cpu_flags
 from transformer_nmt.model.attention import auto_kernel, check_attention
+from transformer_nmt.model.transformer import TransformerConfig
 from transformer_nmt.provenance import PROVENANCE_KEY
 from transformer_nmt.provenance import collect as collect_provenance
 from transformer_nmt.training.callbacks import LastCheckpoint, StepBoundaryTimer, early_stopping
@@ -231,6 +233,17 @@ def attention_kernel(kernel: str, trainer: pl.Trainer) -> str:
     return f"{chosen} ({why}; plain wherever attention maps are drawn)"
 
 
+SUMMARY_MODEL_FIELDS = {"d_model", "n_heads", "d_k", "d_v", "positions", "n_encoder_layers", "n_decoder_layers",
+                        "d_ff", "dropout", "vocab_size", "attention", "attention_block_size"}  # named in their places
+
+
+def changed_model_fields(config: TransformerConfig) -> dict:
+    """The model's fields, but those the summary's model line names in their places, that differ from their
+    defaults (from the dataclass: a new option shows when set, with no edit here)."""
+    return {f.name: getattr(config, f.name) for f in fields(config)
+            if f.name not in SUMMARY_MODEL_FIELDS and getattr(config, f.name) != f.default}
+
+
 def summary(cfg: DictConfig, datamodule, module: TranslationModule, trainer: pl.Trainer, resume: str) -> str:
     """Parameters, corpus sizes, tokens per optimizer step, devices, precision, run dir, what it resumes."""
     sizes = ", ".join(f"{name} {split.report.kept:,}" for name, split in datamodule.splits.items())
@@ -239,7 +252,8 @@ def summary(cfg: DictConfig, datamodule, module: TranslationModule, trainer: pl.
     lines = [
         f"model       {module.model.num_parameters():,} parameters (d_model {c.d_model}, heads {c.n_heads} with d_k "
         f"{c.head_dims()[0]}, d_v {c.head_dims()[1]}, {c.positions} positions, "
-        f"layers {c.n_encoder_layers}+{c.n_decoder_layers}, d_ff {c.d_ff}, dropout {c.dropout}, vocab {c.vocab_size})",
+        f"layers {c.n_encoder_layers}+{c.n_decoder_layers}, d_ff {c.d_ff}, dropout {c.dropout}, vocab {c.vocab_size}"
+        + "".join(f", {name} {value}" for name, value in changed_model_fields(c).items()) + ")",
         f"corpus      {datamodule.src_lang}->{datamodule.tgt_lang} pairs after filtering: {sizes}",
         f"batch       <= {per_step:,} padded tokens per side per optimizer step (data.max_tokens "
         f"{datamodule.max_tokens} x accumulate {trainer.accumulate_grad_batches} x {trainer.world_size} ranks; a "
@@ -294,6 +308,7 @@ def run_results(module: TranslationModule, trainer: pl.Trainer, metrics: dict, o
         "n_heads": c.n_heads, "d_model": c.d_model, "d_k": d_k, "d_v": d_v,
         "n_layers": c.n_encoder_layers, "n_decoder_layers": c.n_decoder_layers, "d_ff": c.d_ff, "dropout": c.dropout,
         "label_smoothing": module.optim["label_smoothing"], "positions": c.positions,
+        "model": c.to_dict(),  # every field (analysis/ablation.py groups runs by the architecture fields)
         "parameters": module.model.num_parameters(),
         "val_loss": metric("val/loss"), "val_ppl": metric("val/ppl"), "val_bleu": metric("val/bleu"),
         "test_bleu": metric("test/bleu"),

@@ -151,10 +151,11 @@ class AttentionMaps(Callback, BackgroundWork):
     def attention_weights(self, model, tokenizer, probes: list) -> dict:
         """Run each probe through ``model``: {kind: [(weights (layers, h, Lq, Lk), key pieces, query pieces)
         for each probe]}, on the CPU."""
+        from transformer_nmt.inference.attention_weights import teacher_forced_attention
         from transformer_nmt.inference.decode_config import DecodeConfig
         from transformer_nmt.model.decoding import greedy_decode
 
-        device = next(model.parameters()).device
+        device = model.device
         maps = {}
         for probe in probes:
             source, target = (probe, None) if isinstance(probe, str) else probe
@@ -168,7 +169,7 @@ class AttentionMaps(Callback, BackgroundWork):
             tgt_pieces = [tokenizer.id_to_piece(i) for i in [tokenizer.bos_id] + tgt_ids]
             keys = {"encoder": src_pieces, "decoder": tgt_pieces, "cross": src_pieces}
             queries = {"encoder": src_pieces, "decoder": tgt_pieces, "cross": tgt_pieces}
-            for kind, weights in model.teacher_forced_attention(src, tgt_ids, tokenizer.bos_id).items():
+            for kind, weights in teacher_forced_attention(model, src, tgt_ids, tokenizer.bos_id).items():
                 maps.setdefault(kind, []).append((weights, keys[kind], queries[kind]))  # (layers, h, Lq, Lk)
         return maps
 

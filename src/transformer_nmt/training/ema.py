@@ -20,7 +20,8 @@ from contextlib import contextmanager
 import torch
 from torch import Tensor, nn
 
-CKPT_RAW_WEIGHTS = "raw_state_dict"  # a checkpoint of an EMA run: the trained weights (state_dict holds the average)
+from transformer_nmt.checkpoint import CKPT_RAW_WEIGHTS
+
 CKPT_EMA = "ema"  # {"decay", "warmup", "updates"}
 
 

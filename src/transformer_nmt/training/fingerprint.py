@@ -56,6 +56,8 @@ from transformer_nmt.checkpoint import CKPT_FINGERPRINT, CKPT_MODEL_CONFIG, CKPT
 from transformer_nmt.data.config import DataConfig
 from transformer_nmt.data.corpus import CorpusError, file_fingerprint, split_inputs
 from transformer_nmt.file_digest import content_digest
+from transformer_nmt.model.transformer import TransformerConfig
+from transformer_nmt.training.config import TrainConfig
 from transformer_nmt.training.precision import resolve_precision, uses_cuda
 
 log = logging.getLogger(__name__)
@@ -118,10 +120,25 @@ DEFAULT_CALLBACKS = {
     "progress_bar": "transformer_nmt.training.callbacks.progress_bar",
     "slurm_requeue": "transformer_nmt.training.launch.SlurmRequeue",
 }
-# Model options added since, whose value here is what every run did before them: a run that lacks one ran with it.
-DEFAULTED = {"model.activation": "relu", "model.output_bias": False, "model.activation_dropout": 0.0,
-             "train.lr": None, "train.warmup_init_lr": 0.0, "data.spm_alpha": 0.0, "train.freeze": [],
-             "train.ema_decay": None, "train.ema_warmup": True, "train.lr_schedule": "inverse_sqrt"}
+
+
+def schema_defaults(prefix: str, schema) -> dict[str, Any]:
+    """``{prefix.FIELD: default}`` of every field of dataclass ``schema`` that has a default (not OmegaConf's
+    ``???``: a value the user must give)."""
+    out = {}
+    for f in dataclasses.fields(schema):
+        if f.default is not dataclasses.MISSING and f.default != "???":
+            out[f"{prefix}.{f.name}"] = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            out[f"{prefix}.{f.name}"] = f.default_factory()
+    return out
+
+
+# What a fingerprint written before an option existed means by its absence: the option's default, read from the
+# schemas (a new option defaults to what every run did before it, so a run that lacks one ran with it, and adding a
+# field to TransformerConfig, TrainConfig or DataConfig needs no edit here).
+DEFAULTED = {**schema_defaults("model", TransformerConfig), **schema_defaults("train", TrainConfig),
+             **schema_defaults("data", DataConfig)}
 
 
 class ResumeError(ValueError):
