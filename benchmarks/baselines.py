@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from transformer_nmt.data.tokenizer import BOS_ID, EOS_ID
-from transformer_nmt.model.decoding import (
+from transformer_nmt.generation.search import (
     STOP_RULES,
     first_done_last,
     forbid_special,

@@ -51,13 +51,13 @@ from torch import Tensor
 
 from transformer_nmt.checkpoint import load_checkpoint
 from transformer_nmt.data.tokenizer import Tokenizer
+from transformer_nmt.generation.config import DecodeConfig
+from transformer_nmt.generation.search import beam_search, greedy_decode
 from transformer_nmt.inference.batches import token_batches
 from transformer_nmt.inference.ctranslate2_engine import CTranslate2Model
-from transformer_nmt.inference.decode_config import DecodeConfig
 from transformer_nmt.inference.evaluate import score
 from transformer_nmt.inference.export import export_model, import_ctranslate2
 from transformer_nmt.inference.translate import encode_sources, read_lines, translate_lines
-from transformer_nmt.model.decoding import beam_search, greedy_decode
 from transformer_nmt.model.transformer import Transformer
 from transformer_nmt.options import parse_options
 from transformer_nmt.provenance import provenance_line
@@ -121,14 +121,15 @@ def engines(model: Transformer, tokenizer: Tokenizer, k: int, threads: list[int]
 
     def beam(stop):
         return ours(model, tokenizer, lambda src: [hyps[0].tokens for hyps in beam_search(
-            model, src, k, DECODE.alpha, DECODE.max_len_offset, stop=stop)])
+            model, src, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id, beam_size=k, alpha=DECODE.alpha,
+            max_len_offset=DECODE.max_len_offset, stop=stop)])
     before, same_rule = f"beam {k}, before", f"beam {k}, after, stop=k_finished"
     default = f"beam {k}, after, stop=bound (default)"
     rows = {
         "greedy, before": (None, ours(model, tokenizer, lambda src: before_greedy(
             model, src, bos, eos, DECODE.max_len_offset))),
         "greedy, after": ("greedy, before", ours(model, tokenizer, lambda src: greedy_decode(
-            model, src, max_len_offset=DECODE.max_len_offset))),
+            model, src, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id, max_len_offset=DECODE.max_len_offset))),
         before: (None, ours(model, tokenizer, lambda src: before_beam(
             model, src, k, bos, eos, DECODE.alpha, DECODE.max_len_offset))),
         same_rule: (before, beam("k_finished")),

@@ -186,8 +186,8 @@ def decode_race(ckpt: Path, args, work: Path) -> list[dict]:
     import transformers
 
     from transformer_nmt.checkpoint import load_checkpoint
+    from transformer_nmt.generation.config import DecodeConfig
     from transformer_nmt.inference.ctranslate2_engine import CTranslate2Model
-    from transformer_nmt.inference.decode_config import DecodeConfig
     from transformer_nmt.inference.evaluate import score
     from transformer_nmt.inference.export import export_model
     from transformer_nmt.inference.translate import read_lines, translate_lines

@@ -24,11 +24,11 @@ from pathlib import Path
 import torch
 
 from transformer_nmt.checkpoint import load_checkpoint
-from transformer_nmt.inference.decode_config import DecodeConfig
+from transformer_nmt.generation.config import DecodeConfig
+from transformer_nmt.generation.search import max_output_lengths
 from transformer_nmt.inference.evaluate import score
 from transformer_nmt.inference.translate import read_lines, translate_ids
 from transformer_nmt.interchange.marian import export_marian, import_transformers
-from transformer_nmt.model.decoding import max_output_lengths
 from transformer_nmt.options import parse_options
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -11,19 +11,22 @@ from sacrebleu.metrics import BLEU
 from tiny_checkpoint import multi30k_lines, tiny_tokenizer, write_checkpoint
 
 from transformer_nmt.checkpoint import load_checkpoint
+from transformer_nmt.data.tokenizer import BOS_ID, EOS_ID
+from transformer_nmt.generation.config import DecodeConfig
+from transformer_nmt.generation.search import beam_search, greedy_decode, max_output_lengths
 from transformer_nmt.inference.batches import token_batches
-from transformer_nmt.inference.decode_config import DecodeConfig
 from transformer_nmt.inference.evaluate import main as evaluate_main
 from transformer_nmt.inference.export import EXPORT_INFO, cached_export, export_model
 from transformer_nmt.inference.export import main as export_main
 from transformer_nmt.inference.translate import encode_sources, translate_lines
 from transformer_nmt.inference.translate import main as translate_main
-from transformer_nmt.model.decoding import beam_search, greedy_decode, max_output_lengths
 from transformer_nmt.model.transformer import Transformer, TransformerConfig
 
 ctranslate2 = pytest.importorskip("ctranslate2")
 from transformer_nmt.inference import ctranslate2_engine  # noqa: E402
 from transformer_nmt.inference.ctranslate2_engine import CTranslate2Model  # noqa: E402
+
+IDS = {"bos_id": BOS_ID, "eos_id": EOS_ID}  # the tokenizer's special ids, which the searches take
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +53,7 @@ def native_greedy_ids(model, tokenizer, lines, max_tokens=2048):
     outputs = [None] * len(lines)
     for batch in token_batches([len(s) for s in sources], max_tokens):
         src = torch.nn.utils.rnn.pad_sequence([torch.tensor(sources[i]) for i in batch], batch_first=True)
-        for i, ids in zip(batch, greedy_decode(model, src, max_len_offset=DecodeConfig().max_len_offset)):
+        for i, ids in zip(batch, greedy_decode(model, src, max_len_offset=DecodeConfig().max_len_offset, **IDS)):
             outputs[i] = ids
     return sources, outputs
 
@@ -59,7 +62,8 @@ def native_beam(model, tokenizer, lines, n_best=1, max_len_offset=DecodeConfig()
     """Our beam-4 search with CTranslate2's stopping rule (stop="k_finished"): n-best (text, score) per line."""
     sources = encode_sources(tokenizer, lines, model.config.max_positions)
     src = torch.nn.utils.rnn.pad_sequence([torch.tensor(ids) for ids in sources], batch_first=True)
-    hypotheses = beam_search(model, src, 4, DecodeConfig().alpha, max_len_offset, n_best=n_best, stop="k_finished")
+    hypotheses = beam_search(model, src, beam_size=4, alpha=DecodeConfig().alpha, max_len_offset=max_len_offset,
+                             n_best=n_best, stop="k_finished", **IDS)
     return [[(tokenizer.decode(h.tokens), h.score) for h in hyps] for hyps in hypotheses]
 
 
@@ -220,6 +224,8 @@ import os, sys, time
 from pathlib import Path
 from transformer_nmt.inference.ctranslate2_engine import CTranslate2Model
 from transformer_nmt.inference.export import cached_export
+
+IDS = {"bos_id": BOS_ID, "eos_id": EOS_ID}  # the tokenizer's special ids, which the searches take
 barrier, replace = Path(sys.argv[2]), os.replace
 def replace_together(src, dst):  # both processes publish their export at the same moment: the worst interleaving
     if Path(dst).parent.name == "ctranslate2":
@@ -286,7 +292,7 @@ def test_n_best_log_probs_match_native(trained, exported, validation):
     lines = validation[0][:30]
     sources = encode_sources(tokenizer, lines, model.config.max_positions)
     src = torch.nn.utils.rnn.pad_sequence([torch.tensor(ids) for ids in sources], batch_first=True)
-    native = beam_search(model, src, 4, 0.6, 50, n_best=4, stop="k_finished")
+    native = beam_search(model, src, beam_size=4, alpha=0.6, max_len_offset=50, n_best=4, stop="k_finished", **IDS)
     ct2 = exported[1].translate_hypotheses(sources, beam=4, n_best=4)
     compared = 0
     for ours, theirs in zip(native, ct2):

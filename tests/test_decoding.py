@@ -5,8 +5,11 @@ import math
 import pytest
 import torch
 
-from transformer_nmt.model.decoding import beam_search, greedy_decode, length_penalty
+from transformer_nmt.data.tokenizer import BOS_ID, EOS_ID
+from transformer_nmt.generation.search import beam_search, greedy_decode, length_penalty
 from transformer_nmt.model.transformer import DecoderCache, Transformer, TransformerConfig
+
+IDS = {"bos_id": BOS_ID, "eos_id": EOS_ID}  # the tokenizer's special ids, which the searches take
 
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
 
@@ -96,15 +99,15 @@ def reference_beam(model, src_row, k, alpha, max_len, stop="bound", n_best=1, ne
 def test_greedy_equals_uncached_reference(seed):
     model, src = random_model(seed), random_sources(seed)
     lengths = (src != PAD).sum(1)
-    hyps = greedy_decode(model, src, max_len_offset=5)
+    hyps = greedy_decode(model, src, max_len_offset=5, **IDS)
     assert hyps == [reference_greedy(model, src[i], int(lengths[i]) + 5) for i in range(len(src))]
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])
 def test_beam_size_one_equals_greedy(seed):
     model, src = random_model(seed), random_sources(seed)
-    greedy = greedy_decode(model, src, max_len_offset=5)
-    beam = beam_search(model, src, beam_size=1, alpha=0.6, max_len_offset=5)
+    greedy = greedy_decode(model, src, max_len_offset=5, **IDS)
+    beam = beam_search(model, src, beam_size=1, alpha=0.6, max_len_offset=5, **IDS)
     assert [hyps[0].tokens for hyps in beam] == greedy
 
 
@@ -113,7 +116,7 @@ def test_beam_size_one_equals_greedy(seed):
 def test_cached_batched_beam_search_equals_slow_reference(seed, k, alpha, stop):
     model, src = random_model(seed), random_sources(seed)
     lengths = (src != PAD).sum(1)
-    results = beam_search(model, src, beam_size=k, alpha=alpha, max_len_offset=4, stop=stop)
+    results = beam_search(model, src, beam_size=k, alpha=alpha, max_len_offset=4, stop=stop, **IDS)
     for i, hyps in enumerate(results):
         [(tokens, score)] = reference_beam(model, src[i], k, alpha, int(lengths[i]) + 4, stop)
         assert hyps[0].tokens == tokens
@@ -125,7 +128,7 @@ def test_power_length_penalty_search_equals_slow_reference(seed, k, alpha):
     """decode.length_penalty=power (fairseq's --lenpen, CTranslate2's length_penalty): scores / |Y| ** alpha."""
     model, src = random_model(seed), random_sources(seed)
     lengths = (src != PAD).sum(1)
-    results = beam_search(model, src, beam_size=k, alpha=alpha, max_len_offset=4, n_best=2, penalty="power")
+    results = beam_search(model, src, beam_size=k, alpha=alpha, max_len_offset=4, n_best=2, penalty="power", **IDS)
     for i, hyps in enumerate(results):
         reference = reference_beam(model, src[i], k, alpha, int(lengths[i]) + 4, n_best=2,
                                    lp=lambda n, a: float(n) ** a)
@@ -139,13 +142,13 @@ def test_power_length_penalty_search_equals_slow_reference(seed, k, alpha):
 def test_an_unknown_length_penalty_is_refused_naming_the_choices():
     model, src = random_model(0), random_sources(0)
     with pytest.raises(ValueError, match=r"length_penalty='fairseq'.*\('gnmt', 'power'\)"):
-        beam_search(model, src, beam_size=2, alpha=1.0, max_len_offset=2, penalty="fairseq")
+        beam_search(model, src, beam_size=2, alpha=1.0, max_len_offset=2, penalty="fairseq", **IDS)
 
 
 def test_n_best_equal_slow_reference():
     model, src = random_model(5), random_sources(5)
     lengths = (src != PAD).sum(1)
-    results = beam_search(model, src, beam_size=4, alpha=0.6, n_best=3, max_len_offset=4)
+    results = beam_search(model, src, beam_size=4, alpha=0.6, n_best=3, max_len_offset=4, **IDS)
     for i, hyps in enumerate(results):
         reference = reference_beam(model, src[i], 4, 0.6, int(lengths[i]) + 4, n_best=3)
         assert [h.tokens for h in hyps] == [tokens for tokens, _ in reference]
@@ -154,7 +157,7 @@ def test_n_best_equal_slow_reference():
 
 def test_n_best_are_sorted_and_distinct():
     model, src = random_model(7), random_sources(7)
-    results = beam_search(model, src, beam_size=4, alpha=0.6, n_best=3, max_len_offset=5)
+    results = beam_search(model, src, beam_size=4, alpha=0.6, n_best=3, max_len_offset=5, **IDS)
     for hyps in results:
         assert len(hyps) == 3
         assert [h.score for h in hyps] == sorted((h.score for h in hyps), reverse=True)
@@ -167,8 +170,8 @@ def test_output_length_is_bounded_by_source_length_plus_offset():
     src = random_sources(0)
     unreachable_eos = model.config.vocab_size  # no token id can equal it: every sentence runs to its limit
     lengths = (src != PAD).sum(1).tolist()
-    greedy = greedy_decode(model, src, eos_id=unreachable_eos, max_len_offset=3)
-    beam = beam_search(model, src, beam_size=3, alpha=0.6, max_len_offset=3, eos_id=unreachable_eos)
+    greedy = greedy_decode(model, src, eos_id=unreachable_eos, max_len_offset=3, bos_id=BOS_ID)
+    beam = beam_search(model, src, beam_size=3, alpha=0.6, max_len_offset=3, eos_id=unreachable_eos, bos_id=BOS_ID)
     assert [len(h) for h in greedy] == [n + 3 for n in lengths]
     assert [len(h[0].tokens) for h in beam] == [n + 3 for n in lengths]
 
@@ -218,14 +221,14 @@ def test_old_rule_stops_at_two_short_hypotheses_bound_finds_the_better_long_one(
     model, acd = early_eos_table()
     src = torch.tensor([[4, 5, EOS]])
     # k = 2: the empty output (eos at step 1) and "a" (eos at step 2) are the two first to finish.
-    [[old]] = beam_search(model, src, beam_size=2, alpha=0.6, max_len_offset=5, stop="k_finished")
-    [[new]] = beam_search(model, src, beam_size=2, alpha=0.6, max_len_offset=5, stop="bound")
+    [[old]] = beam_search(model, src, beam_size=2, alpha=0.6, max_len_offset=5, stop="k_finished", **IDS)
+    [[new]] = beam_search(model, src, beam_size=2, alpha=0.6, max_len_offset=5, stop="bound", **IDS)
     assert old.tokens == [] and old.score == pytest.approx(math.log(0.4))
     # "a c d eos": 4 tokens, eos counted in |Y|.
     expected = math.log(0.6 * 0.7 * 0.99 * 0.99) / length_penalty(4, 0.6)
     assert new.tokens == acd and new.score == pytest.approx(expected, abs=1e-5)
     assert new.score > old.score
-    assert greedy_decode(model, src, max_len_offset=5) == [acd]
+    assert greedy_decode(model, src, max_len_offset=5, **IDS) == [acd]
     [(tokens, score)] = reference_beam(model, src[0], 2, 0.6, 3 + 5)
     assert (tokens, score) == (acd, pytest.approx(expected, abs=1e-5))
 
@@ -235,7 +238,7 @@ def test_bound_rule_never_scores_below_k_finished_rule(seed):
     """The bound rule stops only when no live beam can beat its best, and keeps the k best finished:
     its best hypothesis scores at least as well as that of the k-finished rule, for every sentence."""
     model, src = random_model(seed, vocab=16), random_sources(seed, vocab=16, B=8)
-    old = beam_search(model, src, beam_size=3, alpha=0.6, max_len_offset=6, stop="k_finished")
-    new = beam_search(model, src, beam_size=3, alpha=0.6, max_len_offset=6, stop="bound")
+    old = beam_search(model, src, beam_size=3, alpha=0.6, max_len_offset=6, stop="k_finished", **IDS)
+    new = beam_search(model, src, beam_size=3, alpha=0.6, max_len_offset=6, stop="bound", **IDS)
     for o, n in zip(old, new):
         assert n[0].score >= o[0].score - 1e-6

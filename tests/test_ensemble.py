@@ -8,12 +8,15 @@ import torch
 from test_decoding import model_log_probs, random_model, random_sources, reference_beam, reference_greedy
 from tiny_checkpoint import multi30k_lines, reordered_pieces, tiny_tokenizer, write_checkpoint
 
+from transformer_nmt.data.tokenizer import BOS_ID, EOS_ID
+from transformer_nmt.generation.ensemble import Ensemble
+from transformer_nmt.generation.search import beam_search, greedy_search
 from transformer_nmt.inference.ensemble import load_ensemble
 from transformer_nmt.inference.evaluate import main as evaluate_main
 from transformer_nmt.inference.translate import main as translate_main
 from transformer_nmt.inference.translate import translate_hypotheses
-from transformer_nmt.model.decoding import beam_search, greedy_search
-from transformer_nmt.model.ensemble import Ensemble
+
+IDS = {"bos_id": BOS_ID, "eos_id": EOS_ID}  # the tokenizer's special ids, which the searches take
 
 
 def mean_log_probs(models):
@@ -34,10 +37,10 @@ def two_models():
 def test_ensemble_of_one_equals_the_model():
     model, src = random_model(0), random_sources(0)
     alone = Ensemble([model])
-    assert [h.tokens for h in greedy_search(alone, src, max_len_offset=5)] == \
-           [h.tokens for h in greedy_search(model, src, max_len_offset=5)]
-    ours = beam_search(alone, src, 3, 0.6, 5, n_best=3)
-    theirs = beam_search(model, src, 3, 0.6, 5, n_best=3)
+    assert [h.tokens for h in greedy_search(alone, src, max_len_offset=5, **IDS)] == \
+           [h.tokens for h in greedy_search(model, src, max_len_offset=5, **IDS)]
+    ours = beam_search(alone, src, beam_size=3, alpha=0.6, max_len_offset=5, n_best=3, **IDS)
+    theirs = beam_search(model, src, beam_size=3, alpha=0.6, max_len_offset=5, n_best=3, **IDS)
     assert [[h.tokens for h in hyps] for hyps in ours] == [[h.tokens for h in hyps] for hyps in theirs]
     assert all(a.score == b.score and a.log_prob == b.log_prob for x, y in zip(ours, theirs) for a, b in zip(x, y))
 
@@ -45,11 +48,11 @@ def test_ensemble_of_one_equals_the_model():
 def test_greedy_ensemble_of_two_equals_the_step_by_step_mean():
     models, src = two_models(), random_sources(1)
     lengths = (src != 0).sum(1)
-    got = greedy_search(Ensemble(models), src, max_len_offset=5)
+    got = greedy_search(Ensemble(models), src, max_len_offset=5, **IDS)
     reference = mean_log_probs(models)
     expected = [reference_greedy(None, src[i], int(lengths[i]) + 5, reference) for i in range(len(src))]
     assert [h.tokens for h in got] == expected
-    assert [h.tokens for h in got] != [h.tokens for h in greedy_search(models[0], src, max_len_offset=5)]
+    assert [h.tokens for h in got] != [h.tokens for h in greedy_search(models[0], src, max_len_offset=5, **IDS)]
     for i, h in enumerate(got):  # log_prob: the reference's mean log-probabilities of the tokens and the eos
         row = src[i][src[i] != 0].unsqueeze(0)
         prefix, total = [2], 0.0
@@ -63,7 +66,7 @@ def test_greedy_ensemble_of_two_equals_the_step_by_step_mean():
 def test_beam_ensemble_of_two_equals_the_step_by_step_mean(k, alpha):
     models, src = two_models(), random_sources(2)
     lengths = (src != 0).sum(1)
-    got = beam_search(Ensemble(models), src, k, alpha, 4, n_best=2)
+    got = beam_search(Ensemble(models), src, beam_size=k, alpha=alpha, max_len_offset=4, n_best=2, **IDS)
     for i, hyps in enumerate(got):
         expected = reference_beam(None, src[i], k, alpha, int(lengths[i]) + 4, n_best=2,
                                   next_log_probs=mean_log_probs(models))

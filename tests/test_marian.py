@@ -23,7 +23,8 @@ from tiny_checkpoint import multi30k_lines, tiny_tokenizer  # noqa: E402
 
 from transformer_nmt.checkpoint import atomic_torch_save, load_checkpoint  # noqa: E402
 from transformer_nmt.data.tokenizer import train_sentencepiece  # noqa: E402
-from transformer_nmt.inference.decode_config import DecodeConfig  # noqa: E402
+from transformer_nmt.generation.config import DecodeConfig  # noqa: E402
+from transformer_nmt.generation.search import max_output_lengths  # noqa: E402
 from transformer_nmt.inference.translate import encode_sources, translate_ids  # noqa: E402
 from transformer_nmt.interchange.marian import (  # noqa: E402
     ConversionError,
@@ -32,7 +33,6 @@ from transformer_nmt.interchange.marian import (  # noqa: E402
     import_marian,
     imported_checkpoint,
 )
-from transformer_nmt.model.decoding import max_output_lengths  # noqa: E402
 from transformer_nmt.model.transformer import Transformer, TransformerConfig  # noqa: E402
 
 N_SENTENCES = 24  # studies/marian_exactness.py runs the same proofs on 300

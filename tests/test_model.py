@@ -366,7 +366,7 @@ def test_too_long_input_names_max_positions():
 
 @pytest.mark.parametrize("kernel", ["plain", "blocked", "fused"])
 def test_d_k_apart_and_learned_positions_train_and_decode_under_every_kernel(kernel):
-    from transformer_nmt.model.decoding import greedy_decode
+    from transformer_nmt.generation.search import greedy_decode
 
     torch.manual_seed(3)
     shape = dict(d_k=6, d_v=10, positions="learned", n_encoder_layers=1, n_decoder_layers=2)

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from transformer_nmt.analysis import explore, heads
+from transformer_nmt.generation.config import DecodeConfig
 from transformer_nmt.inference import average, evaluate, export, translate
 from transformer_nmt.inference.alignment import AlignmentOptions
-from transformer_nmt.inference.decode_config import DecodeConfig
 from transformer_nmt.options import default_of, parse_options, show
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -114,13 +114,13 @@ def test_each_decoding_default_is_written_once():
     pattern = re.compile(r"beam.{0,4}[=:].{0,3}\b4\b|\b0\.6\b|(offset|max_len).{0,12}\b50\b|\b4, 0\.6|0\.6, 50\b")
     package = ROOT / "src" / "transformer_nmt"
     found = [f"{path.relative_to(package)}:{number}" for path in sorted(package.rglob("*"))
-             if path.suffix in (".py", ".yaml") and path.name != "decode_config.py"
+             if path.suffix in (".py", ".yaml") and path != package / "generation" / "config.py"
              for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1)
              if pattern.search(line)]
     assert found == []
     definition = re.compile(r"^    (beam: int = field\(default=4|alpha: float = field\(default=0\.6"
                             r"|max_len_offset: int = field\(default=50)\b")
-    definitions = [line for line in (package / "inference" / "decode_config.py").read_text().splitlines()
+    definitions = [line for line in (package / "generation" / "config.py").read_text().splitlines()
                    if definition.search(line)]
     assert len(definitions) == 3, definitions  # beam, alpha, max_len_offset: one line each
 

@@ -7,9 +7,12 @@ from test_decoding import BOS, EOS, PAD, random_model, random_sources
 from tiny_checkpoint import multi30k_lines, tiny_tokenizer, write_checkpoint
 
 from transformer_nmt.checkpoint import load_checkpoint
+from transformer_nmt.data.tokenizer import BOS_ID, EOS_ID
+from transformer_nmt.generation.search import beam_search, greedy_search
 from transformer_nmt.inference.translate import main as translate_main
 from transformer_nmt.inference.translate import translate_hypotheses
-from transformer_nmt.model.decoding import beam_search, greedy_search
+
+IDS = {"bos_id": BOS_ID, "eos_id": EOS_ID}  # the tokenizer's special ids, which the searches take
 
 
 def prefixes_of(rows, width):
@@ -27,7 +30,7 @@ FORCED = [[5, 6, 7], [], [9], [4, 4]]
 def test_greedy_continues_from_the_prefix_as_teacher_forcing_does():
     model, src = random_model(3), random_sources(3)
     lengths = (src != PAD).sum(1)
-    got = greedy_search(model, src, max_len_offset=5, prefix=prefixes_of(FORCED, 3))
+    got = greedy_search(model, src, max_len_offset=5, prefix=prefixes_of(FORCED, 3), **IDS)
     for i, h in enumerate(got):
         assert h.tokens[: len(FORCED[i])] == FORCED[i]
         row, tokens, total = src[i][src[i] != PAD].unsqueeze(0), [BOS], 0.0  # the reference: one forward per step
@@ -45,11 +48,13 @@ def test_greedy_continues_from_the_prefix_as_teacher_forcing_does():
 
 def test_beam_outputs_start_with_the_prefix_and_an_empty_prefix_is_plain_decoding():
     model, src = random_model(4), random_sources(4)
-    got = beam_search(model, src, 3, 0.6, 5, n_best=3, prefix=prefixes_of(FORCED, 3))
+    got = beam_search(model, src, beam_size=3, alpha=0.6, max_len_offset=5, n_best=3, prefix=prefixes_of(FORCED, 3),
+                      **IDS)
     for i, hyps in enumerate(got):
         assert hyps and all(h.tokens[: len(FORCED[i])] == FORCED[i] for h in hyps)
-    plain = beam_search(model, src, 3, 0.6, 5, n_best=3)
-    empty = beam_search(model, src, 3, 0.6, 5, n_best=3, prefix=prefixes_of([[]] * 4, 1))
+    plain = beam_search(model, src, beam_size=3, alpha=0.6, max_len_offset=5, n_best=3, **IDS)
+    empty = beam_search(model, src, beam_size=3, alpha=0.6, max_len_offset=5, n_best=3,
+                        prefix=prefixes_of([[]] * 4, 1), **IDS)
     assert [[(h.tokens, h.score) for h in x] for x in empty] == [[(h.tokens, h.score) for h in x] for x in plain]
     assert [[h.tokens for h in x] for x in got][1] == [h.tokens for h in plain[1]]  # row 1 has no prefix
 

@@ -9,10 +9,13 @@ from test_decoding import early_eos_table
 from tiny_checkpoint import multi30k_lines, tiny_tokenizer, write_checkpoint
 
 from transformer_nmt.checkpoint import load_checkpoint
+from transformer_nmt.data.tokenizer import BOS_ID, EOS_ID
+from transformer_nmt.generation.sampling import Sampler, filter_log_probs
+from transformer_nmt.generation.search import greedy_search
 from transformer_nmt.inference.translate import main as translate_main
 from transformer_nmt.inference.translate import translate_hypotheses
-from transformer_nmt.model.decoding import greedy_search
-from transformer_nmt.model.sampling import Sampler, filter_log_probs
+
+IDS = {"bos_id": BOS_ID, "eos_id": EOS_ID}  # the tokenizer's special ids, which the searches take
 
 KNOWN = torch.tensor([[0.5, 0.3, 0.15, 0.05]]).log()  # (1, 4)
 
@@ -51,7 +54,7 @@ def test_top_p_excluded_continuations_never_appear_in_decoded_outputs():
 
     def outputs(**options):
         sampler = Sampler(list(range(n)), seed=1, **options)
-        return Counter(tuple(h.tokens) for h in greedy_search(model, src, max_len_offset=5, choose=sampler))
+        return Counter(tuple(h.tokens) for h in greedy_search(model, src, max_len_offset=5, choose=sampler, **IDS))
 
     free = outputs()
     assert free[(a, c)] > 0 and free[()] > 0  # without top_p the .01 branch shows up

@@ -14,7 +14,7 @@ from test_train_app import one_thread, tiny_config, write_tiny_corpus  # noqa: F
 
 import transformer_nmt.analysis.reproduce as reproduce
 import transformer_nmt.training.time_budget as time_budget
-from transformer_nmt.inference.decode_config import DecodeConfig
+from transformer_nmt.generation.config import DecodeConfig
 from transformer_nmt.model.flops import FlopCount, matmul_ceiling, model_flops
 from transformer_nmt.model.transformer import Transformer, TransformerConfig
 from transformer_nmt.training.app import train

@@ -26,7 +26,7 @@ from transformer_nmt.checkpoint import (
     read_checkpoint,
 )
 from transformer_nmt.data.config import DataConfig
-from transformer_nmt.inference.decode_config import DecodeConfig
+from transformer_nmt.generation.config import DecodeConfig
 from transformer_nmt.model.transformer import Transformer
 from transformer_nmt.training.app import train
 from transformer_nmt.training.callbacks import TokenProgressBar
@@ -333,7 +333,7 @@ def test_validation_scores_are_those_of_the_final_weights_on_the_val_split(accum
     are torch's cross-entropy of the final weights over the val split (label-smoothed with epsilon 0.1, and plain),
     per target token; its BLEU is sacreBLEU's over the first 8 sentences (train.val_bleu_max_sentences) against
     the corpus file's references, the hypotheses the final weights' greedy search, one sentence at a time."""
-    from transformer_nmt.model.decoding import greedy_decode
+    from transformer_nmt.generation.search import greedy_decode
 
     trainer, _ = accumulated_run
     metrics, module = trainer.callback_metrics, trainer.lightning_module

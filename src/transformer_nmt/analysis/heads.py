@@ -34,8 +34,8 @@ from sacrebleu.metrics import BLEU
 from transformer_nmt.analysis.head_gates import KINDS, all_heads, set_gates
 from transformer_nmt.checkpoint import load_checkpoint
 from transformer_nmt.data.tokenizer import Tokenizer
+from transformer_nmt.generation.config import DecodeConfig
 from transformer_nmt.inference.batches import token_batches
-from transformer_nmt.inference.decode_config import DecodeConfig
 from transformer_nmt.inference.evaluate import EvaluateOptions, evaluation_pairs
 from transformer_nmt.inference.translate import encode_sources, translate_lines
 from transformer_nmt.model.transformer import Transformer

@@ -162,7 +162,7 @@ def run_search(run_config, alphas: str | None) -> tuple[dict, list[float]]:
     """The run's search (its config's ``decode``: beam, length_penalty, alpha; DecodeConfig's defaults for a run
     older than that node) and the length-penalty exponents to choose among on val (``alphas=A,B,...``; default:
     the run's alone)."""
-    from transformer_nmt.inference.decode_config import DecodeConfig
+    from transformer_nmt.generation.config import DecodeConfig
 
     default = DecodeConfig()
     decode = run_config.get("decode") or {}

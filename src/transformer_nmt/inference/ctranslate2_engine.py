@@ -1,4 +1,4 @@
-"""Run a CTranslate2 export (``transformer_nmt.export``) with the decoding rules of ``model/decoding.py``.
+"""Run a CTranslate2 export (``transformer_nmt.export``) with the decoding rules of ``generation/search.py``.
 
 ``CTranslate2Model.translate_ids`` takes the source ids ``translate`` prepares and returns what the native
 searches return, so ``translate_lines`` keeps every guarantee (line accounting, empty and over-long lines,
@@ -38,10 +38,10 @@ import torch
 from torch.nn.utils.rnn import pad_sequence
 
 from transformer_nmt.data.tokenizer import Tokenizer
+from transformer_nmt.generation.config import DecodeConfig, decode_settings
+from transformer_nmt.generation.search import Hypothesis, length_penalty, max_output_lengths
 from transformer_nmt.hardware import available_cpus
-from transformer_nmt.inference.decode_config import DecodeConfig, decode_settings
 from transformer_nmt.inference.export import EXPORT_INFO, SENTENCEPIECE_MODEL, check_export, import_ctranslate2
-from transformer_nmt.model.decoding import Hypothesis, length_penalty, max_output_lengths
 from transformer_nmt.model.transformer import TransformerConfig
 from transformer_nmt.records import RecordError, from_record
 

@@ -14,7 +14,7 @@ import torch
 
 from transformer_nmt.checkpoint import load_checkpoint
 from transformer_nmt.data.tokenizer import Tokenizer
-from transformer_nmt.model.ensemble import Ensemble
+from transformer_nmt.generation.ensemble import Ensemble
 from transformer_nmt.model.transformer import Transformer
 
 

@@ -37,7 +37,7 @@ from transformer_nmt import run_files
 from transformer_nmt.data.config import DataConfig
 from transformer_nmt.data.corpus import ReadStats, read_pairs
 from transformer_nmt.durable import atomic_write
-from transformer_nmt.inference.decode_config import DecodeConfig
+from transformer_nmt.generation.config import DecodeConfig
 from transformer_nmt.inference.multi30k_bleu import multi30k_bleu
 
 # one_line: the score is computed on these lines (sacreBLEU's tokenizers split words at whitespace, and a line break

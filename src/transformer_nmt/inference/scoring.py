@@ -12,9 +12,9 @@ from __future__ import annotations
 import torch
 
 from transformer_nmt.data.tokenizer import Tokenizer
+from transformer_nmt.generation.ensemble import Ensemble, teacher_forced_log_probs
 from transformer_nmt.inference.batches import token_batches
 from transformer_nmt.inference.ctranslate2_engine import CTranslate2Model
-from transformer_nmt.model.ensemble import Ensemble, teacher_forced_log_probs
 from transformer_nmt.model.transformer import Transformer
 
 

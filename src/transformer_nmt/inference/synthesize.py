@@ -42,7 +42,7 @@ from typing import Optional
 from transformer_nmt.data.corpus import CorpusError, check_lang
 from transformer_nmt.durable import atomic_write
 from transformer_nmt.file_digest import content_digest
-from transformer_nmt.inference.decode_config import DecodeConfig
+from transformer_nmt.generation.config import DecodeConfig
 from transformer_nmt.inference.ensemble import checkpoint_paths
 from transformer_nmt.inference.translate import (
     ModelOptions,

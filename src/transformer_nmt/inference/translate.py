@@ -55,6 +55,11 @@ from typing import Any, List, Optional
 import torch
 
 from transformer_nmt.data.tokenizer import Tokenizer
+from transformer_nmt.generation.config import DecodeConfig, decode_settings
+from transformer_nmt.generation.ensemble import Ensemble
+from transformer_nmt.generation.sampling import check_sampling
+from transformer_nmt.generation.search import Hypothesis
+from transformer_nmt.generation.strategies import SearchBatch, generate, strategy_name
 from transformer_nmt.inference.alignment import (
     ALIGNMENT_MODES,
     AlignmentOptions,
@@ -64,13 +69,9 @@ from transformer_nmt.inference.alignment import (
 )
 from transformer_nmt.inference.batches import token_batches
 from transformer_nmt.inference.ctranslate2_engine import CTranslate2Model
-from transformer_nmt.inference.decode_config import DecodeConfig, decode_settings
 from transformer_nmt.inference.ensemble import checkpoint_paths, load_ensemble
 from transformer_nmt.inference.export import cached_export
 from transformer_nmt.inference.scoring import token_log_probs
-from transformer_nmt.model.decoding import Hypothesis, beam_search, greedy_search
-from transformer_nmt.model.ensemble import Ensemble
-from transformer_nmt.model.sampling import Sampler, check_sampling
 from transformer_nmt.model.transformer import Transformer
 from transformer_nmt.options import command_argv, option, option_of, parse_options, require_checkpoint, show, values_of
 
@@ -201,11 +202,10 @@ def translate_hypotheses(model: Transformer | Ensemble | CTranslate2Model, token
     the same whether the input is translated at once or in parts."""
     decode = decode_settings(decode, **changes)
     check_decode(decode)
-    beam, n_best, max_len_offset = decode.beam, decode.n_best, decode.max_len_offset
-    greedy = beam == 1 or decode.sampling
+    greedy = strategy_name(decode) != "beam"  # one hypothesis per sentence
     sources = encode_sources(tokenizer, lines, model.config.max_positions, first_line)
     forced = encode_prefixes(tokenizer, prefixes, len(lines))
-    results: list[list[Hypothesis]] = [[Hypothesis([], 0.0)] * (1 if greedy else n_best) for _ in lines]
+    results: list[list[Hypothesis]] = [[Hypothesis([], 0.0)] * (1 if greedy else decode.n_best) for _ in lines]
     todo = [i for i, ids in enumerate(sources) if ids is not None]
     if isinstance(model, CTranslate2Model):  # batches and searches on its own
         if decode.sampling:
@@ -229,16 +229,8 @@ def translate_hypotheses(model: Transformer | Ensemble | CTranslate2Model, token
             for r, i in enumerate(rows):
                 prefix[r, : len(forced[i])] = torch.tensor(forced[i], dtype=torch.long)
             prefix = prefix.to(device)
-        if greedy:
-            choose = {}
-            if decode.sampling:
-                choose["choose"] = Sampler([first_line + i for i in rows], decode.seed, decode.temperature,
-                                           decode.top_k, decode.top_p, device)
-            outputs = [[h] for h in greedy_search(model, src, tokenizer.bos_id, tokenizer.eos_id,
-                                                  max_len_offset=max_len_offset, prefix=prefix, **choose)]
-        else:
-            outputs = beam_search(model, src, beam, decode.alpha, max_len_offset, n_best, tokenizer.bos_id,
-                                  tokenizer.eos_id, prefix=prefix, penalty=decode.length_penalty)
+        batch = SearchBatch(src, tokenizer.bos_id, tokenizer.eos_id, [first_line + i for i in rows], prefix)
+        outputs = generate(model, batch, decode)
         for i, hyps in zip(rows, outputs):
             results[i] = hyps
     return sources, results

@@ -195,7 +195,7 @@ def export_marian(model: Transformer, tokenizer: Tokenizer, output: str | os.Pat
     export.check_replaceable, durable.replace_directory). ``meta`` (as ``load_checkpoint`` gives it) and
     ``command`` go into the model card."""
     from transformer_nmt.durable import check_replaceable
-    from transformer_nmt.inference.decode_config import DecodeConfig
+    from transformer_nmt.generation.config import DecodeConfig
 
     transformers = import_transformers()
     check_exportable(model.config, tokenizer)

@@ -151,9 +151,9 @@ class AttentionMaps(Callback, BackgroundWork):
     def attention_weights(self, model, tokenizer, probes: list) -> dict:
         """Run each probe through ``model``: {kind: [(weights (layers, h, Lq, Lk), key pieces, query pieces)
         for each probe]}, on the CPU."""
+        from transformer_nmt.generation.config import DecodeConfig
+        from transformer_nmt.generation.search import greedy_decode
         from transformer_nmt.inference.attention_weights import teacher_forced_attention
-        from transformer_nmt.inference.decode_config import DecodeConfig
-        from transformer_nmt.model.decoding import greedy_decode
 
         device = model.device
         maps = {}

@@ -23,7 +23,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from transformer_nmt.conf import CONF_DIR
 from transformer_nmt.data.config import DataConfig
-from transformer_nmt.inference.decode_config import DecodeConfig
+from transformer_nmt.generation.config import DecodeConfig
 from transformer_nmt.model.transformer import TransformerConfig
 from transformer_nmt.options import option, show
 

@@ -33,8 +33,8 @@ from transformer_nmt.checkpoint import (
 )
 from transformer_nmt.data.config import DataConfig
 from transformer_nmt.data.tokenizer import Tokenizer
-from transformer_nmt.inference.decode_config import DecodeConfig
-from transformer_nmt.model.decoding import greedy_decode
+from transformer_nmt.generation.config import DecodeConfig
+from transformer_nmt.generation.search import greedy_decode
 from transformer_nmt.model.transformer import Transformer, TransformerConfig
 from transformer_nmt.training.config import TrainConfig
 from transformer_nmt.training.ema import WeightEMA, check_decay, take_average

@@ -2,15 +2,15 @@
 
 The paper's beam size, length penalty alpha (Wu et al. 2016: lp(Y) = ((5 + |Y|) / 6) ** alpha, where |Y| counts
 the generated tokens and the eos that ends them) and maximum output length (source length + an offset) are the
-defaults of ``inference.decode_config.DecodeConfig``, their one home: the searches here take them as required
+defaults of ``generation.config.DecodeConfig``, their one home: the searches here take them as required
 arguments. Both searches are batched and keep their bookkeeping in tensors: per step one host read (how many
 sentences are done), and a sentence that is done leaves the batch, so it costs nothing while the others go on.
 
 ``model`` is a ``Transformer`` or anything with its decoding interface (``config``, ``encode``, ``new_cache`` and
-``next_log_probs``: an ensemble, model/ensemble.py). ``prefix`` (B, P) forces each sentence's first tokens
+``next_log_probs``: an ensemble, generation/ensemble.py). ``prefix`` (B, P) forces each sentence's first tokens
 (-1 past a sentence's own prefix: free): every other token gets probability 0 at those steps, and the forced
 tokens are scored as the model scores them. ``greedy_search`` takes a ``choose`` rule (``argmax`` by default; a
-sampler of model/sampling.py) and reports each output's log-probability.
+sampler of generation/sampling.py) and reports each output's log-probability.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from transformer_nmt.data.tokenizer import BOS_ID, EOS_ID
 from transformer_nmt.model.transformer import DecoderCache, Transformer
 
 STOP_RULES = ("bound", "k_finished")
@@ -102,15 +101,15 @@ class Hypothesis:
     log_prob: float = 0.0  # sum of log-probabilities of the tokens and of the eos that ends them (if one does)
 
 
-def greedy_decode(model: Transformer, src: Tensor, bos_id: int = BOS_ID, eos_id: int = EOS_ID, *,
-                  max_len_offset: int) -> list[list[int]]:
+def greedy_decode(model: Transformer, src: Tensor, *, bos_id: int, eos_id: int, max_len_offset: int
+                  ) -> list[list[int]]:
     """Pick the most likely token at each step. src (B, S) -> token ids per sentence (no bos/eos)."""
-    return [h.tokens for h in greedy_search(model, src, bos_id, eos_id, max_len_offset=max_len_offset)]
+    return [h.tokens for h in greedy_search(model, src, bos_id=bos_id, eos_id=eos_id, max_len_offset=max_len_offset)]
 
 
 @torch.no_grad()
-def greedy_search(model: Transformer, src: Tensor, bos_id: int = BOS_ID, eos_id: int = EOS_ID, *,
-                  max_len_offset: int, choose=argmax, prefix: Tensor | None = None) -> list[Hypothesis]:
+def greedy_search(model: Transformer, src: Tensor, *, bos_id: int, eos_id: int, max_len_offset: int,
+                  choose=argmax, prefix: Tensor | None = None) -> list[Hypothesis]:
     """One token per step, picked by ``choose(log_probs (b, V), rows (b,), step) -> (b,)`` (``rows``: each row's
     sentence in ``src``); src (B, S) -> per sentence a Hypothesis: its tokens (no bos/eos), score 0.0 and
     log_prob, the sum of the log-probabilities of its tokens and of the eos that ends it (if one does)."""
@@ -155,9 +154,8 @@ def reorder_beams(cache: DecoderCache, beam_rows: Tensor, sentence_rows: Tensor 
 
 
 @torch.no_grad()
-def beam_search(model: Transformer, src: Tensor, beam_size: int, alpha: float,
-                max_len_offset: int, n_best: int = 1, bos_id: int = BOS_ID,
-                eos_id: int = EOS_ID, stop: str = "bound", prefix: Tensor | None = None,
+def beam_search(model: Transformer, src: Tensor, *, bos_id: int, eos_id: int, beam_size: int, alpha: float,
+                max_len_offset: int, n_best: int = 1, stop: str = "bound", prefix: Tensor | None = None,
                 penalty: str = "gnmt") -> list[list[Hypothesis]]:
     """Batched beam search. src (B, S) -> for each sentence its ``n_best`` hypotheses, best first.
 

@@ -1,6 +1,6 @@
 """An ensemble of Transformers that decodes as one model: at each step the mean of the models' log-probabilities.
 
-``Ensemble`` has the decoding interface of ``Transformer`` that model/decoding.py's searches use (``config``,
+``Ensemble`` has the decoding interface of ``Transformer`` that generation/search.py's searches use (``config``,
 ``encode``, ``new_cache``, ``next_log_probs``), so greedy, beam search, sampling and prefixes work unchanged:
 
 - ``encode`` runs every encoder and concatenates the memories along the feature axis, (B, S, sum of d_model):
@@ -20,7 +20,7 @@ from dataclasses import replace
 import torch
 from torch import Tensor, nn
 
-from transformer_nmt.model.decoding import forbid_special
+from transformer_nmt.generation.search import forbid_special
 from transformer_nmt.model.transformer import DecoderCache, Transformer
 
 
