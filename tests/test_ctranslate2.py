@@ -224,8 +224,6 @@ import os, sys, time
 from pathlib import Path
 from transformer_nmt.inference.ctranslate2_engine import CTranslate2Model
 from transformer_nmt.inference.export import cached_export
-
-IDS = {"bos_id": BOS_ID, "eos_id": EOS_ID}  # the tokenizer's special ids, which the searches take
 barrier, replace = Path(sys.argv[2]), os.replace
 def replace_together(src, dst):  # both processes publish their export at the same moment: the worst interleaving
     if Path(dst).parent.name == "ctranslate2":
