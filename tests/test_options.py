@@ -130,3 +130,20 @@ def test_explore_tells_options_from_sentences():
                                                   "alignment_heads=[0,1]", "Two dogs."])
     assert options == ["beam=1", "--help", "output='a b.html'", "alignment_heads=[0,1]"]
     assert sentences == ["A man, a plan=x.", "Two dogs."]
+
+
+def test_every_decoding_setting_reaches_every_command_that_decodes():
+    """The commands' options extend the decoding dataclasses instead of listing their fields: translate, evaluate
+    and synthesize take every DecodeConfig setting, explore and analyze_heads every SearchConfig one (they decode
+    natively), so a setting added there needs no line in any command."""
+    from transformer_nmt.generation.config import SearchConfig
+    from transformer_nmt.inference import synthesize
+
+    for options, home in ((translate.TranslateOptions, DecodeConfig), (evaluate.EvaluateOptions, DecodeConfig),
+                          (synthesize.SynthesizeOptions, DecodeConfig), (explore.ExploreOptions, SearchConfig),
+                          (heads.HeadsOptions, SearchConfig)):
+        assert issubclass(options, home), options
+        assert {f.name for f in dataclasses.fields(home)} <= {f.name for f in dataclasses.fields(options)}
+    assert "engine" not in {f.name for f in dataclasses.fields(explore.ExploreOptions)}  # native only
+    with pytest.raises(SystemExit, match=r"n_best=3: evaluate scores each line's best translation"):
+        evaluate.main(["ckpt=any.ckpt", "split=val", "n_best=3"])

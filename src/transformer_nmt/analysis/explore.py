@@ -36,7 +36,7 @@ from transformer_nmt.analysis.attention_maps import ATTENTION_KINDS, attention_e
 from transformer_nmt.analysis.head_gates import gates, set_gates
 from transformer_nmt.checkpoint import load_checkpoint
 from transformer_nmt.data.tokenizer import Tokenizer
-from transformer_nmt.generation.config import DecodeConfig, decode_settings
+from transformer_nmt.generation.config import DecodeConfig, SearchConfig, decode_settings
 from transformer_nmt.inference.attention_weights import teacher_forced_attention
 from transformer_nmt.inference.translate import encode_sources, read_lines, translate_ids
 from transformer_nmt.model.transformer import Transformer
@@ -44,7 +44,6 @@ from transformer_nmt.options import (
     HELP_FLAGS,
     command_argv,
     option,
-    option_of,
     parse_options,
     require_checkpoint,
     values_of,
@@ -54,14 +53,12 @@ USAGE = 'python -m transformer_nmt.explore ckpt=PATH [key=value ...] ["A sentenc
 
 
 @dataclass
-class ExploreOptions:
+class ExploreOptions(SearchConfig):
+    """The search's settings (SearchConfig: the translation explored is searched natively), and the page's."""
+
     ckpt: Optional[str] = option(None, "a checkpoint written by python -m transformer_nmt.train")
     input: Optional[str] = option(None, "a file of sentences, one a line, explored after those given as arguments")
     output: str = option("attention.html", "the page to write")
-    beam: int = option_of(DecodeConfig, "beam")
-    alpha: float = option_of(DecodeConfig, "alpha")
-    max_len_offset: int = option_of(DecodeConfig, "max_len_offset")
-    device: str = option_of(DecodeConfig, "device")
     prune: float = option(0.0, "the fraction of heads to gate off, least important first (0 to 1)")
     importance: Optional[str] = option(None, "with prune=: the head_importance.csv of analyze_heads; null: "
                                              "heads/head_importance.csv beside the checkpoint")

@@ -34,7 +34,7 @@ from sacrebleu.metrics import BLEU
 from transformer_nmt.analysis.head_gates import KINDS, all_heads, set_gates
 from transformer_nmt.checkpoint import load_checkpoint
 from transformer_nmt.data.tokenizer import Tokenizer
-from transformer_nmt.generation.config import DecodeConfig
+from transformer_nmt.generation.config import DecodeConfig, SearchConfig
 from transformer_nmt.inference.batches import token_batches
 from transformer_nmt.inference.evaluate import EvaluateOptions, evaluation_pairs
 from transformer_nmt.inference.translate import encode_sources, translate_lines
@@ -45,7 +45,9 @@ USAGE = "python -m transformer_nmt.analyze_heads ckpt=PATH (split=val|test | src
 
 
 @dataclass
-class HeadsOptions:
+class HeadsOptions(SearchConfig):
+    """The search's settings (SearchConfig; greedy by default, fast), the evaluation pairs, the study's."""
+
     ckpt: Optional[str] = option(None, "a checkpoint written by python -m transformer_nmt.train")
     split: Optional[str] = option_of(EvaluateOptions, "split")
     src: Optional[str] = option_of(EvaluateOptions, "src")
@@ -54,9 +56,7 @@ class HeadsOptions:
     out: Optional[str] = option(None, "output directory; null: heads/ beside the checkpoint")
     max_sentences: int = option(300, "the first this many sentences; 0: all")
     beam: int = option_of(DecodeConfig, "beam", default=1, help="beam size of the BLEU decoding; 1: greedy (fast)")
-    max_tokens: int = option_of(DecodeConfig, "max_tokens")
     steps: int = option(10, "the pruning curve's points: heads removed in this many equal fractions")
-    device: str = option_of(DecodeConfig, "device")
 
 
 OPTIONS = HeadsOptions

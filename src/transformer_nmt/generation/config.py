@@ -9,7 +9,9 @@ from dataclasses import dataclass, field, replace
 
 
 @dataclass
-class DecodeConfig:
+class SearchConfig:
+    """How to search, whichever engine runs it: what explore and analyze_heads take (they decode natively)."""
+
     beam: int = field(default=4, metadata={"help": "beam size; 1: greedy decoding"})
     alpha: float = field(default=0.6, metadata={"help": "length penalty exponent (of length_penalty's form)"})
     length_penalty: str = field(default="gnmt", metadata={
@@ -17,7 +19,6 @@ class DecodeConfig:
                 "--lenpen, CTranslate2's and transformers' length_penalty)"})
     max_len_offset: int = field(default=50, metadata={"help": "at most source length + this many tokens out"})
     max_tokens: int = field(default=4096, metadata={"help": "source tokens per batch, padding counted"})
-    n_best: int = field(default=1, metadata={"help": "hypotheses per input, best first (<= beam)"})
     sampling: bool = field(default=False, metadata={
         "help": "true: sample each output token by token (temperature, top_k, top_p, seed) instead of searching"})
     temperature: float = field(default=1.0, metadata={"help": "sampling: divides the log-probabilities (< 1: "
@@ -26,14 +27,30 @@ class DecodeConfig:
     top_p: float = field(default=1.0, metadata={
         "help": "sampling: only from the most likely tokens whose probability sums to top_p (nucleus); 1.0: all"})
     seed: int = field(default=0, metadata={"help": "sampling: with the line number, seeds each line's sample"})
-    engine: str = field(default="native", metadata={"help": "native (torch) | ctranslate2 (pip install -e .[serve])"})
     device: str = field(default="cpu", metadata={"help": "cpu, cuda, cuda:1, ..."})
+
+
+@dataclass
+class EngineConfig:
+    """What runs the search: torch, or CTranslate2 and its settings."""
+
+    engine: str = field(default="native", metadata={"help": "native (torch) | ctranslate2 (pip install -e .[serve])"})
     compute_type: str = field(default="default", metadata={
         "help": "ctranslate2: default (as exported) | int8 | float32 | ... (quantized at load)"})
     threads: int = field(default=0, metadata={
         "help": "threads within each operation; 0: native: torch's default, ctranslate2: 1 per batch"})
     inter_threads: int = field(default=0, metadata={
         "help": "ctranslate2: batches decoded at once; 0: one per core"})
+
+
+@dataclass
+class DecodeConfig(EngineConfig, SearchConfig):
+    """Every decoding setting: the search's, then the engine's. The commands' options are these dataclasses' own
+    fields (translate, evaluate and synthesize extend DecodeConfig; explore and analyze_heads SearchConfig), so a
+    new setting reaches every command that decodes without a line there. ``n_best``: the commands that write
+    several hypotheses per input (translate, synthesize) and what scores them, not the analyses."""
+
+    n_best: int = field(default=1, metadata={"help": "hypotheses per input, best first (<= beam)"})
 
 
 def decode_settings(decode: DecodeConfig | None = None, **changes) -> DecodeConfig:

@@ -189,6 +189,9 @@ def write_text(path: Path, text: str) -> None:
 def main(argv: list[str] | None = None) -> dict:
     options = parse_options(command_argv(argv), EvaluateOptions, __doc__, USAGE)
     require_checkpoint(options)
+    if options.n_best != 1:
+        raise SystemExit(f"n_best={options.n_best}: evaluate scores each line's best translation; n_best is "
+                         f"translate's and synthesize's")
     model, tokenizer, meta = load_model(options)
     ckpt = options.ckpt or options.model_dir
     first = ckpt[0] if isinstance(ckpt, list) else ckpt

@@ -72,12 +72,8 @@ class SynthesizeOptions(ModelOptions):
                                            "(null: the checkpoint's data.src_lang)")
     tgt_lang: Optional[str] = option(None, "the translations' language code, the suffix of PREFIX's target file "
                                            "(null: the checkpoint's data.tgt_lang)")
-    n_best: int = option_of(DecodeConfig, "n_best", help="pairs per input line, best first (<= beam)")
-    sampling: bool = option_of(DecodeConfig, "sampling")
-    temperature: float = option_of(DecodeConfig, "temperature")
-    top_k: int = option_of(DecodeConfig, "top_k")
-    top_p: float = option_of(DecodeConfig, "top_p")
-    seed: int = option_of(DecodeConfig, "seed")
+    n_best: int = option_of(DecodeConfig, "n_best", help="hypotheses per input, best first (<= beam): pairs per "
+                                                           "input line")
     shard_lines: int = option(1000, "input lines per shard: each is kept once translated, so a run started again "
                                     "after a kill translates only the shards not yet written")
 

@@ -81,22 +81,13 @@ SAMPLING_OPTIONS = ("temperature", "top_k", "top_p", "seed")
 
 
 @dataclass
-class ModelOptions:
-    """What translate and evaluate share: the model, the engine that runs it and how it searches."""
+class ModelOptions(DecodeConfig):
+    """What translate, evaluate and synthesize share: every decoding setting (DecodeConfig's fields, defaults and
+    help), and the model."""
 
     ckpt: Optional[Any] = option(None, CKPT_HELP + " (or model_dir=, with engine=ctranslate2)")
     model_dir: Optional[str] = option(None, "engine=ctranslate2: a directory written by python -m "
                                             "transformer_nmt.export (instead of ckpt, which is exported to a cache)")
-    beam: int = option_of(DecodeConfig, "beam")
-    alpha: float = option_of(DecodeConfig, "alpha")
-    length_penalty: str = option_of(DecodeConfig, "length_penalty")
-    max_len_offset: int = option_of(DecodeConfig, "max_len_offset")
-    max_tokens: int = option_of(DecodeConfig, "max_tokens")
-    device: str = option_of(DecodeConfig, "device")
-    engine: str = option_of(DecodeConfig, "engine")
-    compute_type: str = option_of(DecodeConfig, "compute_type")
-    threads: int = option_of(DecodeConfig, "threads")
-    inter_threads: int = option_of(DecodeConfig, "inter_threads")
 
 
 @dataclass
@@ -109,11 +100,6 @@ class TranslateOptions(ModelOptions):
     n_best: int = option_of(DecodeConfig, "n_best", help="hypotheses per input, best first (<= beam); n > 1: "
                                                            "n lines LINE_NUMBER<TAB>SCORE<TAB>LOG_PROB<TAB>"
                                                            "TRANSLATION each")
-    sampling: bool = option_of(DecodeConfig, "sampling")
-    temperature: float = option_of(DecodeConfig, "temperature")
-    top_k: int = option_of(DecodeConfig, "top_k")
-    top_p: float = option_of(DecodeConfig, "top_p")
-    seed: int = option_of(DecodeConfig, "seed")
     prefix: Optional[str] = option(None, "a file, one line per input line: each output starts with that line "
                                          "(a blank line: no prefix)")
     score_reference: Optional[str] = option(None, "a file, one translation per input line: write each one's "
