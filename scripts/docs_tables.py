@@ -449,6 +449,15 @@ def hf_race(root: Path) -> str:
     return "\n".join(lines)
 
 
+def architecture_step_cost(root: Path) -> str:
+    """The step cost of the architecture switches (docs/benchmarks/architectures/step_cost.json, written by
+    benchmarks/benchmark_architectures.py --json)."""
+    report = read_json(root, BENCHMARKS / "architectures" / "step_cost.json")
+    return table(["cell", "changes from the base", "parameters", "target tokens/s", "vs base (median ratio)"],
+                 [[r["cell"], ", ".join(f"{k} {v}" for k, v in r["changes"].items()) or "-", f"{r['parameters']:,}",
+                   f"{r['tokens_per_sec']:,.0f}", f"{r['vs_base']:.3f}"] for r in report["rows"]])
+
+
 def readme_suite(root: Path) -> str:
     """The suite's size and time from docs/benchmarks/suite.json (fresh-clone runs of ``bash .ci/run``)."""
     runs = read_json(root, BENCHMARKS / "suite.json")["runs"]
@@ -625,6 +634,7 @@ BLOCKS = {
     "benchmarks-step-script": step_benchmark_ab,
     "benchmarks-hf-race": hf_race,
     "readme-suite": readme_suite,
+    "architecture-step-cost": architecture_step_cost,
     "benchmarks-decode-issue31": decode_search_issue31,
     "quality-ensemble-recent": lambda root: ensemble_study(root, "ensemble_recent_F.json"),
     "quality-ensemble-seeds": lambda root: ensemble_study(root, "ensemble_seeds_base.json"),
