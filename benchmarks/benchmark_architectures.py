@@ -21,8 +21,8 @@ import statistics
 import time
 
 import torch
-import torch.nn.functional as F
 from omegaconf import OmegaConf
+from recipe import train_step  # benchmarks/
 
 from transformer_nmt.analysis.table3 import PLAN
 from transformer_nmt.conf import CONF_DIR
@@ -46,16 +46,6 @@ def composed_model(overrides: list[str]) -> dict:
     model = OmegaConf.to_container(cfg.model, resolve=True)
     model.pop("_target_", None)
     return {**model, "vocab_size": cfg.data.vocab_size}
-
-
-def train_step(model, optimizer, src, tgt, autocast) -> None:
-    with autocast():
-        logits = model(src, tgt[:, :-1])
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), tgt[:, 1:].flatten(), ignore_index=0,
-                               label_smoothing=0.1)
-    optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    optimizer.step()
 
 
 def main(argv=None) -> None:

@@ -29,8 +29,7 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
-from recipe import recipe_adam, small_recipe  # benchmarks/
+from recipe import recipe_adam, small_recipe, train_step  # benchmarks/
 
 from transformer_nmt.hardware import cpu_native_bf16, reported_cpu_flags
 from transformer_nmt.model.transformer import Transformer, TransformerConfig
@@ -56,16 +55,6 @@ def build(transformer_module, config: dict, seed: int):
     torch.manual_seed(seed)
     return transformer_module.Transformer(transformer_module.TransformerConfig(
         **{k: v for k, v in config.items() if k in fields}))
-
-
-def train_step(model, optimizer, src, tgt, autocast) -> None:
-    with autocast():
-        logits = model(src, tgt[:, :-1])
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), tgt[:, 1:].flatten(), ignore_index=0,
-                               label_smoothing=0.1)
-    optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    optimizer.step()
 
 
 @torch.no_grad()

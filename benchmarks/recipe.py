@@ -7,6 +7,7 @@ from __future__ import annotations
 from functools import cache
 
 import torch
+import torch.nn.functional as F
 from omegaconf import OmegaConf
 
 from transformer_nmt.conf import CONF_DIR
@@ -36,3 +37,15 @@ def recipe_adam(parameters, lr: float = 1e-4) -> torch.optim.Adam:
     cost)."""
     train = small_recipe()[1]
     return torch.optim.Adam(parameters, lr=lr, betas=tuple(train["betas"]), eps=train["eps"])
+
+
+def train_step(model, optimizer, src, tgt, autocast) -> None:
+    """One plain training step of a bare model (no Lightning): forward under ``autocast()``, the label-smoothed
+    loss of the recipe (eps_ls 0.1; pad 0 ignored), backward, ``optimizer``'s step. src (B, S), tgt (B, T + 1)."""
+    with autocast():
+        logits = model(src, tgt[:, :-1])  # (B, T, V)
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), tgt[:, 1:].flatten(), ignore_index=0,
+                               label_smoothing=0.1)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    optimizer.step()
