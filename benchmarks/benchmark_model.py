@@ -56,7 +56,7 @@ class TorchTransformerMT(nn.Module):
         super().__init__()
         cfg = ours.config
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model, padding_idx=PAD)
-        self.register_buffer("positions", ours.positions.clone())
+        self.register_buffer("positions", ours.positions.table.clone())
         self.dropout = nn.Dropout(cfg.dropout)
         self.transformer = nn.Transformer(cfg.d_model, cfg.n_heads, cfg.n_encoder_layers, cfg.n_decoder_layers,
                                           cfg.d_ff, cfg.dropout, batch_first=True)

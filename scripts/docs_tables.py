@@ -267,11 +267,13 @@ def significant(row: dict) -> bool:
 
 
 def change(row: dict, base: dict) -> str:
-    """The setting a row changes: the first column (in Table 3's order) that differs from the base."""
-    for column, label in CHANGE_COLUMNS:
-        if row[column] != base[column]:
-            return f"{label} {row[column]}"
-    raise SystemExit(f"ablation.csv: row {row} changes nothing")
+    """The setting a row changes: the first column (in Table 3's order) that differs from the base, with the model
+    fields since the paper (the ``other`` column: activation, norm, ...) that it sets."""
+    columns = [f"{label} {row[column]}" for column, label in CHANGE_COLUMNS if row[column] != base[column]]
+    described = ", ".join([*columns[:1], *filter(None, [row.get("other", "")])])
+    if not described:
+        raise SystemExit(f"ablation.csv: row {row} changes nothing")
+    return described
 
 
 def table3_runs(root: Path) -> list[dict]:

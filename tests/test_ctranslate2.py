@@ -406,3 +406,19 @@ def test_export_refuses_a_model_without_positions_naming_the_option():
                                           n_encoder_layers=1, n_decoder_layers=1, d_ff=32, max_positions=64))
     with pytest.raises(ValueError, match=r"model.positions=none: CTranslate2's Transformer always adds positions"):
         transformer_spec(model, tokenizer)
+
+
+def test_export_refuses_a_model_with_head_gates_until_they_are_folded(tmp_path):
+    """Gates are hooks, not weights: exporting a gated model would drop them, so it is refused; folded, the export
+    gives the gated model's log-probabilities."""
+    from transformer_nmt.analysis.head_gates import fold_gates, set_gates
+    from transformer_nmt.inference.export import transformer_spec
+
+    tokenizer = tiny_tokenizer()
+    model = Transformer(TransformerConfig(vocab_size=tokenizer.vocab_size, d_model=32, n_heads=4, d_ff=32,
+                                          n_encoder_layers=1, n_decoder_layers=1, max_positions=64)).eval()
+    set_gates(model, {("cross", 0, 1)})
+    with pytest.raises(ValueError, match=r"forward hooks on decoder_layers.0.cross_attn.out_proj .*fold_gates"):
+        transformer_spec(model, tokenizer)
+    fold_gates(model)
+    transformer_spec(model, tokenizer)  # no hooks left

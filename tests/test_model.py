@@ -1,5 +1,6 @@
 """The whole encoder-decoder against torch.nn.Transformer, incremental decoding, configuration."""
 
+import copy
 import math
 
 import pytest
@@ -341,6 +342,11 @@ def test_head_gate_of_zero_changes_output_and_can_be_removed():
         reference.decoder_layers[1].cross_attn.out_proj.weight[:, 8:16] = 0  # head 1 of 4, d_v 8
     set_gates(model, {("cross", 1, 1)})
     torch.testing.assert_close(model(src, tgt), reference(src, tgt), atol=1e-6, rtol=1e-6)
+    copied = copy.deepcopy(model)  # the gates live in the module's hooks: a copy keeps them, and they fold there
+    assert gates(copied)["cross"][1].tolist() == [1.0, 0.0, 1.0, 1.0]
+    torch.testing.assert_close(copied.double()(src, tgt), reference.double()(src, tgt).float().double(),
+                               atol=1e-5, rtol=1e-5)  # another dtype: the gate follows the heads'
+    reference.float()
     fold_gates(model)
     assert gates(model)["cross"].eq(1).all() and not cross_1.out_proj._forward_pre_hooks
     torch.testing.assert_close(model(src, tgt), reference(src, tgt), atol=1e-6, rtol=1e-6)

@@ -141,3 +141,20 @@ def test_a_model_option_added_since_separates_runs_and_has_its_row():
     record = dict(zip(summarize_ablation.KEYS, key(norm="rmsnorm", activation="geglu")))
     assert summarize_ablation.extra_changes(record, dict(zip(summarize_ablation.KEYS, base))) == \
         "norm=rmsnorm activation=geglu"
+
+
+def test_the_csv_names_the_fields_since_the_paper_where_a_configuration_sets_one(tmp_path):
+    """Two configurations equal in every Table 3 column (RMSNorm against the base) stay apart in ablation.csv: an
+    ``other`` column names what differs; a table without such fields keeps the paper's columns only."""
+    keys = summarize_ablation.KEYS
+    base = {**dict(zip(keys, summarize_ablation.config_key({**BASE, "d_k": 32, "d_v": 32}))), "row": "base"}
+    rms = {**dict(zip(keys, summarize_ablation.config_key({**BASE, "d_k": 32, "d_v": 32,
+                                                             "model": {"norm": "rmsnorm"}}))), "row": "G"}
+    common = {"parameters": 1, "ppl_mean": 1.0, "ppl_std": None, "bleu_mean": 1.0, "bleu_std": None, "n": 1,
+              "seeds": [1], "minutes": None}
+    records = [{**base, **common, "config": "b"}, {**rms, **common, "config": "r"}]
+    summarize_ablation.write_csv(records, {}, tmp_path / "with.csv")
+    rows = list(csv.DictReader(open(tmp_path / "with.csv")))
+    assert [r["other"] for r in rows] == ["", "norm=rmsnorm"]
+    summarize_ablation.write_csv(records[:1], {}, tmp_path / "without.csv")
+    assert "other" not in next(csv.DictReader(open(tmp_path / "without.csv")))

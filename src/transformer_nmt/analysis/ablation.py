@@ -301,13 +301,18 @@ def notes(records: list[dict], resamples: int) -> str:
 
 
 def write_csv(records: list[dict], p_values: dict, path: Path) -> None:
+    """One line per configuration; an ``other`` column (EXTRA's fields that differ from the base, as the markdown
+    table's) where any configuration sets one."""
+    base = next((r for r in records if r["row"] == "base"), None)
+    others = any(extra_changes(r, base) for r in records)
     with open(path, "w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow(["row", *(name for _, name in CONFIG), "params", "ppl_mean", "ppl_std", "bleu_mean",
-                         "bleu_std", "n", "seeds", "p_max", "p_seeds", "minutes_mean"])
+        writer.writerow(["row", *(name for _, name in CONFIG), *(["other"] if others else []), "params", "ppl_mean",
+                         "ppl_std", "bleu_mean", "bleu_std", "n", "seeds", "p_max", "p_seeds", "minutes_mean"])
         for r in records:
             p = p_values.get(r["config"])
-            writer.writerow([r["row"], *(r[key] for key, _ in CONFIG), r["parameters"],
+            writer.writerow([r["row"], *(r[key] for key, _ in CONFIG), *([extra_changes(r, base)] if others else []),
+                             r["parameters"],
                              *(_raw(r[k]) for k in ("ppl_mean", "ppl_std", "bleu_mean", "bleu_std")), r["n"],
                              " ".join(map(str, r["seeds"])), _raw(p[0]) if p else "",
                              " ".join(map(str, p[1])) if p else "", _raw(r["minutes"])])

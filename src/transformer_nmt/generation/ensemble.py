@@ -25,7 +25,7 @@ from transformer_nmt.model.transformer import DecoderCache, Transformer
 
 
 class EnsembleCache:
-    """Each model's DecoderCache; ``layers`` holds all their layers, so ``decoding.reorder_beams`` moves them all."""
+    """Each model's DecoderCache; ``layers`` holds all their layers, so ``search.reorder_beams`` moves them all."""
 
     def __init__(self, caches: list[DecoderCache]):
         self.caches = caches

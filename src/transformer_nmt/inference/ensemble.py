@@ -1,5 +1,5 @@
 """Loading an ensemble: ``ckpt=[A,B,C]`` (translate, evaluate) reads each checkpoint into one
-``model.ensemble.Ensemble``.
+``generation.ensemble.Ensemble``.
 
 The models must share the tokenizer (the same SentencePiece model, byte for byte): their token ids must mean
 the same pieces, or the mean of their log-probabilities means nothing. Another tokenizer is refused, naming

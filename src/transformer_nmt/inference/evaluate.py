@@ -217,6 +217,9 @@ def main(argv: list[str] | None = None) -> dict:
               "inter_threads": getattr(model, "inter_threads", None),
               "beam": decode.beam, "alpha": decode.alpha, "length_penalty": decode.length_penalty,
               "max_len_offset": decode.max_len_offset,
+              # sampled translations score otherwise than searched ones: what drew them, beside the score
+              **({"sampling": {k: getattr(decode, k) for k in ("temperature", "top_k", "top_p", "seed")}}
+                 if decode.sampling else {}),
               "decode_seconds": round(seconds, 1), "global_step": meta.get("global_step"),
               PROVENANCE_KEY: collect_provenance(config={"options": asdict(options)})}
     write_text(out_dir / f"{name}.json", json.dumps(result, indent=2) + "\n")

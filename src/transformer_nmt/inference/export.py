@@ -61,6 +61,7 @@ from transformer_nmt.durable import (
 )
 from transformer_nmt.file_digest import content_digest, user_cache
 from transformer_nmt.model.feed_forward import GATED_ACTIVATIONS
+from transformer_nmt.model.hooks import hooked_modules
 from transformer_nmt.model.norms import NORM_EPS
 from transformer_nmt.model.positions import ROTARY_BASE
 from transformer_nmt.model.transformer import Transformer
@@ -94,7 +95,7 @@ def import_ctranslate2():
     try:
         import ctranslate2
     except ImportError:
-        raise SystemExit('CTranslate2 is not installed: pip install -e ".[serve]" (or pip install "ctranslate2>=4")'
+        raise SystemExit('CTranslate2 is not installed: pip install -e ".[serve]" (or pip install "ctranslate2>=4.8")'
                          ) from None
     return ctranslate2
 
@@ -169,6 +170,11 @@ def transformer_spec(model: Transformer, tokenizer: Tokenizer):
     if not cfg.n_heads * d_k == cfg.n_heads * d_v == cfg.d_model:
         raise ValueError(f"CTranslate2 needs n_heads x d_k = n_heads x d_v = d_model ({cfg.d_model}); this model has "
                          f"n_heads {cfg.n_heads}, model.d_k {d_k}, model.d_v {d_v}: translate with PyTorch")
+    hooked = hooked_modules(model)
+    if hooked:
+        raise ValueError(f"the model has forward hooks on {', '.join(hooked[:3])}{' ...' if len(hooked) > 3 else ''} "
+                         f"(head gates?): an export holds weights only; fold them into the weights first "
+                         f"(analysis.head_gates.fold_gates) or remove them")
     if cfg.positions == "none":
         raise ValueError("model.positions=none: CTranslate2's Transformer always adds positions (a table, or rotary "
                          "in the self-attention); translate with PyTorch (engine=native)")

@@ -50,6 +50,7 @@ import torch
 
 from transformer_nmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
 from transformer_nmt.durable import publish_directory, replace_directory, temporary_directory
+from transformer_nmt.model.hooks import hooked_modules
 from transformer_nmt.model.transformer import Transformer, TransformerConfig
 from transformer_nmt.options import command_argv, option, parse_options
 
@@ -132,6 +133,10 @@ def to_marian_weights(model: Transformer) -> dict[str, torch.Tensor]:
     """Our weights under MarianMTModel's names and layout (the model dimension permuted). Positions are not
     weights on either side."""
     cfg = model.config
+    hooked = hooked_modules(model)
+    if hooked:
+        raise ConversionError(f"the model has forward hooks on {', '.join(hooked[:3])} (head gates?): an export holds "
+                              f"weights only; fold them into the weights first (analysis.head_gates.fold_gates)")
     order = model_dim_order(cfg.d_model)
     state = {name: tensor.detach().to("cpu", torch.float32) for name, tensor in model.state_dict().items()}
     out = {}
