@@ -21,31 +21,13 @@ import statistics
 import time
 
 import torch
-from omegaconf import OmegaConf
-from recipe import train_step  # benchmarks/
+from recipe import small_recipe, train_step  # benchmarks/
 
 from transformer_nmt.analysis.table3 import PLAN
-from transformer_nmt.conf import CONF_DIR
 from transformer_nmt.hardware import cpu_native_bf16, reported_cpu_flags
 from transformer_nmt.model.transformer import Transformer, TransformerConfig
 
 ROWS = ("E", "F", "G", "H")
-
-
-def composed_model(overrides: list[str]) -> dict:
-    """TransformerConfig's fields for ``experiment=ablation_base`` with ``overrides``, as the app composes them."""
-    from hydra import compose, initialize_config_dir
-
-    from transformer_nmt.training.config import register_configs
-    from transformer_nmt.training.resolvers import register_resolvers
-
-    register_configs()
-    register_resolvers()
-    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
-        cfg = compose("train", overrides=["experiment=ablation_base", *overrides])
-    model = OmegaConf.to_container(cfg.model, resolve=True)
-    model.pop("_target_", None)
-    return {**model, "vocab_size": cfg.data.vocab_size}
 
 
 def main(argv=None) -> None:
@@ -64,7 +46,7 @@ def main(argv=None) -> None:
                               if (cell in args.cells if args.cells else row in ROWS)]
     models, optimizers, configs = {}, {}, {}
     for cell, overrides in cells:
-        configs[cell] = composed_model(overrides)
+        configs[cell] = small_recipe("ablation_base", tuple(overrides))[0]  # as the study composes it
         torch.manual_seed(0)
         models[cell] = Transformer(TransformerConfig(**configs[cell])).train()
         optimizers[cell] = torch.optim.Adam(models[cell].parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)

@@ -14,10 +14,10 @@ from transformer_nmt.conf import CONF_DIR
 
 
 @cache
-def small_recipe(experiment: str | None = None) -> tuple[dict, dict]:
+def small_recipe(experiment: str | None = None, overrides: tuple[str, ...] = ()) -> tuple[dict, dict]:
     """(model config with vocab_size: TransformerConfig's fields; train config: the ``train:`` node): model=small
     with conf/train.yaml's defaults, or, with ``experiment``, what ``experiment=NAME`` composes (its model, its
-    data.vocab_size, its train node; e.g. multi30k_tiny)."""
+    data.vocab_size, its train node; e.g. multi30k_tiny); ``overrides`` composed on top (a Table 3 cell's)."""
     from hydra import compose, initialize_config_dir
 
     from transformer_nmt.training.config import register_configs
@@ -26,7 +26,7 @@ def small_recipe(experiment: str | None = None) -> tuple[dict, dict]:
     register_configs()  # conf/train.yaml composes over the schemas
     register_resolvers()
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
-        cfg = compose("train", overrides=[f"experiment={experiment}" if experiment else "model=small"])
+        cfg = compose("train", overrides=[f"experiment={experiment}" if experiment else "model=small", *overrides])
     model = OmegaConf.to_container(cfg.model, resolve=True)
     model.pop("_target_", None)
     return {**model, "vocab_size": cfg.data.vocab_size}, OmegaConf.to_container(cfg.train, resolve=True)

@@ -42,7 +42,14 @@ from transformer_nmt.inference.multi30k_bleu import multi30k_bleu
 
 # one_line: the score is computed on these lines (sacreBLEU's tokenizers split words at whitespace, and a line break
 # is whitespace to them too)
-from transformer_nmt.inference.translate import ModelOptions, load_model, one_line, read_lines, translate_lines
+from transformer_nmt.inference.translate import (
+    SAMPLING_OPTIONS,
+    ModelOptions,
+    load_model,
+    one_line,
+    read_lines,
+    translate_lines,
+)
 from transformer_nmt.options import command_argv, option, parse_options, require_checkpoint, values_of
 from transformer_nmt.provenance import PROVENANCE_KEY
 from transformer_nmt.provenance import collect as collect_provenance
@@ -218,7 +225,7 @@ def main(argv: list[str] | None = None) -> dict:
               "beam": decode.beam, "alpha": decode.alpha, "length_penalty": decode.length_penalty,
               "max_len_offset": decode.max_len_offset,
               # sampled translations score otherwise than searched ones: what drew them, beside the score
-              **({"sampling": {k: getattr(decode, k) for k in ("temperature", "top_k", "top_p", "seed")}}
+              **({"sampling": {k: getattr(decode, k) for k in SAMPLING_OPTIONS}}
                  if decode.sampling else {}),
               "decode_seconds": round(seconds, 1), "global_step": meta.get("global_step"),
               PROVENANCE_KEY: collect_provenance(config={"options": asdict(options)})}
