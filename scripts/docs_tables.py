@@ -582,8 +582,9 @@ def decoding_sample(root: Path, modes: tuple[str, ...], file: str | None = None)
 PUBLISHED_TINY = 41.02  # Wu et al. 2021, text-only Transformer-Tiny, test2016 en->de, the Multi30k convention
 TINY_RUNS = {  # run: what distinguishes it (words, not numbers)
     "A": "experiment=multi30k_tiny as published, stopped by a time limit of its launch (session end)",
+    "C": "experiment=multi30k_tiny as published, to its end (early stopping: patience 10 on val loss)",
 }
-TINY_EPOCHS = (5, 10, 15, 20, 25, 30, 35)  # the validation nearest each epoch, then the last
+TINY_EPOCHS = (5, 10, 20, 30, 40, 60, 80, 100)  # the validation nearest each epoch, then the last
 
 
 def tiny_run(root: Path, run: str) -> tuple[dict, dict]:
@@ -611,10 +612,33 @@ def tiny_baseline(root: Path) -> str:
         rep, res = tiny_run(root, run)
         per_epoch = res["steps"] / res["epochs"]
         curve = [(p["step"] / per_epoch, p["greedy_val_bleu"]) for p in rep["val_curve"]]
-        picked = [min(curve, key=lambda c, e=e: abs(c[0] - e)) for e in TINY_EPOCHS] + [curve[-1]]
-        curves.append([f"**{run}** epoch", *(f"{e:.0f}" for e, _ in picked)])
-        curves.append([f"**{run}** greedy val BLEU", *(f"{b:.2f}" for _, b in picked)])
+        picked = [min(curve, key=lambda c, e=e: abs(c[0] - e)) if e <= curve[-1][0] + 2 else None
+                  for e in TINY_EPOCHS] + [curve[-1]]  # None: the run ended before that epoch
+        curves.append([f"**{run}** epoch", *(f"{p[0]:.0f}" if p else "-" for p in picked)])
+        curves.append([f"**{run}** greedy val BLEU", *(f"{p[1]:.2f}" if p else "-" for p in picked)])
     return table_ + "\n\n" + table(["", *(["≈"] * len(TINY_EPOCHS)), "last"], curves)
+
+
+def tiny_search(root: Path) -> str:
+    """The val grid of studies/averaging_and_length_penalty.py on run C; the chosen cell and the recipe's on test."""
+    study = read_json(root, QUALITY / "tiny_C_search_study.json")
+    alphas = sorted({cell["alpha"] for cell in study["grid"]})
+    sizes = sorted({cell["size"] for cell in study["grid"]})
+    val = {(c["size"], c["alpha"]): c["val"]["bleu"] for c in study["grid"]}
+    best = max(val.values())
+    rows = [[("the newest" if k == 1 else f"the last {k}") + (" (the recipe)" if k == study["reference"]["size"]
+                                                              else ""),
+             *(f"**{val[(k, a)]:.2f}**" if val[(k, a)] == best else f"{val[(k, a)]:.2f}" for a in alphas)]
+            for k in sizes]
+    grid = table(["val BLEU (cased, beam 5), checkpoints averaged",
+                  *(f"alpha {a:g}" + (" (the recipe)" if a == study["reference"]["alpha"] else "") for a in alphas)],
+                 rows)
+    tests = [[name, f"last {study[key]['size']}, alpha {study[key]['alpha']:g}", f"{study[key]['val']['bleu']:.2f}",
+              f"{study[key]['test']['bleu']:.2f}", f"**{study[key]['test']['bleu_multi30k']:.2f}**",
+              f"{study[key]['test']['length_ratio']:.3f}"]
+             for name, key in (("chosen on val", "chosen"), ("the recipe's", "reference"))]
+    return grid + "\n\n" + table(["setting", "checkpoints, exponent", "val BLEU", "test BLEU (cased)",
+                                   "**test, Multi30k convention**", "test length ratio"], tests)
 
 
 BLOCKS = {
@@ -626,6 +650,7 @@ BLOCKS = {
     "quality-curve": recipe_curve,
     "quality-conventions": bleu_conventions,
     "quality-published-baseline": tiny_baseline,
+    "quality-tiny-search": tiny_search,
     "quality-beam": recipe_beam,
     "ablations-study": table3_study,
     "ablations-table": table3_full,
