@@ -114,15 +114,17 @@ def test_what_only_observes_or_evaluates_leaves_the_fingerprint_alone(corpus, ov
     assert differences(run_fingerprint(tiny_config(corpus)), run_fingerprint(tiny_config(corpus, override))) == {}
 
 
-@pytest.mark.parametrize("key", ["model.norm", "model.positions", "train.ema_decay", "data.spm_alpha"])
+@pytest.mark.parametrize("key", ["model.norm", "model.positions", "train.ema_decay", "data.spm_alpha",
+                                 "data.train_upsample"])
 def test_a_fingerprint_from_before_an_option_means_its_default(corpus, key):
     """A run dir written before an option existed (its fingerprint lacks the key) resumes under the option's default,
     read from the schema (no list to extend when a field is added), and is another run under any other value."""
     saved = run_fingerprint(tiny_config(corpus))
     del saved[key]
     assert differences(saved, run_fingerprint(tiny_config(corpus))) == {}
-    other = {"model.norm": "rmsnorm", "model.positions": "rotary", "train.ema_decay": 0.99, "data.spm_alpha": 0.1}
-    changed = differences(saved, run_fingerprint(tiny_config(corpus, f"{key}={other[key]}")))
+    other = {"model.norm": "rmsnorm", "model.positions": "rotary", "train.ema_decay": 0.99, "data.spm_alpha": 0.1,
+             "data.train_upsample": [2]}
+    changed = differences(saved, run_fingerprint(tiny_config(corpus, f"{key}={other[key]}".replace(" ", ""))))
     assert list(changed) == [key] and changed[key][1] == other[key]
 
 

@@ -25,6 +25,19 @@ DATAMODULE_TARGETS = ("transformer_nmt.datamodule.TranslationDataModule",
                       "transformer_nmt.data.datamodule.TranslationDataModule")
 
 
+# A source tag (data.train_tags): one token, no blank or control character, so that it stays one piece
+TAG = re.compile(r"[^\s\x00-\x1f\x7f]{1,32}")
+
+
+@dataclass(frozen=True)
+class TrainCorpus:
+    """One corpus of the training set (``DataConfig.train_corpora``)."""
+
+    location: str  # prefix, file or hub split name, as data.train gives it
+    upsample: int = 1  # its pairs enter an epoch this many times
+    tag: str | None = None  # put before each of its source sentences
+
+
 @dataclass
 class DataConfig:
     """The corpus, the shared vocabulary, filtering and batching (``data.*``)."""
@@ -32,8 +45,17 @@ class DataConfig:
     format: str = option("text", "text (PREFIX.{src_lang}, PREFIX.{tgt_lang}) | tsv | jsonl | hub")
     src_lang: str = option("en", "source language: the column or file suffix")
     tgt_lang: str = option("de", "target language")
-    train: str | None = option(MISSING, "required: prefix (text: PREFIX.{src_lang}[.gz], PREFIX.{tgt_lang}[.gz]), "
-                                         "file (tsv, jsonl) or hub split name")
+    train: Any = option(MISSING, "required: prefix (text: PREFIX.{src_lang}[.gz], PREFIX.{tgt_lang}[.gz]), file "
+                                 "(tsv, jsonl) or hub split name; [A,B,...]: several corpora read as one training "
+                                 "set, in this order (a shared vocabulary over all), each upsampled and tagged as "
+                                 "train_upsample and train_tags say")
+    train_upsample: list[int] | None = option(None, "one per data.train corpus: how many times each of its pairs "
+                                                    "enters an epoch (e.g. [2,1]: every real pair twice per "
+                                                    "back-translated one); null: once each")
+    train_tags: list[str | None] | None = option(None, "one per data.train corpus: a token put before each of its "
+                                                       "source sentences, made one piece of the vocabulary (e.g. "
+                                                       "[null,'<BT>']: tagged back-translation, Caswell et al. 2019); "
+                                                       "null: none. Sentences given to translate are untagged")
     val: Any = option(MISSING, "required: the validation split, as train; [A,B,...]: several, each validated and "
                                "logged under its own name (val/ the first, which checkpoints and early stopping "
                                "monitor; val_NAME/ the others, NAME from the file name)")
@@ -74,6 +96,32 @@ class DataConfig:
                                      "test": self.test},
                           columns=tuple(self.columns) if self.columns else None, hub_name=self.hub_name,
                           hub_config=self.hub_config, utf8_errors=self.utf8_errors, control_chars=self.control_chars)
+
+    def train_corpora(self) -> list[TrainCorpus]:
+        """The training corpora (``data.train`` as one location or a list), each with its upsampling factor and
+        source tag; a ``ValueError`` naming the option when the lists do not fit together."""
+        if self.train is None or self.train is MISSING:
+            return []
+        locations = list(self.train) if isinstance(self.train, (list, tuple)) else [self.train]
+        if not locations or not all(isinstance(t, str) and t for t in locations):
+            raise ValueError(f"data.train={self.train!r}: give a location, or a list [A,B,...] of them")
+        if len(set(locations)) != len(locations):
+            raise ValueError(f"data.train={locations}: a corpus is listed twice; upsample it with "
+                             f"data.train_upsample instead")
+        upsample = list(self.train_upsample) if self.train_upsample is not None else [1] * len(locations)
+        tags = list(self.train_tags) if self.train_tags is not None else [None] * len(locations)
+        for name, values in (("train_upsample", upsample), ("train_tags", tags)):
+            if len(values) != len(locations):
+                raise ValueError(f"data.{name}={values}: give one value per data.train corpus ({len(locations)}: "
+                                 f"{locations})")
+        for factor in upsample:
+            if isinstance(factor, bool) or not isinstance(factor, int) or factor < 1:
+                raise ValueError(f"data.train_upsample={upsample}: each factor is a whole number >= 1")
+        for tag in tags:
+            if tag is not None and (not isinstance(tag, str) or not TAG.fullmatch(tag)):
+                raise ValueError(f"data.train_tags={tags}: a tag is null or a token of 1 to 32 characters without "
+                                 f"spaces or control characters (e.g. <BT>), not {tag!r:.40}")
+        return [TrainCorpus(location, factor, tag) for location, factor, tag in zip(locations, upsample, tags)]
 
     def val_locations(self) -> list[str]:
         """The validation sets' locations, first the monitored one (``val`` as one location or a list)."""

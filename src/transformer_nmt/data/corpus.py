@@ -28,7 +28,7 @@ import os
 import re
 import zlib
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import zip_longest
 from pathlib import Path
 
@@ -56,7 +56,8 @@ class CorpusSpec:
 
     format: str
     langs: tuple[str, str]  # (src_lang, tgt_lang) as configured; the Arrow columns carry these names
-    locations: dict[str, str | None]  # split ("train", "val", "test") -> prefix, file, or hub split name
+    locations: dict[str, str | list[str] | None]  # split ("train", "val", "test") -> prefix, file, or hub split
+    # name; data.train=[A,B,...]: a list (the datamodule reads each with corpus_of)
     columns: tuple[str, str] | None = None  # tsv: the language of each column
     hub_name: str | None = None
     hub_config: str | None = None
@@ -103,6 +104,8 @@ def split_inputs(spec: CorpusSpec, split: str) -> list[str]:
     """The files (or hub id) a split is read from, checked to exist; used for cache keys and messages."""
     location = spec.locations.get(split)
     key = f"data.{split}"
+    if isinstance(location, (list, tuple)) and location:  # data.train=[A,B,...]: every corpus's inputs
+        return [path for one in location for path in split_inputs(corpus_of(spec, split, one), split)]
     if location is None or location == "":
         raise CorpusError(f"{key} is not set: give a path prefix (format=text), a file (tsv/jsonl) or a split name "
                           "(hub)")
@@ -119,6 +122,11 @@ def split_inputs(spec: CorpusSpec, split: str) -> list[str]:
     return [f"hub:{spec.hub_name}/{spec.hub_config}/{location}"]
 
 
+def corpus_of(spec: CorpusSpec, split: str, location: str) -> CorpusSpec:
+    """``spec`` with ``split`` at ``location``: one corpus of a split given as several (data.train=[A,B,...])."""
+    return replace(spec, locations={**spec.locations, split: location})
+
+
 def _text_file(prefix: str, lang: str, key: str) -> Path:
     candidates = [Path(f"{prefix}.{lang}"), Path(f"{prefix}.{lang}.gz")]
     for path in candidates:
@@ -133,6 +141,9 @@ def _text_file(prefix: str, lang: str, key: str) -> Path:
 
 def read_pairs(spec: CorpusSpec, split: str, stats: ReadStats) -> Iterator[tuple[list[str], list[str]]]:
     """Yield chunks ``(lang0_sentences, lang1_sentences)`` of a split, stripped of surrounding whitespace."""
+    if isinstance(spec.locations.get(split), (list, tuple)):
+        raise CorpusError(f"data.{split} lists several corpora: read each (corpus_of), they are one split only "
+                          f"once tokenized")
     inputs = split_inputs(spec, split)
     stats.sources = inputs
     if spec.format == "text":

@@ -37,10 +37,11 @@ from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import DataLoader
 
 from transformer_nmt.data.batching import TokenBucketBatchSampler, pad_pairs, pair_widths
-from transformer_nmt.data.config import DataConfig
+from transformer_nmt.data.config import DataConfig, TrainCorpus
 from transformer_nmt.data.corpus import (
     FilterReport,
     both_sides,
+    corpus_of,
     file_fingerprint,
     filter_pairs,
     split_inputs,
@@ -100,6 +101,7 @@ class Split:
     widths: np.ndarray  # (n_kept,) padded width of each filtered pair, batching.pair_widths (memory-mapped)
     report: FilterReport
     tokenized_now: bool  # False when the token ids came from the cache
+    source_tags: np.ndarray | None = None  # (n_kept,) the tag id each source starts with, -1: none (data.train_tags)
 
     def lengths(self, lang: str) -> np.ndarray:
         return self.tokens.data.column(f"{lang}_len").to_numpy()[self.keep]
@@ -152,6 +154,33 @@ class SampledPairDataset(PairDataset):
     def __getitems__(self, indices: list[int]) -> dict[str, torch.Tensor]:
         src, tgt = self.segmentation.epoch(self.epoch)
         return pad_pairs(take_rows(src, indices), take_rows(tgt, indices), indices, self.pad_to_multiple)
+
+
+class _LeadWith:
+    """What ``datasets.map`` runs on each batch (an Arrow table) of a tagged corpus: ``tag_id`` before every
+    source sentence's ids, its length one more."""
+
+    def __init__(self, tag_id: int, ids_column: str, len_column: str):
+        self.tag_id, self.ids_column, self.len_column = tag_id, ids_column, len_column
+
+    def __call__(self, batch):
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        ids = batch.column(self.ids_column).combine_chunks()
+        offsets = ids.offsets.to_numpy().astype(np.int64)
+        flat = ids.flatten().to_numpy()
+        lengths = np.diff(offsets)
+        new_offsets = offsets - offsets[0] + np.arange(len(lengths) + 1)  # one more id per row
+        out = np.empty(int(new_offsets[-1]), dtype=flat.dtype)
+        out[new_offsets[:-1]] = self.tag_id
+        mask = np.ones(len(out), dtype=bool)
+        mask[new_offsets[:-1]] = False
+        out[mask] = flat
+        columns = {name: batch.column(name) for name in batch.column_names}
+        columns[self.ids_column] = pa.ListArray.from_arrays(pa.array(new_offsets.astype(np.int32)), pa.array(out))
+        columns[self.len_column] = pc.add(batch.column(self.len_column), 1).cast(pa.int32())
+        return pa.table(columns)
 
 
 def _padded_already(batch: dict) -> dict:
@@ -244,24 +273,28 @@ class TranslationDataModule(L.LightningDataModule):
         configured = [s for s in self.spec.locations if self.spec.locations.get(s)]  # train, val(s), test
         if "train" not in configured and self.tokenizer_path is None and self.given_tokenizer is None:
             raise ValueError("data.train is not set: the vocabulary is trained on it (or set data.tokenizer_path)")
-        raw = {split: self._raw_split(split) for split in configured}
-        self.tokenizer = self._tokenizer(raw.get("train"))
+        corpora = self.config.train_corpora() if "train" in configured else []
+        train_raw = [self._raw_split("train", corpus.location) for corpus in corpora]  # one per corpus, first
+        raw = {split: self._raw_split(split) for split in configured if split != "train"}
+        self.tokenizer = self._tokenizer(train_raw, [corpus.tag for corpus in corpora])
+        tag_ids = self._tag_ids([corpus.tag for corpus in corpora])
         for split in configured:
-            self.splits[split] = self._tokenized_split(split, *raw[split])
+            self.splits[split] = (self._training_split(corpora, train_raw, tag_ids) if split == "train" else
+                                  self._tokenized_split(split, *raw[split]))
             report = self.splits[split].report
             (log.warning if report.utf8_replaced_lines or report.control_replaced_sentences else log.info)(str(report))
 
-    def _raw_split(self, split: str) -> tuple[datasets.Dataset, str, dict]:
-        """The split's sentences (memory-mapped), their cache key, and what reading them cleaned."""
-        inputs = split_inputs(self.spec, split)
-        key = cache_key("raw", self.spec.format, sorted(self.spec.langs), self.spec.columns, self.spec.utf8_errors,
-                        self.spec.control_chars,
-                        self.spec.hub_name, self.spec.hub_config, self.spec.locations[split],
-                        file_fingerprint(sorted(inputs)))
+    def _raw_split(self, split: str, location: str | None = None) -> tuple[datasets.Dataset, str, dict]:
+        """The split's sentences (memory-mapped), their cache key, and what reading them cleaned; ``location``:
+        one corpus of a split given as several (data.train=[A,B,...])."""
+        spec = self.spec if location is None else corpus_of(self.spec, split, location)
+        inputs = split_inputs(spec, split)
+        key = cache_key("raw", spec.format, sorted(spec.langs), spec.columns, spec.utf8_errors, spec.control_chars,
+                        spec.hub_name, spec.hub_config, spec.locations[split], file_fingerprint(sorted(inputs)))
         path = self.cache_dir / f"raw-{split}-{key}"
 
         def build(tmp: Path):
-            stats = write_split(self.spec, split, tmp / "pairs.arrow")
+            stats = write_split(spec, split, tmp / "pairs.arrow")
             (tmp / "meta.json").write_text(json.dumps({
                 "pairs": stats.pairs, "inputs": inputs, "utf8_replaced_lines": stats.utf8_replaced_lines,
                 "control_replaced_sentences": stats.control_replaced_sentences}))
@@ -271,21 +304,27 @@ class TranslationDataModule(L.LightningDataModule):
         cleaned = {k: meta.get(k, 0) for k in ("utf8_replaced_lines", "control_replaced_sentences")}
         return datasets.Dataset.from_file(str(path / "pairs.arrow")), key, cleaned
 
-    def _tokenizer(self, train: tuple[datasets.Dataset, str, dict] | None) -> Tokenizer:
+    def _tokenizer(self, train: list[tuple[datasets.Dataset, str, dict]], tags: list[str | None]) -> Tokenizer:
+        """The given tokenizer, data.tokenizer_path's, or one trained on every training corpus (both languages),
+        holding each source tag whole."""
         if self.given_tokenizer is not None:
             return self.given_tokenizer
         if self.tokenizer_path is not None:
             self.tokenizer_path_used = Path(self.tokenizer_path)
             return self._given_tokenizer(self.tokenizer_path_used)
-        raw, raw_key, _ = train
-        path = self.cache_dir / f"spm-{cache_key('spm', raw_key, self.vocab_options)}"
+        raws = [raw for raw, _, _ in train]
+        raw = raws[0] if len(raws) == 1 else datasets.concatenate_datasets(raws)
+        raw_key = train[0][1] if len(train) == 1 else [key for _, key, _ in train]  # one corpus: the key as before
+        symbols = sorted({tag for tag in tags if tag})
+        options = {**self.vocab_options, **({"user_defined_symbols": symbols} if symbols else {})}
+        path = self.cache_dir / f"spm-{cache_key('spm', raw_key, options)}"
 
         def build(tmp: Path):
-            log.info("training a shared SentencePiece vocabulary (%s) on %d pairs", self.vocab_options, len(raw))
+            log.info("training a shared SentencePiece vocabulary (%s) on %d pairs", options, len(raw))
             tokenizer = train_sentencepiece(both_sides(raw, sorted(self.spec.langs)), num_threads=available_cpus(),
-                                            **self.vocab_options)
+                                            **options)
             tokenizer.save(tmp / "spm.model")
-            (tmp / "meta.json").write_text(json.dumps({**self.vocab_options, "trained_vocab_size":
+            (tmp / "meta.json").write_text(json.dumps({**options, "trained_vocab_size":
                                                        tokenizer.vocab_size, "train_pairs": len(raw)}))
 
         self.tokenizer_trained_now = cached_dir(path, build)
@@ -308,7 +347,23 @@ class TranslationDataModule(L.LightningDataModule):
                              f"SentencePiece with ids pad 0, unk 1, bos 2, eos 3, or data.tokenizer_path=null to "
                              f"train one on data.train") from None
 
-    def _tokenized_split(self, split: str, raw: datasets.Dataset, raw_key: str, cleaned: dict) -> Split:
+    def _tag_ids(self, tags: list[str | None]) -> list[int]:
+        """The vocabulary id of each corpus's source tag (-1: untagged); a tag the vocabulary does not hold as
+        one piece (data.tokenizer_path, init_from's) is refused, naming it."""
+        ids = []
+        for tag in tags:
+            token_id = self.tokenizer.piece_id(tag) if tag else -1
+            if token_id is None:
+                where = (f"data.tokenizer_path={self.tokenizer_path}" if self.tokenizer_path_used is not None
+                         else "the vocabulary given (init_from's)")
+                raise ValueError(f"data.train_tags: {tag!r} is not a piece of {where}: a tag must be one piece. "
+                                 f"Train the vocabulary with the tags (data.tokenizer_path=null), or use a piece "
+                                 f"it holds")
+            ids.append(token_id)
+        return ids
+
+    def _tokens(self, split: str, raw: datasets.Dataset, raw_key: str) -> tuple[datasets.Dataset, str, bool]:
+        """The split's token ids (memory-mapped), their cache key, and whether they were tokenized now."""
         model_hash = self.tokenizer.digest()  # a single SentencePiece model: its sha256, as before
         tok_key = cache_key("tok", raw_key, model_hash)
         path = self.cache_dir / f"tok-{split}-{tok_key}"
@@ -319,14 +374,75 @@ class TranslationDataModule(L.LightningDataModule):
             (tmp / "manifest.json").write_text(json.dumps({"shards": shards, "pairs": len(tokens)}))
 
         tokenized_now = cached_dir(path, build)
+        return self._shards(path), tok_key, tokenized_now
+
+    @staticmethod
+    def _shards(path: Path) -> datasets.Dataset:
         manifest = json.loads((path / "manifest.json").read_text())
         shards = [datasets.Dataset.from_file(str(path / name)) for name in manifest["shards"]]
-        tokens = shards[0] if len(shards) == 1 else datasets.concatenate_datasets(shards)
+        return shards[0] if len(shards) == 1 else datasets.concatenate_datasets(shards)
+
+    def _tokenized_split(self, split: str, raw: datasets.Dataset, raw_key: str, cleaned: dict) -> Split:
+        tokens, tok_key, tokenized_now = self._tokens(split, raw, raw_key)
         keep, widths, report = self._filtered(split, tokens, tok_key)
+        self._check_kept(split, keep, report)
+        return Split(split, raw, tokens, keep, widths, replace(report, **cleaned), tokenized_now)
+
+    @staticmethod
+    def _check_kept(split: str, keep: np.ndarray, report: FilterReport) -> None:
         if len(keep) == 0:
             raise ValueError(f"data.{split}: no pairs left after filtering ({report}); check the data and "
                              f"data.max_positions / data.max_length_ratio")
-        return Split(split, raw, tokens, keep, widths, replace(report, **cleaned), tokenized_now)
+
+    def _training_split(self, corpora: list[TrainCorpus], train_raw: list, tag_ids: list[int]) -> Split:
+        """The training split: one corpus as any split, or several (data.train=[A,B,...]) read as one table in
+        their order, each corpus's sources led by its tag's id, filtered together, then each corpus's kept pairs
+        repeated ``upsample`` times (``Split.keep`` lists a pair once per time it enters an epoch)."""
+        if len(corpora) == 1 and tag_ids[0] < 0 and corpora[0].upsample == 1:
+            return self._tokenized_split("train", *train_raw[0])
+        parts, keys, tokenized_now = [], [], False
+        for (raw, raw_key, _), tag_id in zip(train_raw, tag_ids):
+            tokens, tok_key, now = self._tokens("train", raw, raw_key)
+            if tag_id >= 0:
+                tokens, tok_key = self._tagged(tokens, tok_key, tag_id)
+            parts.append(tokens)
+            keys.append(tok_key)
+            tokenized_now |= now
+        tokens = parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
+        raws = [raw for raw, _, _ in train_raw]
+        raw = raws[0] if len(raws) == 1 else datasets.concatenate_datasets(raws)
+        keep, widths, report = self._filtered("train", tokens, cache_key("train", keys))
+        self._check_kept("train", keep, report)
+        starts = np.cumsum([0] + [len(part) for part in parts])  # (n_corpora + 1,) first row of each corpus
+        corpus_of_kept = np.searchsorted(starts, keep, side="right") - 1  # (n_kept,)
+        rows = [np.flatnonzero(corpus_of_kept == i) for i in range(len(parts))]  # kept positions per corpus
+        order = np.concatenate([np.tile(positions, corpus.upsample) for positions, corpus in zip(rows, corpora)])
+        tags = np.asarray(tag_ids, dtype=np.int64)[corpus_of_kept[order]]
+        cleaned = {k: sum(r[2].get(k, 0) for r in train_raw)
+                   for k in ("utf8_replaced_lines", "control_replaced_sentences")}
+        log.info("train: %s; %s pairs per epoch", "; ".join(
+            f"{corpus.location}: {len(positions):,} pairs kept"
+            + (f", source tag {corpus.tag}" if corpus.tag else "") + (f", x{corpus.upsample}" if corpus.upsample > 1
+                                                                       else "")
+            for corpus, positions in zip(corpora, rows)), f"{len(order):,}")
+        return Split("train", raw, tokens, np.asarray(keep)[order], np.asarray(widths)[order],
+                     replace(report, **cleaned), tokenized_now, source_tags=tags if (tags >= 0).any() else None)
+
+    def _tagged(self, tokens: datasets.Dataset, tok_key: str, tag_id: int) -> tuple[datasets.Dataset, str]:
+        """``tokens`` with ``tag_id`` before every source sentence's ids (cached, memory-mapped), and its key."""
+        key = cache_key("tagged", tok_key, self.src_lang, tag_id)
+        path = self.cache_dir / f"tagged-train-{key}"
+        ids_column, len_column = f"{self.src_lang}_ids", f"{self.src_lang}_len"
+
+        def build(tmp: Path):
+            tagged = tokens.with_format("arrow").map(
+                _LeadWith(tag_id, ids_column, len_column), batched=True, batch_size=10_000,
+                cache_file_name=str(tmp / "tokens.arrow"), load_from_cache_file=False, desc="tagging").with_format(None)
+            shards = [Path(f["filename"]).name for f in tagged.cache_files]
+            (tmp / "manifest.json").write_text(json.dumps({"shards": shards, "pairs": len(tagged)}))
+
+        cached_dir(path, build)
+        return self._shards(path), key
 
     def _filtered(self, split: str, tokens: datasets.Dataset, tok_key: str):
         """(kept rows, their padded widths, the filter report), cached and memory-mapped (shared by ranks)."""
@@ -374,7 +490,8 @@ class TranslationDataModule(L.LightningDataModule):
             s = self._split("train")
             fallback = tuple(self._kept_ids(s, lang) for lang in (self.src_lang, self.tgt_lang))
             self._segmentation = SampledSegmentation(self.tokenizer, self.sources("train"), self.references("train"),
-                                                     self.config.spm_alpha, self.seed, self.max_positions, fallback)
+                                                     self.config.spm_alpha, self.seed, self.max_positions, fallback,
+                                                     source_tags=s.source_tags)
         return self._segmentation
 
     @staticmethod

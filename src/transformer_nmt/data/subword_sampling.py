@@ -67,18 +67,19 @@ class SampledSegmentation:
     """The training split's sampled token ids, one epoch at a time (see the module doc).
 
     ``sources``/``targets``: the kept pairs' raw sentences, in the filtered split's order; ``fallback``: their
-    deterministic ids ((src Ragged, tgt Ragged)), used where a sample is too long for ``max_positions``.
+    deterministic ids ((src Ragged, tgt Ragged)), used where a sample is too long for ``max_positions``;
+    ``source_tags``: (n,) the id each source starts with (its corpus's tag, data.train_tags), -1 for none.
     """
 
     def __init__(self, tokenizer: Tokenizer, sources: list[str], targets: list[str], alpha: float, seed: int,
-                 max_positions: int, fallback: tuple[Ragged, Ragged]):
+                 max_positions: int, fallback: tuple[Ragged, Ragged], source_tags: np.ndarray | None = None):
         if not 0.0 < alpha < 1.0:
             raise ValueError(f"data.spm_alpha={alpha}: give a probability in (0, 1), or 0 for no sampling")
         if len(sources) != len(targets):
             raise ValueError(f"{len(sources)} source but {len(targets)} target sentences")
         self.tokenizer, self.sources, self.targets = tokenizer, sources, targets
         self.alpha, self.seed, self.max_positions = alpha, seed, max_positions
-        self.fallback = fallback
+        self.fallback, self.source_tags = fallback, source_tags
         # epoch -> ((source ids, target ids), widths): the epoch being read and the one the batch sampler may plan
         # ahead (batching.TokenBucketBatchSampler._plan_ahead), never more
         self._epochs: dict[int, tuple[tuple[Ragged, Ragged], np.ndarray]] = {}
@@ -91,6 +92,8 @@ class SampledSegmentation:
     def _build(self, epoch: int) -> tuple[tuple[Ragged, Ragged], np.ndarray]:
         seed = epoch_seed(self.seed, epoch)
         src = sample_on_fresh_thread(self.tokenizer, self.sources, self.alpha, seed, target=False)
+        if self.source_tags is not None:  # the tag is one piece, never sampled: it leads as in the fixed ids
+            src = [ids if tag < 0 else [int(tag), *ids] for tag, ids in zip(self.source_tags.tolist(), src)]
         tgt = sample_on_fresh_thread(self.tokenizer, self.targets, self.alpha, seed ^ 0x5EED, target=True)
         too_long = 0
         (s_flat, s_off), (t_flat, t_off) = self.fallback

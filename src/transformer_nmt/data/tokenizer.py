@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from itertools import chain
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -157,6 +157,11 @@ class Tokenizer:
             raise ValueError(f"ids {ids}: a piece changes the text decoded before it (byte pieces?); no text per piece")
         return [longer[len(text):] for text, longer in zip(texts, texts[1:])]
 
+    def piece_id(self, piece: str) -> int | None:
+        """The id of ``piece`` in the vocabulary, None where it is not one of its pieces (or is unk's)."""
+        token_id = self._sp.piece_to_id(piece) if self._pieces is None else self._ids.get(piece, UNK_ID)
+        return None if token_id == UNK_ID or self.id_to_piece(token_id) != piece else token_id
+
     def id_to_piece(self, token_id: int) -> str:
         return self._sp.id_to_piece(int(token_id)) if self._pieces is None else self._pieces[int(token_id)]
 
@@ -180,12 +185,14 @@ def train_sentencepiece(
     character_coverage: float = 1.0,
     seed: int = 0,
     num_threads: int = 1,
+    user_defined_symbols: Sequence[str] = (),
 ) -> Tokenizer:
     """Train a shared vocabulary on an iterator of sentences (both languages).
 
     When there are more than ``input_sentence_size`` sentences, SentencePiece trains on a uniform sample
     of that many (reservoir sampling while streaming), so memory is bounded by the sample, not the corpus.
     ``vocab_size`` is an upper bound: a corpus too small for it yields a smaller vocabulary.
+    ``user_defined_symbols``: pieces the vocabulary holds whole wherever they occur (a source tag, data.train_tags).
     """
     if model_type not in ("bpe", "unigram"):
         raise ValueError(f"data.spm_model_type={model_type!r}: use 'bpe' or 'unigram'")
@@ -206,6 +213,7 @@ def train_sentencepiece(
         hard_vocab_limit=False,
         num_threads=num_threads,
         minloglevel=2,
+        **({"user_defined_symbols": list(user_defined_symbols)} if user_defined_symbols else {}),
     )
     return Tokenizer(model.getvalue())
 

@@ -15,6 +15,8 @@ import copy
 import json
 import logging
 import math
+import os
+import tempfile
 import time
 from collections.abc import Sequence
 from contextlib import nullcontext
@@ -41,6 +43,7 @@ from transformer_nmt.checkpoint import (
 from transformer_nmt.data.datamodule import TranslationDataModule
 from transformer_nmt.data.tokenizer import Tokenizer
 from transformer_nmt.durable import atomic_write
+from transformer_nmt.file_digest import content_digest
 from transformer_nmt.hardware import reported_cpu_flags
 from transformer_nmt.model.attention import auto_kernel, check_attention
 from transformer_nmt.model.transformer import TransformerConfig
@@ -49,6 +52,7 @@ from transformer_nmt.provenance import collect as collect_provenance
 from transformer_nmt.training.callbacks import LastCheckpoint, StepBoundaryTimer, early_stopping
 from transformer_nmt.training.checkpoint_io import AtomicCheckpointIO
 from transformer_nmt.training.config import schema_error
+from transformer_nmt.training.continuation import KEEPABLE, ContinuationError, check_keep, continuation_checkpoint
 from transformer_nmt.training.fingerprint import (
     INIT_RUN_SETTINGS,
     RESULTS_FINGERPRINT,
@@ -122,6 +126,10 @@ def validate_config(cfg: DictConfig) -> None:
     recent = cfg.checkpoint.recent
     if recent.every_n_train_steps and recent.every_n_minutes:
         raise ConfigError("checkpoint.recent: set every_n_train_steps or every_n_minutes, not both")
+    try:
+        check_keep(cfg.get("init_keep"), cfg.get("init_from"))
+    except ContinuationError as error:
+        raise ConfigError(str(error)) from None
 
 
 def trainer_precision(cfg: DictConfig) -> tuple[str, str]:
@@ -178,6 +186,27 @@ def build_module(cfg: DictConfig, tokenizer, init: dict | None = None) -> Transl
         module.model.load_state_dict({k[len(MODEL_PREFIX):]: v for k, v in init["state_dict"].items()
                                       if k.startswith(MODEL_PREFIX)})
     return module
+
+
+def write_continuation(init: dict, keep: list[str], cfg: DictConfig, module: TranslationModule,
+                       trainer: pl.Trainer) -> Path:
+    """A temporary file holding the checkpoint a fresh run with ``init_keep`` starts from
+    (``continuation.continuation_checkpoint``): each process writes its own and removes it after the fit."""
+    configured = module.configure_optimizers()  # this run's optimizer and schedule, unstepped (a throwaway)
+    scheduler = configured["lr_scheduler"]["scheduler"]
+    ema = ({"decay": float(cfg.train.ema_decay), "warmup": bool(cfg.train.get("ema_warmup", True))}
+           if cfg.train.get("ema_decay") is not None else None)
+    try:
+        checkpoint = continuation_checkpoint(
+            init, keep, f"init_from={cfg.init_from}", fresh_optimizer=configured["optimizer"].state_dict(),
+            fresh_scheduler=scheduler.state_dict(), schedule=scheduler.lr_lambdas[0],
+            fresh_loops=trainer.fit_loop.state_dict(), training_run=module.training_run, ema=ema)
+    except ContinuationError as error:
+        raise ConfigError(str(error)) from None
+    handle, name = tempfile.mkstemp(prefix="init-keep-", suffix=".ckpt")
+    os.close(handle)
+    torch.save(checkpoint, name)
+    return Path(name)
 
 
 def build_callbacks(cfg: DictConfig, overrides: Sequence[str] = ()) -> list[pl.Callback]:
@@ -246,7 +275,9 @@ def changed_model_fields(config: TransformerConfig) -> dict:
 
 def summary(cfg: DictConfig, datamodule, module: TranslationModule, trainer: pl.Trainer, resume: str) -> str:
     """Parameters, corpus sizes, tokens per optimizer step, devices, precision, run dir, what it resumes."""
-    sizes = ", ".join(f"{name} {split.report.kept:,}" for name, split in datamodule.splits.items())
+    sizes = ", ".join(f"{name} {split.report.kept:,}" + (f" ({len(split.keep):,} per epoch, upsampled)"
+                                                          if len(split.keep) != split.report.kept else "")
+                      for name, split in datamodule.splits.items())
     per_step = datamodule.max_tokens * trainer.accumulate_grad_batches * trainer.world_size
     c = module.model.config
     lines = [
@@ -277,7 +308,10 @@ def summary(cfg: DictConfig, datamodule, module: TranslationModule, trainer: pl.
         f"resume      {resume}",
     ]
     if cfg.get("init_from"):
-        lines.append(f"init        weights, architecture and tokenizer from {cfg.init_from}")
+        keep = list(cfg.get("init_keep") or [])
+        lines.append(f"init        weights, architecture and tokenizer from {cfg.init_from}" + (
+            f"; continues its {', '.join(keep)}" if keep else "")
+            + f"; fresh: {', '.join(item for item in KEEPABLE if item not in keep)}")
     chosen = precision_dependent(cfg)
     if chosen:  # the recipe's ${by_precision:...} settings, as chosen for this run's precision
         after = next(i for i, line in enumerate(lines) if line.startswith("devices")) + 1
@@ -393,7 +427,16 @@ def _fit_and_test(cfg: DictConfig, run_dir: Path, overrides: Sequence[str], swee
     module = build_module(cfg, datamodule.tokenizer, init)
     if rank_zero_only.rank == 0:
         log.info("\n%s", summary(cfg, datamodule, module, trainer, resume))
-    trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
+    keep = list(cfg.get("init_keep") or [])
+    continued = None
+    if keep and ckpt_path is None:  # a fresh start that continues init_from's training: Lightning restores it
+        continued = write_continuation(init, keep, cfg, module, trainer)
+        ckpt_path = continued
+    try:
+        trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
+    finally:
+        if continued is not None:
+            continued.unlink(missing_ok=True)
     if cfg.get("validate_at_end") and module.validated_at_step != trainer.global_step:
         trainer.validate(module, datamodule=datamodule, verbose=False)  # the final weights, as they are
     metrics = dict(trainer.callback_metrics)  # the last validation's: trainer.test starts from empty metrics
@@ -405,6 +448,9 @@ def _fit_and_test(cfg: DictConfig, run_dir: Path, overrides: Sequence[str], swee
         results = run_results(module, trainer, metrics, overrides, time.perf_counter() - started, cfg.seed,
                               provenance)
         results[RESULTS_FINGERPRINT] = results_fingerprint(cfg, trainer)  # what a sweep run again compares
+        if cfg.get("init_from"):  # the parent: where it was, what it held, what of its training went on
+            results["init_from"] = {"path": str(cfg.init_from), "sha256": content_digest(cfg.init_from),
+                                    "kept": keep, "fresh": [item for item in KEEPABLE if item not in keep]}
         write_hypotheses(module, datamodule, run_dir)  # before results.json, which marks the run finished
         text = json.dumps(results, indent=2) + "\n"
         atomic_write(run_dir / run_files.RESULTS, lambda f: f.write(text.encode()))  # complete, or not there

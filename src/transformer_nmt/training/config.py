@@ -129,7 +129,13 @@ class TrainAppConfig:
                                           "transformer_nmt.import_marian wrote): the run starts from its weights, "
                                           "architecture and tokenizer (model.* then sets only dropout, "
                                           "attention_dropout and the kernel; data.vocab_size is unused), with a "
-                                          "fresh optimizer and schedule")
+                                          "fresh optimizer and schedule unless init_keep says otherwise")
+    init_keep: list[str] = option(help="with init_from (a checkpoint of a training run): what else of its training "
+                                       "the run continues, each on its own: optimizer (Adam's moments), schedule "
+                                       "(the lr schedule's position), step (the optimizer step counter), data (the "
+                                       "epoch and the place in it); [] (a fine-tune): none. Never the callbacks' "
+                                       "state, the moving average or the run's identity (training/continuation.py)",
+                                  factory=list)
     force_resume: bool = option(False, "ckpt_path=auto/last refuses a checkpoint written with other model, data, "
                                         "train or seed settings (fingerprint.py); true: resume it anyway")
     wait_for_run_dir: bool = option(False, "a run dir another launch holds (its .lock): false refuses, naming "

@@ -138,7 +138,7 @@ def schema_defaults(prefix: str, schema) -> dict[str, Any]:
 # schemas (a new option defaults to what every run did before it, so a run that lacks one ran with it, and adding a
 # field to TransformerConfig, TrainConfig or DataConfig needs no edit here).
 DEFAULTED = {**schema_defaults("model", TransformerConfig), **schema_defaults("train", TrainConfig),
-             **schema_defaults("data", DataConfig)}
+             **schema_defaults("data", DataConfig), "init_keep": []}  # (the run's own fields: init_keep alone trains)
 
 
 class ResumeError(ValueError):
