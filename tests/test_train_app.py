@@ -190,11 +190,19 @@ def test_the_run_seed_orders_the_batches_unless_data_seed_is_set():
      r"Key 'every' not in 'RecentCheckpointConfig' \(full key: checkpoint.recent.every\)"),
     ("+run_tests=false", r"Key 'run_tests' not in 'TrainAppConfig'"),
     ("+trainer.callbacks=[]", r"trainer.callbacks: the run's callbacks are the callbacks group"),  # its old home
+    ("train.warmup_steps=0", r"train.warmup_steps=0: the inverse square root schedule peaks at step warmup_steps"),
+    ("init_keep=[step]", r"init_keep=\['step'\] needs init_from=CKPT"),
 ])
 def test_bad_configs_fail_with_the_key_named(override, message):
     cfg = compose_train("experiment=smoke", override)
     with pytest.raises(ConfigError, match=message):
         validate_config(cfg)
+
+
+def test_a_constant_schedule_may_start_without_warm_up():
+    """docs/training.md's fine-tune schedule: train.lr from the first step (the module's own rule, checked early)."""
+    validate_config(compose_train("experiment=smoke", "train.lr=1e-4", "train.warmup_steps=0",
+                                  "train.lr_schedule=constant"))
 
 
 def test_auto_precision_trains_in_what_the_cpu_answers(tmp_path, cpu_bf16, caplog):

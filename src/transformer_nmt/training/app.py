@@ -107,8 +107,10 @@ def validate_config(cfg: DictConfig) -> None:
         raise ConfigError("trainer.precision=16-mixed needs a GPU; on CPU use bf16-mixed or 32-true")
     if not 0.0 <= cfg.train.label_smoothing < 1.0:
         raise ConfigError(f"train.label_smoothing must be in [0, 1), got {cfg.train.label_smoothing}")
-    if cfg.train.warmup_steps < 1:
-        raise ConfigError(f"train.warmup_steps must be >= 1, got {cfg.train.warmup_steps}")
+    if cfg.train.warmup_steps < (1 if cfg.train.get("lr_schedule", "inverse_sqrt") == "inverse_sqrt" else 0):
+        raise ConfigError(f"train.warmup_steps={cfg.train.warmup_steps}: the inverse square root schedule peaks at "
+                          f"step warmup_steps (>= 1); for no warm-up use train.lr_schedule=constant "
+                          f"train.warmup_steps=0")
     if cfg.trainer.get("accumulate_grad_batches", 1) < 1:
         raise ConfigError("trainer.accumulate_grad_batches must be >= 1")
     if "callbacks" in cfg.trainer:

@@ -1,0 +1,43 @@
+"""What the multi-step studies share: each step a command of this package, run once (skipped when its output exists,
+so a study killed or stopped goes on where it was), and a run's final weights scored as evaluate scores them."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from transformer_nmt.inference.evaluate import main as evaluate
+
+SCORES = ("bleu", "bleu_lowercase", "bleu_multi30k", "chrf", "length_ratio", "sentences")
+
+
+def run_step(name: str, done: Path, command: list[str]) -> float:
+    """``python -m COMMAND...`` unless ``done`` exists; the seconds it took (0 when skipped). A failing step stops
+    the study with its exit status, naming it."""
+    if done.exists():
+        print(f"[{name}] done already ({done})", flush=True)
+        return 0.0
+    print(f"[{name}] python -m {' '.join(command)}", flush=True)
+    started = time.perf_counter()
+    result = subprocess.run([sys.executable, "-m", *command])
+    if result.returncode != 0:
+        raise SystemExit(f"[{name}] failed (exit status {result.returncode}): python -m {' '.join(command)}")
+    if not done.exists():
+        raise SystemExit(f"[{name}] ended without writing {done}")
+    return round(time.perf_counter() - started, 1)
+
+
+def score(ckpt: Path, splits: list[str], beam: int, out: Path, extra: list[str] = ()) -> dict:
+    """evaluate's scores of ``ckpt`` on each split of its own data (beam ``beam``)."""
+    scores = {}
+    for split in splits:
+        result = evaluate([f"ckpt={ckpt}", f"split={split}", f"beam={beam}", f"out={out}", *extra])
+        scores[split] = {key: result.get(key) for key in SCORES}
+    return scores
+
+
+def mean(values: list[float]) -> float | None:
+    values = [v for v in values if v is not None]
+    return round(sum(values) / len(values), 2) if values else None
