@@ -292,8 +292,10 @@ def table3_readme(root: Path) -> str:
     body += [[f"({r['row']})", change(r, base), bleu_cell(r), delta(r, base),
               f"{float(r['p_max']):.3f}" + (" ✓" if significant(r) else "")] for r in cells]
     chosen = [change(r, base) for r in cells if significant(r)]
-    return (f"The whole table, rows (A)-(E) under {base['n']} seeds for the base and {cells[0]['n']} for every other "
-            f"cell ({len(runs)} runs, {hours:.2f} h on 2 CPU cores, {', '.join(precisions)}, `{'`, `'.join(flags)}`; "
+    rows_named = f"({cells[0]['row']})-({cells[-1]['row']})"
+    return (f"The whole table, rows {rows_named} under {base['n']} seeds for the base and {cells[0]['n']} for every "
+            f"other cell ({len(runs)} runs, {hours:.2f} h on 2 CPU cores, {', '.join(precisions)}, "
+            f"`{'`, `'.join(flags)}`; "
             f"[the study](docs/ablations.md#results), with plots and which of the paper's conclusions hold at this "
             f"scale). Dev BLEU, mean ± std (n), p from the paired bootstrap against the base:\n\n"
             + table(["row", "change", "BLEU (dev)", "ΔBLEU", "p"], body)
@@ -315,12 +317,12 @@ def table3_full(root: Path) -> str:
         cells = [r[c] if is_base or r[c] != base[c] else "" for c in columns]
         if is_base:
             cells[-1] = "sinusoids"
-        body.append(["base" if is_base else f"({r['row']})", *cells, params(r),
+        body.append(["base" if is_base else f"({r['row']})", *cells, r.get("other", ""), params(r),
                      f"{float(r['ppl_mean']):.2f} ± {float(r['ppl_std']):.2f}", bleu_cell(r),
                      "-" if is_base else delta(r, base), "-" if is_base else f"{float(r['p_max']):.3f}",
                      "✓" if significant(r) else ""])
-    return table(["", "N", "d_model", "d_ff", "h", "d_k", "d_v", "P_drop", "ε_ls", "positions", "params", "PPL (dev)",
-                  "BLEU (dev)", "ΔBLEU", "p", ""], body)
+    return table(["", "N", "d_model", "d_ff", "h", "d_k", "d_v", "P_drop", "ε_ls", "positions", "other", "params",
+                  "PPL (dev)", "BLEU (dev)", "ΔBLEU", "p", ""], body)
 
 
 def table3_study(root: Path) -> str:

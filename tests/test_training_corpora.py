@@ -104,6 +104,31 @@ def test_options_that_do_not_fit_the_corpora_are_refused_naming_them(corpus, cha
         datamodule(corpus, **changes)
 
 
+@pytest.mark.parametrize("tag, message", [
+    ("<unk>", r"'<unk>' is a special piece of the vocabulary"),
+    ("</s>", r"'</s>' is a special piece of the vocabulary"),
+    ("in", r"'in' occurs in the (en|de) text of data.train corpus .*/a: a tag must be a token no sentence holds"),
+])
+def test_a_tag_that_is_special_or_occurs_in_the_text_is_refused(corpus, tag, message):
+    with pytest.raises(ValueError, match=message):
+        datamodule(corpus, train_tags=[None, tag])
+
+
+def test_a_tagged_corpus_is_filtered_on_its_own_sentences(corpus, tmp_path):
+    """An empty source stays empty under a tag (dropped as empty), and the tag counts in no length ratio."""
+    for lang, extra in (("en", ["", "One two three four five six seven eight nine ten."]), ("de", ["Leer.", "Eins."])):
+        lines = (corpus / f"b.{lang}").read_text().splitlines()[:50] + extra
+        (tmp_path / f"c.{lang}").write_text("\n".join(lines) + "\n")
+    tagged = datamodule(corpus, train=[str(corpus / "a"), str(tmp_path / "c")], train_tags=[None, "<BT>"],
+                        max_length_ratio=None, cache_dir=str(tmp_path / "cache"))
+    plain = datamodule(corpus, train=[str(corpus / "a"), str(tmp_path / "c")], max_length_ratio=None,
+                       cache_dir=str(tmp_path / "cache"))
+    assert tagged.splits["train"].report.empty == plain.splits["train"].report.empty == 1
+    assert kept_rows(tagged) == kept_rows(plain)
+    widths = np.asarray(tagged.splits["train"].widths) - np.asarray(plain.splits["train"].widths)
+    assert set(widths.tolist()) <= {0, 1}  # batches sized with the tag where it makes the source the wider side
+
+
 def test_a_corpus_listed_twice_is_refused(corpus):
     with pytest.raises(ValueError, match=r"a corpus is listed twice; upsample it with data.train_upsample"):
         datamodule(corpus, train=[str(corpus / "a"), str(corpus / "a")])

@@ -27,6 +27,7 @@ DATAMODULE_TARGETS = ("transformer_nmt.datamodule.TranslationDataModule",
 
 # A source tag (data.train_tags): one token, no blank or control character, so that it stays one piece
 TAG = re.compile(r"[^\s\x00-\x1f\x7f]{1,32}")
+SPECIAL_PIECES = ("<pad>", "<unk>", "<s>", "</s>")  # SentencePiece's names of ids 0-3: never a tag
 
 
 @dataclass(frozen=True)
@@ -118,6 +119,9 @@ class DataConfig:
             if isinstance(factor, bool) or not isinstance(factor, int) or factor < 1:
                 raise ValueError(f"data.train_upsample={upsample}: each factor is a whole number >= 1")
         for tag in tags:
+            if tag in SPECIAL_PIECES:
+                raise ValueError(f"data.train_tags={tags}: {tag!r} is a special piece of the vocabulary "
+                                 f"({', '.join(SPECIAL_PIECES)}): choose another tag (e.g. <BT>)")
             if tag is not None and (not isinstance(tag, str) or not TAG.fullmatch(tag)):
                 raise ValueError(f"data.train_tags={tags}: a tag is null or a token of 1 to 32 characters without "
                                  f"spaces or control characters (e.g. <BT>), not {tag!r:.40}")

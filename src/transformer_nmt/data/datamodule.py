@@ -48,7 +48,15 @@ from transformer_nmt.data.corpus import (
     write_split,
 )
 from transformer_nmt.data.subword_sampling import SampledSegmentation, take_rows
-from transformer_nmt.data.tokenizer import Tokenizer, tokenize_dataset, train_sentencepiece
+from transformer_nmt.data.tokenizer import (
+    BOS_ID,
+    EOS_ID,
+    PAD_ID,
+    UNK_ID,
+    Tokenizer,
+    tokenize_dataset,
+    train_sentencepiece,
+)
 from transformer_nmt.durable import publish_directory, temporary_directory
 from transformer_nmt.hardware import available_cpus
 
@@ -275,6 +283,7 @@ class TranslationDataModule(L.LightningDataModule):
             raise ValueError("data.train is not set: the vocabulary is trained on it (or set data.tokenizer_path)")
         corpora = self.config.train_corpora() if "train" in configured else []
         train_raw = [self._raw_split("train", corpus.location) for corpus in corpora]  # one per corpus, first
+        self._check_tags_absent(corpora, train_raw)
         raw = {split: self._raw_split(split) for split in configured if split != "train"}
         self.tokenizer = self._tokenizer(train_raw, [corpus.tag for corpus in corpora])
         tag_ids = self._tag_ids([corpus.tag for corpus in corpora])
@@ -349,18 +358,34 @@ class TranslationDataModule(L.LightningDataModule):
 
     def _tag_ids(self, tags: list[str | None]) -> list[int]:
         """The vocabulary id of each corpus's source tag (-1: untagged); a tag the vocabulary does not hold as
-        one piece (data.tokenizer_path, init_from's) is refused, naming it."""
+        one piece (data.tokenizer_path's, init_from's), or holds as a special piece, is refused, naming it."""
         ids = []
+        specials = {self.tokenizer.id_to_piece(i) for i in (PAD_ID, UNK_ID, BOS_ID, EOS_ID)} | {"<unk>"}
         for tag in tags:
+            if tag in specials:
+                raise ValueError(f"data.train_tags: {tag!r} is one of the vocabulary's special pieces "
+                                 f"({sorted(specials)}): choose another tag (e.g. <BT>)")
             token_id = self.tokenizer.piece_id(tag) if tag else -1
             if token_id is None:
-                where = (f"data.tokenizer_path={self.tokenizer_path}" if self.tokenizer_path_used is not None
+                where = (f"data.tokenizer_path={self.tokenizer_path}" if self.given_tokenizer is None
                          else "the vocabulary given (init_from's)")
                 raise ValueError(f"data.train_tags: {tag!r} is not a piece of {where}: a tag must be one piece. "
                                  f"Train the vocabulary with the tags (data.tokenizer_path=null), or use a piece "
                                  f"it holds")
             ids.append(token_id)
         return ids
+
+    def _check_tags_absent(self, corpora: list[TrainCorpus], train_raw: list) -> None:
+        """A tag is a token the corpora never contain: one that occurs in their text (``in``) would be cut out of
+        every word holding it, in training and in every sentence given to translate."""
+        import pyarrow.compute as pc
+
+        for tag in sorted({corpus.tag for corpus in corpora if corpus.tag}):
+            for corpus, (raw, _, _) in zip(corpora, train_raw):
+                for lang in self.spec.langs:
+                    if pc.any(pc.match_substring(raw.data.column(lang), tag)).as_py():
+                        raise ValueError(f"data.train_tags: {tag!r} occurs in the {lang} text of data.train corpus "
+                                         f"{corpus.location}: a tag must be a token no sentence holds (e.g. <BT>)")
 
     def _tokens(self, split: str, raw: datasets.Dataset, raw_key: str) -> tuple[datasets.Dataset, str, bool]:
         """The split's token ids (memory-mapped), their cache key, and whether they were tokenized now."""
@@ -400,21 +425,32 @@ class TranslationDataModule(L.LightningDataModule):
         repeated ``upsample`` times (``Split.keep`` lists a pair once per time it enters an epoch)."""
         if len(corpora) == 1 and tag_ids[0] < 0 and corpora[0].upsample == 1:
             return self._tokenized_split("train", *train_raw[0])
-        parts, keys, tokenized_now = [], [], False
+        untagged, parts, keys, tokenized_now = [], [], [], False
         for (raw, raw_key, _), tag_id in zip(train_raw, tag_ids):
             tokens, tok_key, now = self._tokens("train", raw, raw_key)
-            if tag_id >= 0:
-                tokens, tok_key = self._tagged(tokens, tok_key, tag_id)
-            parts.append(tokens)
+            untagged.append(tokens)
             keys.append(tok_key)
+            parts.append(self._tagged(tokens, tok_key, tag_id)[0] if tag_id >= 0 else tokens)
             tokenized_now |= now
         tokens = parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
         raws = [raw for raw, _, _ in train_raw]
         raw = raws[0] if len(raws) == 1 else datasets.concatenate_datasets(raws)
-        keep, widths, report = self._filtered("train", tokens, cache_key("train", keys))
-        self._check_kept("train", keep, report)
+        # filtered as each corpus's own pairs (a tag makes no empty source non-empty, nor counts in the ratio) ...
+        whole = untagged[0] if len(untagged) == 1 else datasets.concatenate_datasets(untagged)
+        keep, _, report = self._filtered("train", whole, cache_key("train", keys))
         starts = np.cumsum([0] + [len(part) for part in parts])  # (n_corpora + 1,) first row of each corpus
         corpus_of_kept = np.searchsorted(starts, keep, side="right") - 1  # (n_kept,)
+        # ... but a tagged source must still fit the positions with its tag, and batches are sized with it
+        src_lens = tokens.data.column(f"{self.src_lang}_len").to_numpy()
+        tgt_lens = tokens.data.column(f"{self.tgt_lang}_len").to_numpy()
+        fits = src_lens[keep] + 1 <= self.max_positions  # (n_kept,) source + eos
+        if not fits.all():
+            log.info("train: %d tagged pair(s) dropped: with the tag the source is longer than data.max_positions",
+                     int((~fits).sum()))
+            keep, corpus_of_kept = np.asarray(keep)[fits], corpus_of_kept[fits]
+            report = replace(report, too_long=report.too_long + int((~fits).sum()))
+        self._check_kept("train", keep, report)
+        widths = pair_widths(src_lens[keep], tgt_lens[keep])
         rows = [np.flatnonzero(corpus_of_kept == i) for i in range(len(parts))]  # kept positions per corpus
         order = np.concatenate([np.tile(positions, corpus.upsample) for positions, corpus in zip(rows, corpora)])
         tags = np.asarray(tag_ids, dtype=np.int64)[corpus_of_kept[order]]

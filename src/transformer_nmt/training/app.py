@@ -52,7 +52,13 @@ from transformer_nmt.provenance import collect as collect_provenance
 from transformer_nmt.training.callbacks import LastCheckpoint, StepBoundaryTimer, early_stopping
 from transformer_nmt.training.checkpoint_io import AtomicCheckpointIO
 from transformer_nmt.training.config import schema_error
-from transformer_nmt.training.continuation import KEEPABLE, ContinuationError, check_keep, continuation_checkpoint
+from transformer_nmt.training.continuation import (
+    KEEPABLE,
+    ContinuationError,
+    check_keep,
+    check_same_training,
+    continuation_checkpoint,
+)
 from transformer_nmt.training.fingerprint import (
     INIT_RUN_SETTINGS,
     RESULTS_FINGERPRINT,
@@ -60,6 +66,7 @@ from transformer_nmt.training.fingerprint import (
     check_finished_run,
     check_resume,
     results_fingerprint,
+    run_fingerprint,
 )
 from transformer_nmt.training.launch import (
     SlurmRequeue,
@@ -71,7 +78,7 @@ from transformer_nmt.training.launch import (
 )
 from transformer_nmt.training.lightning_adapter import quiet_start_up
 from transformer_nmt.training.module import TranslationModule, peak_lr
-from transformer_nmt.training.precision import compute_dtype, precision_dependent, resolve_precision
+from transformer_nmt.training.precision import compute_dtype, precision_dependent, resolve_precision, uses_cuda
 from transformer_nmt.training.time_budget import TimeBudget
 
 log = logging.getLogger(__name__)
@@ -196,11 +203,16 @@ def write_continuation(init: dict, keep: list[str], cfg: DictConfig, module: Tra
     (``continuation.continuation_checkpoint``): each process writes its own and removes it after the fit."""
     configured = module.configure_optimizers()  # this run's optimizer and schedule, unstepped (a throwaway)
     scheduler = configured["lr_scheduler"]["scheduler"]
+    fresh_optimizer = configured["optimizer"].state_dict()
+    # built before the module is on its device: the fused kernel as configure_optimizers picks it on the run's device
+    fused = True if cfg.train.fused_adam and uses_cuda(str(cfg.trainer.get("accelerator", "auto"))) else None
+    fresh_optimizer["param_groups"] = [{**group, "fused": fused} for group in fresh_optimizer["param_groups"]]
     ema = ({"decay": float(cfg.train.ema_decay), "warmup": bool(cfg.train.get("ema_warmup", True))}
            if cfg.train.get("ema_decay") is not None else None)
     try:
+        check_same_training(init, keep, f"init_from={cfg.init_from}", run_fingerprint(cfg, trainer))
         checkpoint = continuation_checkpoint(
-            init, keep, f"init_from={cfg.init_from}", fresh_optimizer=configured["optimizer"].state_dict(),
+            init, keep, f"init_from={cfg.init_from}", fresh_optimizer=fresh_optimizer,
             fresh_scheduler=scheduler.state_dict(), schedule=scheduler.lr_lambdas[0],
             fresh_loops=trainer.fit_loop.state_dict(), training_run=module.training_run, ema=ema)
     except ContinuationError as error:
@@ -311,9 +323,10 @@ def summary(cfg: DictConfig, datamodule, module: TranslationModule, trainer: pl.
     ]
     if cfg.get("init_from"):
         keep = list(cfg.get("init_keep") or [])
-        lines.append(f"init        weights, architecture and tokenizer from {cfg.init_from}" + (
-            f"; continues its {', '.join(keep)}" if keep else "")
-            + f"; fresh: {', '.join(item for item in KEEPABLE if item not in keep)}")
+        fresh = [item for item in KEEPABLE if item not in keep]
+        lines.append(f"init        weights, architecture and tokenizer from {cfg.init_from}"
+                     + (f"; continues its {', '.join(keep)}" if keep else "")
+                     + (f"; fresh: {', '.join(fresh)}" if fresh else ""))
     chosen = precision_dependent(cfg)
     if chosen:  # the recipe's ${by_precision:...} settings, as chosen for this run's precision
         after = next(i for i, line in enumerate(lines) if line.startswith("devices")) + 1
@@ -421,6 +434,7 @@ def _fit_and_test(cfg: DictConfig, run_dir: Path, overrides: Sequence[str], swee
     # torch.compile: batch widths a multiple of 8 too, so that shapes repeat (and the user's multiple still holds)
     compile_pad = {"pad_to_multiple": math.lcm(cfg.data.pad_to_multiple, 8)} if cfg.train.compile else {}
     init = read_init(cfg.init_from) if cfg.get("init_from") else None  # fine-tune: weights, tokenizer
+    init_digest = content_digest(cfg.init_from) if init is not None else None  # the file as it was read
     init_tokenizer = checkpoint_tokenizer(init, cfg.init_from) if init else None
     if init_tokenizer is not None and cfg.data.get("tokenizer_path"):
         check_same_vocabulary(init_tokenizer, cfg.init_from, cfg.data.tokenizer_path)
@@ -451,7 +465,7 @@ def _fit_and_test(cfg: DictConfig, run_dir: Path, overrides: Sequence[str], swee
                               provenance)
         results[RESULTS_FINGERPRINT] = results_fingerprint(cfg, trainer)  # what a sweep run again compares
         if cfg.get("init_from"):  # the parent: where it was, what it held, what of its training went on
-            results["init_from"] = {"path": str(cfg.init_from), "sha256": content_digest(cfg.init_from),
+            results["init_from"] = {"path": str(cfg.init_from), "sha256": init_digest,
                                     "kept": keep, "fresh": [item for item in KEEPABLE if item not in keep]}
         write_hypotheses(module, datamodule, run_dir)  # before results.json, which marks the run finished
         text = json.dumps(results, indent=2) + "\n"

@@ -27,6 +27,7 @@ from collections.abc import Sequence
 
 from transformer_nmt.checkpoint import CKPT_FINGERPRINT, CKPT_OVERRIDES, CKPT_RAW_WEIGHTS, CKPT_RUN
 from transformer_nmt.training.ema import CKPT_EMA
+from transformer_nmt.training.fingerprint import DEFAULTED
 
 KEEPABLE = ("optimizer", "schedule", "step", "data")
 # Lightning's loop state (trainer.fit_loop.state_dict()) that each kept item carries over
@@ -48,6 +49,33 @@ def check_keep(keep: Sequence[str] | None, init_from: str | None) -> list[str]:
     if keep and not init_from:
         raise ContinuationError(f"init_keep={keep} needs init_from=CKPT: the checkpoint whose training it continues")
     return keep
+
+
+def check_same_training(parent: dict, keep: Sequence[str], source: str, fingerprint: dict) -> None:
+    """What a kept item needs the child to share with the parent, from the parent's recorded fingerprint: with
+    ``optimizer``, the frozen parameters (Adam's state is matched to the trained tensors by position); with ``data``,
+    every data setting and the training files' contents (the saved position indexes the parent's batch plan).
+    ``fingerprint``: this run's (training/fingerprint.run_fingerprint). A ``ContinuationError`` names what differs."""
+    recorded = parent.get(CKPT_FINGERPRINT)
+    if not isinstance(recorded, dict):
+        if keep:
+            raise ContinuationError(f"init_keep={list(keep)}: {source} records no run fingerprint (written before "
+                                    f"they existed): what it trained on cannot be compared; use it without init_keep")
+        return
+    needs = {"optimizer": lambda key: key == "train.freeze",
+             "data": lambda key: key.startswith("data.") and key not in ("data.tokenizer_path",)}
+    for item, concerns in needs.items():
+        if item not in keep:
+            continue
+        saved, current = {**DEFAULTED, **recorded}, {**DEFAULTED, **fingerprint}  # (not a resume's tolerances)
+        changed = {key: (saved.get(key), current.get(key)) for key in saved.keys() | current.keys()
+                   if concerns(key) and saved.get(key) != current.get(key)}
+        differ = sorted(changed)
+        if differ:
+            shown = "; ".join(f"{key}: {old!r:.60} -> {new!r:.60}" for key, (old, new) in changed.items())
+            raise ContinuationError(f"init_keep={list(keep)}: keeping {item} needs the same {', '.join(differ)} as "
+                                    f"{source} ({shown}); set them as the parent had them, or drop {item} from "
+                                    f"init_keep")
 
 
 def continuation_checkpoint(parent: dict, keep: Sequence[str], source: str, *, fresh_optimizer: dict,
@@ -104,6 +132,7 @@ def _optimizer_state(saved: dict, fresh: dict, source: str, trained: dict, keep:
         if moment is not None and tuple(moment.shape) not in shapes:
             raise ContinuationError(f"init_keep={keep}: the optimizer state of {source} holds a tensor of shape "
                                     f"{tuple(moment.shape)} that no weight of the model has")
+    # every setting this run's (lr, betas, eps, the fused kernel on its device), the parent's moments
     groups = [{**fresh_group, "params": saved_group["params"]}
               for saved_group, fresh_group in zip(saved["param_groups"], fresh["param_groups"])]
     return {"state": saved["state"], "param_groups": groups}
