@@ -643,6 +643,26 @@ def tiny_search(root: Path) -> str:
                                    "**test, Multi30k convention**", "test length ratio"], tests)
 
 
+def distillation(root: Path) -> str:
+    """studies/distillation.py's runs: the teacher, then the student on the original and on the distilled pairs, per
+    seed and their mean, on val and test (cased and in the Multi30k convention)."""
+    study = read_json(root, QUALITY / "distillation.json")
+    splits = study["options"]["splits"]
+
+    def cells(scores: dict) -> list[str]:
+        return [f"{scores[split][key]:.2f}" for split in splits for key in ("bleu", "bleu_multi30k")]
+
+    rows = [["teacher", "-", *cells(study["teacher"]["scores"])]]
+    for corpus in ("original", "distilled"):
+        runs = [run for run in study["runs"] if run["corpus"] == corpus]
+        rows += [[f"student on the {corpus} pairs", str(run["seed"]), *cells(run["scores"])] for run in runs]
+        mean = {split: {key: sum(run["scores"][split][key] for run in runs) / len(runs)
+                        for key in ("bleu", "bleu_multi30k")} for split in splits}
+        rows.append([f"**student on the {corpus} pairs, mean**", f"{len(runs)} seeds", *cells(mean)])
+    header = ["model", "seed", *(f"{split} {what}" for split in splits for what in ("BLEU", "Multi30k convention"))]
+    return table(header, rows)
+
+
 BLOCKS = {
     "readme-headline": recipe_headline,
     "readme-table3": table3_readme,
@@ -653,6 +673,7 @@ BLOCKS = {
     "quality-conventions": bleu_conventions,
     "quality-published-baseline": tiny_baseline,
     "quality-tiny-search": tiny_search,
+    "quality-distillation": distillation,
     "quality-beam": recipe_beam,
     "ablations-study": table3_study,
     "ablations-table": table3_full,
