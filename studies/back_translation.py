@@ -23,12 +23,11 @@ and evaluations go under ``work`` (default outputs/back_translation/, which git 
 
 from __future__ import annotations
 
-import gzip
 import json
 import sys
 from pathlib import Path
 
-from study_steps import mean, run_step, score  # studies/: the steps of a multi-step study
+from study_steps import mean, parallel_lines, run_step, score  # studies/: the steps of a multi-step study
 
 from transformer_nmt.data.tokenizer import train_sentencepiece
 from transformer_nmt.options import parse_options
@@ -42,23 +41,12 @@ OPTIONS = {"experiment": "ablation_base", "overrides": [], "reverse_overrides": 
 USAGE = "python studies/back_translation.py [experiment=ablation_base] [seeds=[1,2]] [out=FILE.json]"
 
 
-def read_lines(prefix: str, lang: str) -> list[str]:
-    for path in (Path(f"{prefix}.{lang}"), Path(f"{prefix}.{lang}.gz")):
-        if path.exists():
-            with (gzip.open(path, "rt", encoding="utf-8") if path.suffix == ".gz" else open(path, encoding="utf-8")) \
-                    as f:
-                return f.read().splitlines()
-    raise SystemExit(f"train={prefix}: no {prefix}.{lang} or {prefix}.{lang}.gz")
-
-
 def split_corpus(options: dict, work: Path) -> tuple[Path, Path]:
     """(prefix of the real pairs, file of the monolingual target text), written once."""
     real, mono = work / "split" / "real", work / "split" / f"mono.{options['tgt_lang']}"
     if mono.exists():
         return real, mono
-    src, tgt = read_lines(options["train"], options["src_lang"]), read_lines(options["train"], options["tgt_lang"])
-    if len(src) != len(tgt):
-        raise SystemExit(f"train={options['train']}: {len(src)} source lines, {len(tgt)} target lines")
+    src, tgt = parallel_lines(options["train"], options["src_lang"], options["tgt_lang"])
     cut = round(len(src) * float(options["parallel_fraction"]))
     if not 0 < cut < len(src):
         raise SystemExit(f"parallel_fraction={options['parallel_fraction']}: leaves no real or no monolingual half")
@@ -73,8 +61,8 @@ def vocabulary(options: dict, work: Path, prefixes: list[Path]) -> Path:
     """One SentencePiece model over every pair the forward runs read, holding the tag whole."""
     path = work / "vocabulary.model"
     if not path.exists():
-        sentences = [s for prefix in prefixes for lang in (options["src_lang"], options["tgt_lang"])
-                     for s in read_lines(str(prefix), lang) if s]
+        langs = (options["src_lang"], options["tgt_lang"])
+        sentences = [s for prefix in prefixes for side in parallel_lines(prefix, *langs) for s in side if s]
         train_sentencepiece(iter(sentences), options["vocab_size"], user_defined_symbols=[options["tag"]],
                             seed=1234).save(path)
     return path
@@ -117,8 +105,8 @@ def main(argv: list[str]) -> dict:
                                          work / "eval" / run_dir.relative_to(work / "runs"))})
     means = {name: {split: mean([r["scores"][split]["bleu"] for r in runs if r["corpus"] == name])
                     for split in options["splits"]} for name in corpora}
-    result = {"options": options, "pairs": {"real": len(read_lines(str(real), src)),
-                                            "back_translated": len(read_lines(str(bt), src))},
+    result = {"options": options, "pairs": {"real": len(parallel_lines(real, src, tgt)[0]),
+                                            "back_translated": len(parallel_lines(bt, src, tgt)[0])},
               "reverse_model": {"run_dir": str(reverse), "scores": score(reverse_ckpt, options["splits"],
                                                                           options["beam"], work / "eval" / "reverse")},
               "runs": runs, "mean_bleu": means, "seconds": seconds, PROVENANCE_KEY: provenance}

@@ -23,7 +23,7 @@ import json
 import sys
 from pathlib import Path
 
-from study_steps import mean, run_step, score  # studies/: the steps of a multi-step study
+from study_steps import mean, parallel_files, run_step, score  # studies/: the steps of a multi-step study
 
 from transformer_nmt.checkpoint import checkpoint_tokenizer, read_checkpoint
 from transformer_nmt.data.config import DataConfig
@@ -49,8 +49,7 @@ def main(argv: list[str]) -> dict:
     if not vocabulary.exists():
         vocabulary.parent.mkdir(parents=True, exist_ok=True)
         checkpoint_tokenizer(checkpoint, f"teacher {teacher}").save(vocabulary)
-    source = next(Path(f"{data.train}.{data.src_lang}{gz}") for gz in ("", ".gz")
-                  if Path(f"{data.train}.{data.src_lang}{gz}").exists())
+    source = parallel_files(data.train, data.src_lang, data.tgt_lang)[0]
     distilled = work / "distilled" / "train"
     seconds = {"synthesize": run_step("synthesize", Path(f"{distilled}.{data.tgt_lang}"), [
         "transformer_nmt.synthesize", f"ckpt={teacher}", f"input={source}", f"output={distilled}",

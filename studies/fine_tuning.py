@@ -22,12 +22,18 @@ evaluations go under ``work`` (default outputs/fine_tuning/, which git ignores).
 
 from __future__ import annotations
 
-import gzip
 import json
 import sys
 from pathlib import Path
 
-from study_steps import SCORES, mean, run_step, score  # studies/: the steps of a multi-step study
+from study_steps import (  # studies/: the steps of a multi-step study
+    SCORES,
+    mean,
+    parallel_files,
+    parallel_lines,
+    run_step,
+    score,
+)
 
 from transformer_nmt.checkpoint import checkpoint_tokenizer, read_checkpoint
 from transformer_nmt.data.config import DataConfig
@@ -41,15 +47,6 @@ OPTIONS = {"parent": None, "experiment": "multi30k_tiny", "overrides": [], "pair
            "freeze": ["src_embed.*"], "beam": 5, "splits": ["val", "test"], "out": "fine_tuning.json",
            "work": "outputs/fine_tuning"}
 USAGE = "python studies/fine_tuning.py parent=CKPT [experiment=multi30k_tiny] [pairs=2000] [out=FILE.json]"
-
-
-def lines(prefix: str, lang: str) -> list[str]:
-    for path in (Path(f"{prefix}.{lang}"), Path(f"{prefix}.{lang}.gz")):
-        if path.exists():
-            opener = gzip.open if path.suffix == ".gz" else open
-            with opener(path, "rt", encoding="utf-8") as f:
-                return f.read().splitlines()
-    raise SystemExit(f"{prefix}: no {prefix}.{lang} or {prefix}.{lang}.gz")
 
 
 def main(argv: list[str]) -> dict:
@@ -66,8 +63,9 @@ def main(argv: list[str]) -> dict:
     if not Path(f"{pairs}.{src}").exists():
         pairs.parent.mkdir(parents=True, exist_ok=True)
         checkpoint_tokenizer(checkpoint, f"parent {parent}").save(vocabulary)
+        sides = dict(zip((src, tgt), parallel_lines(data.train, src, tgt)))
         for lang in (tgt, src):  # the source side last: it marks the step done
-            chosen = lines(data.train, lang)[: options["pairs"]]
+            chosen = sides[lang][: options["pairs"]]
             Path(f"{pairs}.{lang}").write_text("".join(line + "\n" for line in chosen), encoding="utf-8")
     task = [f"data.train={pairs}", f"data.src_lang={src}", f"data.tgt_lang={tgt}", f"data.tokenizer_path={vocabulary}"]
     kinds = {"from scratch": [],
@@ -75,10 +73,7 @@ def main(argv: list[str]) -> dict:
              "fine-tuned, frozen": [f"init_from={parent}", *options["fine_tune_overrides"],
                                     f"train.freeze=[{','.join(options['freeze'])}]"]}
     seconds, runs = {}, []
-    old_task = {"src": next(p for p in (Path(f"{data.val}.{data.src_lang}"), Path(f"{data.val}.{data.src_lang}.gz"))
-                            if p.exists()),
-                "ref": next(p for p in (Path(f"{data.val}.{data.tgt_lang}"), Path(f"{data.val}.{data.tgt_lang}.gz"))
-                            if p.exists())}
+    old_task = dict(zip(("src", "ref"), parallel_files(data.val, data.src_lang, data.tgt_lang)))
 
     def forgetting(ckpt: Path, out: Path) -> dict:
         """The parent's own task: its validation split in its own direction."""

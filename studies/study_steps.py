@@ -8,7 +8,9 @@ import sys
 import time
 from pathlib import Path
 
+from transformer_nmt.data.corpus import CorpusError, CorpusSpec, split_inputs
 from transformer_nmt.inference.evaluate import main as evaluate
+from transformer_nmt.inference.translate import read_lines
 
 SCORES = ("bleu", "bleu_lowercase", "bleu_multi30k", "chrf", "length_ratio", "sentences")
 
@@ -36,6 +38,24 @@ def score(ckpt: Path, splits: list[str], beam: int, out: Path, extra: list[str] 
         result = evaluate([f"ckpt={ckpt}", f"split={split}", f"beam={beam}", f"out={out}", *extra])
         scores[split] = {key: result.get(key) for key in SCORES}
     return scores
+
+
+def parallel_files(prefix: str | Path, src_lang: str, tgt_lang: str) -> tuple[Path, Path]:
+    """PREFIX.SRC and PREFIX.TGT (``.gz`` too), found as ``data.train=PREFIX`` finds them (corpus.split_inputs)."""
+    spec = CorpusSpec(format="text", langs=(src_lang, tgt_lang), locations={"train": str(prefix)})
+    try:
+        src, tgt = split_inputs(spec, "train")
+    except CorpusError as error:
+        raise SystemExit(str(error)) from None
+    return Path(src), Path(tgt)
+
+
+def parallel_lines(prefix: str | Path, src_lang: str, tgt_lang: str) -> tuple[list[str], list[str]]:
+    """The lines of PREFIX.SRC and PREFIX.TGT, split as translate and synthesize split them (on "\\n" only)."""
+    src, tgt = (read_lines(path) for path in parallel_files(prefix, src_lang, tgt_lang))
+    if len(src) != len(tgt):
+        raise SystemExit(f"{prefix}: {len(src)} {src_lang} lines, {len(tgt)} {tgt_lang} lines")
+    return src, tgt
 
 
 def mean(values: list[float]) -> float | None:

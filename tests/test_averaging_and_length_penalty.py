@@ -2,11 +2,10 @@
 score evaluate gives that average under that length penalty; the choice is val's best, and only it and the recipe's
 own setting are scored on test."""
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import torch
+from study_scripts import load_study
 from test_train_app import one_thread, tiny_config, write_tiny_corpus  # noqa: F401 (fixture)
 
 from transformer_nmt.checkpoint import read_checkpoint
@@ -14,19 +13,9 @@ from transformer_nmt.inference.average import last_checkpoints
 from transformer_nmt.inference.evaluate import main as evaluate
 from transformer_nmt.training.app import train
 
-STUDIES = Path(__file__).resolve().parents[1] / "studies"
-
 
 def study_module():
-    sys.path.insert(0, str(STUDIES))  # as `python studies/...py` runs: its imports of studies/ resolve
-    try:
-        path = STUDIES / "averaging_and_length_penalty.py"
-        spec = importlib.util.spec_from_file_location("script_averaging_lp", path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(STUDIES))
-    return module
+    return load_study("averaging_and_length_penalty")
 
 
 def test_the_grid_scores_each_average_under_each_penalty_and_chooses_on_val(tmp_path, monkeypatch):

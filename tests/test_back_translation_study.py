@@ -3,26 +3,16 @@ text, the reverse model turns the latter into synthetic sources (one per line), 
 corpora they name (the tagged one with the tag as one piece of the shared vocabulary), every run is scored, and a
 second launch redoes nothing."""
 
-import importlib.util
-import sys
 from pathlib import Path
 
+from study_scripts import load_study
 from test_train_app import one_thread, tiny_overrides, write_tiny_corpus  # noqa: F401 (fixture)
 
 from transformer_nmt.checkpoint import checkpoint_tokenizer, read_checkpoint
 
-STUDIES = Path(__file__).resolve().parents[1] / "studies"
-
 
 def study_module():
-    sys.path.insert(0, str(STUDIES))  # as `python studies/back_translation.py` runs: its imports of studies/ resolve
-    try:
-        spec = importlib.util.spec_from_file_location("script_back_translation", STUDIES / "back_translation.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(STUDIES))
-    return module
+    return load_study("back_translation")
 
 
 def quoted(overrides: list[str]) -> str:

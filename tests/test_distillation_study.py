@@ -2,28 +2,18 @@
 translations of them, one line each; both students use the teacher's vocabulary and differ only in their targets;
 every run is scored, and a second launch redoes nothing."""
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
+from study_scripts import load_study
 from test_train_app import one_thread, tiny_config, tiny_overrides, write_tiny_corpus  # noqa: F401 (fixture)
 
 from transformer_nmt.checkpoint import checkpoint_tokenizer, read_checkpoint
 from transformer_nmt.training.app import train
 
-STUDIES = Path(__file__).resolve().parents[1] / "studies"
-
 
 def study_module():
-    sys.path.insert(0, str(STUDIES))  # as `python studies/distillation.py` runs: its imports of studies/ resolve
-    try:
-        spec = importlib.util.spec_from_file_location("script_distillation", STUDIES / "distillation.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(STUDIES))
-    return module
+    return load_study("distillation")
 
 
 def test_students_learn_from_the_teachers_translations_with_its_vocabulary(tmp_path, monkeypatch, capsys):

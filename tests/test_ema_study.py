@@ -2,12 +2,11 @@
 averaged weights of the newest checkpoints, alone and averaged (each the mean of exactly those weights), the
 choice is made on val, and the JSON records every row."""
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import torch
+from study_scripts import load_study
 from test_train_app import one_thread, tiny_config, write_tiny_corpus  # noqa: F401 (fixture)
 
 from transformer_nmt.checkpoint import read_checkpoint
@@ -15,18 +14,9 @@ from transformer_nmt.inference.average import last_checkpoints
 from transformer_nmt.training.app import train
 from transformer_nmt.training.ema import CKPT_RAW_WEIGHTS
 
-STUDIES = Path(__file__).resolve().parents[1] / "studies"
-
 
 def study_module():
-    sys.path.insert(0, str(STUDIES))  # as `python studies/ema_study.py` runs: its imports of studies/ resolve
-    try:
-        spec = importlib.util.spec_from_file_location("script_ema_study", STUDIES / "ema_study.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(STUDIES))
-    return module
+    return load_study("ema_study")
 
 
 def mean(tensors):

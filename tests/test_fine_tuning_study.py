@@ -2,28 +2,18 @@
 vocabulary; the fine-tuned runs start from the parent's weights (the frozen one keeps the frozen tensors), the
 scratch run does not; every run is scored on the new task and on the parent's own; a second launch redoes nothing."""
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import torch
+from study_scripts import load_study
 from test_train_app import one_thread, tiny_config, tiny_overrides, write_tiny_corpus  # noqa: F401 (fixture)
 
 from transformer_nmt.checkpoint import checkpoint_tokenizer, read_checkpoint
 from transformer_nmt.training.app import train
 
-STUDIES = Path(__file__).resolve().parents[1] / "studies"
-
 
 def study_module():
-    sys.path.insert(0, str(STUDIES))  # as `python studies/fine_tuning.py` runs: its imports of studies/ resolve
-    try:
-        spec = importlib.util.spec_from_file_location("script_fine_tuning", STUDIES / "fine_tuning.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(STUDIES))
-    return module
+    return load_study("fine_tuning")
 
 
 def test_fine_tuned_runs_start_from_the_parent_and_are_scored_on_both_tasks(tmp_path, monkeypatch, capsys):
