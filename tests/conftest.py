@@ -1,11 +1,21 @@
 """Fixtures shared across test modules."""
 
+import fcntl
 from pathlib import Path
 
 import pytest
+import torch
 
-from transformer_nmt.hardware import CPU_BF16_ANSWERS, CPU_BF16_ENV
+from transformer_nmt.hardware import CPU_BF16_ANSWERS, CPU_BF16_ENV, available_cpus
 from transformer_nmt.training.resolvers import register_resolvers
+
+MAX_WORKERS = 8  # each worker imports torch and Lightning and trains tiny runs: ~1-2 GB of memory
+
+
+def pytest_xdist_auto_num_workers(config):
+    """What ``-n auto`` (pyproject's addopts) means: the cores this process may run on (its affinity: a container's
+    share, not the host's cores), at most MAX_WORKERS. Every test runs one torch thread (``one_thread``)."""
+    return max(1, min(available_cpus(), MAX_WORKERS))
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -13,6 +23,16 @@ def resolvers():
     """The configs' resolvers (${run_name:}, ${sweep_name:}, ${by_precision:}), as the apps register them
     before composing: the tests compose configs themselves (hydra.compose)."""
     register_resolvers()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """One intra-op thread in every test module, restored after it: the machine's cores are shared (parallel test
+    workers take one core each), and oversubscribed OpenMP threads crawl."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 KEPT = "the user's file, which nothing may change\n"  # what a victim file holds, before and after
@@ -40,9 +60,17 @@ def cpu_bf16(request, monkeypatch):
 def trained_checkpoint_path(request, tmp_path_factory) -> Path:
     """The small trained checkpoint of tiny_checkpoint.trained_checkpoint, trained at most once per session and
     shared by every module that needs it. It is kept between sessions in pytest's cache where the cache provider
-    runs; under ``-p no:cacheprovider`` it is trained into the session's temporary directory."""
+    runs; under ``-p no:cacheprovider`` it is trained into the session's temporary directory. Parallel workers
+    share the cache: one trains (one thread) while the others wait on a lock, then read what it wrote."""
     from tiny_checkpoint import trained_checkpoint
 
     cache = getattr(request.config, "cache", None)  # set by the cacheprovider plugin, absent without it
-    return trained_checkpoint(cache.mkdir("transformer_nmt") if cache is not None
-                              else tmp_path_factory.mktemp("trained"))
+    directory = cache.mkdir("transformer_nmt") if cache is not None else tmp_path_factory.mktemp("trained")
+    threads = torch.get_num_threads()
+    with open(directory / "trained.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        torch.set_num_threads(1)
+        try:
+            return trained_checkpoint(directory)
+        finally:
+            torch.set_num_threads(threads)

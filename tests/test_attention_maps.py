@@ -17,7 +17,7 @@ import torch
 from matplotlib import colormaps
 from PIL import Image
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-from test_train_app import one_thread, tiny_config, write_tiny_corpus  # noqa: F401 (fixture)
+from tiny_corpus import tiny_config, write_tiny_corpus
 from torch.utils.tensorboard import SummaryWriter
 
 from transformer_nmt.analysis.attention_maps import attention_entropy, render_heatmaps
@@ -203,7 +203,7 @@ DDP_SCRIPT = """
 import sys
 from pathlib import Path
 sys.path.insert(0, {tests!r})
-from test_train_app import tiny_config
+from tiny_corpus import tiny_config
 from transformer_nmt.training.app import train
 
 corpus, out = Path(sys.argv[1]), Path(sys.argv[2])

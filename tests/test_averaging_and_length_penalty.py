@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 from study_scripts import load_study
-from test_train_app import one_thread, tiny_config, write_tiny_corpus  # noqa: F401 (fixture)
+from tiny_corpus import tiny_config, write_tiny_corpus
 
 from transformer_nmt.checkpoint import read_checkpoint
 from transformer_nmt.inference.average import last_checkpoints

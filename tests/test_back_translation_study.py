@@ -6,7 +6,7 @@ second launch redoes nothing."""
 from pathlib import Path
 
 from study_scripts import load_study
-from test_train_app import one_thread, tiny_overrides, write_tiny_corpus  # noqa: F401 (fixture)
+from tiny_corpus import tiny_overrides, write_tiny_corpus
 
 from transformer_nmt.checkpoint import checkpoint_tokenizer, read_checkpoint
 

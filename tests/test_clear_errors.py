@@ -5,8 +5,8 @@ import gzip
 
 import pytest
 import torch
-from test_train_app import one_thread, tiny_config, write_tiny_corpus  # noqa: F401 (fixture)
 from tiny_checkpoint import tiny_tokenizer, write_checkpoint
+from tiny_corpus import tiny_config, write_tiny_corpus
 
 import transformer_nmt.checkpoint as checkpoint_module
 from transformer_nmt.checkpoint import (

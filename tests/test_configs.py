@@ -13,7 +13,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from omegaconf import OmegaConf
-from test_train_app import write_tiny_corpus
+from tiny_corpus import write_tiny_corpus
 
 from transformer_nmt.conf import CONF_DIR
 from transformer_nmt.data.config import DataConfig

@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 import torch
-from test_train_app import one_thread, tiny_config, write_tiny_corpus  # noqa: F401 (fixture)
+from tiny_corpus import tiny_config, write_tiny_corpus
 
 from transformer_nmt.checkpoint import CKPT_RUN, read_checkpoint
 from transformer_nmt.training.app import ConfigError, train

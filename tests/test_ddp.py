@@ -9,7 +9,7 @@ import textwrap
 from pathlib import Path
 
 import torch
-from test_train_app import tiny_overrides, write_tiny_corpus
+from tiny_corpus import tiny_overrides, write_tiny_corpus
 
 import transformer_nmt
 from transformer_nmt.data.config import DataConfig

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from study_scripts import load_study
-from test_train_app import one_thread, tiny_config, tiny_overrides, write_tiny_corpus  # noqa: F401 (fixture)
+from tiny_corpus import tiny_config, tiny_overrides, write_tiny_corpus
 
 from transformer_nmt.checkpoint import checkpoint_tokenizer, read_checkpoint
 from transformer_nmt.training.app import train

@@ -5,7 +5,7 @@ uninterrupted one, bit for bit."""
 import lightning.pytorch as pl
 import pytest
 import torch
-from test_train_app import one_thread, tiny_config, write_tiny_corpus  # noqa: F401 (fixture)
+from tiny_corpus import tiny_config, write_tiny_corpus
 
 from transformer_nmt.checkpoint import load_checkpoint, read_checkpoint
 from transformer_nmt.training.app import train

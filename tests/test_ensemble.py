@@ -5,7 +5,7 @@ import json
 
 import pytest
 import torch
-from test_decoding import model_log_probs, random_model, random_sources, reference_beam, reference_greedy
+from reference_decoding import model_log_probs, random_model, random_sources, reference_beam, reference_greedy
 from tiny_checkpoint import multi30k_lines, reordered_pieces, tiny_tokenizer, write_checkpoint
 
 from transformer_nmt.data.tokenizer import BOS_ID, EOS_ID

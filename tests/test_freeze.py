@@ -3,7 +3,7 @@ nothing is refused; a fine-tune of a smoke checkpoint with the encoder frozen ch
 
 import pytest
 import torch
-from test_train_app import one_thread, tiny_config, write_tiny_corpus  # noqa: F401 (fixture)
+from tiny_corpus import tiny_config, write_tiny_corpus
 
 from transformer_nmt.checkpoint import read_checkpoint
 from transformer_nmt.model.transformer import Transformer, TransformerConfig

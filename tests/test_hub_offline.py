@@ -7,7 +7,6 @@ from pathlib import Path
 
 import datasets
 from hydra import compose, initialize_config_dir
-from test_train_app import one_thread  # noqa: F401 (fixture: one thread, restored afterwards)
 
 from transformer_nmt.conf import CONF_DIR
 from transformer_nmt.data.datamodule import TranslationDataModule

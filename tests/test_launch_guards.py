@@ -13,9 +13,9 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from fake_cluster import fake_scontrol
 from lightning.pytorch.plugins.environments import LightningEnvironment, TorchElasticEnvironment
-from test_resume import fake_scontrol
-from test_train_app import one_thread, tiny_config, write_tiny_corpus  # noqa: F401 (fixture)
+from tiny_corpus import tiny_config, write_tiny_corpus
 
 from transformer_nmt import run_files
 from transformer_nmt.data.datamodule import TranslationDataModule

@@ -40,15 +40,6 @@ TOLERANCE = 1e-4  # fp32 logits: the two implementations sum in other orders
 OFFSET = DecodeConfig().max_len_offset
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """One intra-op thread: the machine's cores are shared, and oversubscribed OpenMP threads crawl."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def sentences():
     return multi30k_lines("val", "en", N_SENTENCES), multi30k_lines("val", "de", N_SENTENCES)
@@ -334,7 +325,7 @@ def test_imported_checkpoint_loads_and_fine_tunes(marian, tmp_path):
     _, _, _, model, tokenizer, info, separate = marian
     if not separate:
         pytest.skip("one fine-tuning run covers the split tokenizer, the harder case")
-    from test_train_app import tiny_config, write_tiny_corpus
+    from tiny_corpus import tiny_config, write_tiny_corpus
 
     from transformer_nmt.training.app import train
 

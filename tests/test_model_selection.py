@@ -5,7 +5,7 @@ import json
 
 import pytest
 from lightning.pytorch.callbacks import EarlyStopping
-from test_train_app import one_thread, tiny_config, write_tiny_corpus  # noqa: F401 (fixture)
+from tiny_corpus import tiny_config, write_tiny_corpus
 
 from transformer_nmt.inference.evaluate import main as evaluate_main
 from transformer_nmt.training.app import ConfigError, train, validate_config

@@ -5,7 +5,6 @@ killed with SIGKILL mid-run, relaunching both nodes with the same command comple
 of the uninterrupted one."""
 
 import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -13,7 +12,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_train_app import tiny_overrides, write_tiny_corpus
+from fake_cluster import free_port
+from tiny_corpus import tiny_overrides, write_tiny_corpus
 
 import transformer_nmt
 from transformer_nmt.data.config import DataConfig
@@ -41,12 +41,6 @@ KILLER = textwrap.dedent("""
     app.build_callbacks = lambda *args: build(*args) + [KillNode1()]
     train.main()
 """)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def launch(cwd: Path, corpus: Path, nnodes: int, nproc: int, port: int, script: Path | None = None,

@@ -9,8 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from test_train_app import one_thread, tiny_config, write_tiny_corpus  # noqa: F401 (fixture)
 from tiny_checkpoint import tiny_tokenizer
+from tiny_corpus import tiny_config, write_tiny_corpus
 
 import transformer_nmt.training.module as module_
 from transformer_nmt import run_files

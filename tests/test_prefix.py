@@ -3,7 +3,7 @@ empty prefix is plain decoding; the outputs do not depend on the batch."""
 
 import pytest
 import torch
-from test_decoding import BOS, EOS, PAD, random_model, random_sources
+from reference_decoding import BOS, EOS, PAD, random_model, random_sources
 from tiny_checkpoint import multi30k_lines, tiny_tokenizer, write_checkpoint
 
 from transformer_nmt.checkpoint import load_checkpoint

@@ -9,8 +9,8 @@ import re
 import pytest
 import torch
 from conftest import KEPT
-from test_train_app import write_tiny_corpus
 from tiny_checkpoint import tiny_tokenizer, write_checkpoint
+from tiny_corpus import write_tiny_corpus
 
 from transformer_nmt.checkpoint import CKPT_DATA_CONFIG, atomic_torch_save
 from transformer_nmt.data.config import DataConfig

@@ -16,8 +16,8 @@ import lightning.pytorch as pl
 import lightning.pytorch.callbacks.timer
 import pytest
 import torch
-from test_multinode import free_port
-from test_train_app import compose_train, one_thread, tiny_config, tiny_overrides, write_tiny_corpus  # noqa: F401 (fixture)
+from fake_cluster import fake_scontrol, free_port
+from tiny_corpus import compose_train, tiny_config, tiny_overrides, write_tiny_corpus
 
 import transformer_nmt
 import transformer_nmt.checkpoint as checkpoint_module
@@ -125,17 +125,6 @@ def test_the_trainer_writes_checkpoints_atomically(corpus, tmp_path):
 
 
 # --- SLURM requeue ----------------------------------------------------------------------------
-
-SCONTROL = "#!/bin/sh\necho \"$@\" >> \"$SCONTROL_LOG\"\n"  # stands in for SLURM's scontrol: records the call
-
-
-def fake_scontrol(directory: Path) -> Path:
-    """DIRECTORY/bin holding an executable ``scontrol`` that appends its arguments to $SCONTROL_LOG; returns
-    the bin directory, to put first on PATH."""
-    (directory / "bin").mkdir()
-    (directory / "bin" / "scontrol").write_text(SCONTROL)
-    (directory / "bin" / "scontrol").chmod(0o755)
-    return directory / "bin"
 
 
 def test_sigusr1_under_slurm_requeues_and_the_requeued_job_ends_with_the_uninterrupted_weights(

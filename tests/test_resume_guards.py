@@ -13,10 +13,9 @@ import textwrap
 import pytest
 import torch
 import yaml
+from fake_cluster import fake_scontrol, free_port
 from omegaconf import OmegaConf
-from test_multinode import free_port
-from test_resume import fake_scontrol
-from test_train_app import one_thread, tiny_config, write_tiny_corpus  # noqa: F401 (fixture)
+from tiny_corpus import tiny_config, write_tiny_corpus
 
 from transformer_nmt.checkpoint import CKPT_FINGERPRINT, read_checkpoint
 from transformer_nmt.hardware import CPU_BF16_ENV

@@ -5,7 +5,7 @@ import os
 
 import pytest
 from conftest import KEPT
-from test_train_app import one_thread, tiny_config, write_tiny_corpus  # noqa: F401 (fixture)
+from tiny_corpus import tiny_config, write_tiny_corpus
 
 from transformer_nmt import run_files
 from transformer_nmt.training import launch

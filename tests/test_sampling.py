@@ -5,7 +5,7 @@ from collections import Counter
 
 import pytest
 import torch
-from test_decoding import early_eos_table
+from reference_decoding import early_eos_table
 from tiny_checkpoint import multi30k_lines, tiny_tokenizer, write_checkpoint
 
 from transformer_nmt.checkpoint import load_checkpoint

@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 
 import pytest
-from test_resume import fake_scontrol
-from test_train_app import tiny_overrides, write_tiny_corpus
+from fake_cluster import fake_scontrol
+from tiny_corpus import tiny_overrides, write_tiny_corpus
 
 import transformer_nmt
 from transformer_nmt.checkpoint import read_checkpoint

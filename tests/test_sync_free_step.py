@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 from lightning.pytorch.callbacks import Callback
-from test_train_app import one_thread, tiny_config, write_tiny_corpus  # noqa: F401 (fixture)
+from tiny_corpus import tiny_config, write_tiny_corpus
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import transformer_nmt.training.app as train_app

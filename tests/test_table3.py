@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from omegaconf import OmegaConf
-from test_train_app import compose_train
+from tiny_corpus import compose_train
 
 import transformer_nmt.analysis.ablation as summarize_ablation
 import transformer_nmt.analysis.table3 as table3

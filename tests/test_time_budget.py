@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import lightning.pytorch as pl
 import pytest
 import torch
-from test_train_app import one_thread, tiny_config, write_tiny_corpus  # noqa: F401 (fixture)
+from tiny_corpus import tiny_config, write_tiny_corpus
 
 import transformer_nmt.analysis.reproduce as reproduce
 import transformer_nmt.training.time_budget as time_budget

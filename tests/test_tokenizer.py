@@ -4,17 +4,9 @@ import pickle
 
 import datasets
 import pytest
+from toy_sentences import sentences
 
 from transformer_nmt.data.tokenizer import Tokenizer, tokenize_dataset, train_sentencepiece
-
-WORDS = "the a dog cat runs sleeps on under green red big small house tree der die das Hund Katze läuft schläft".split()
-
-
-def sentences(n=600, seed=0):
-    import random
-
-    rng = random.Random(seed)
-    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 12))) for _ in range(n)]
 
 
 @pytest.fixture(scope="module")

@@ -1,10 +1,8 @@
 """The training app: configs compose and are validated, and `experiment=smoke` runs end to end.
 
-Also holds the helpers the other training tests import: a tiny corpus cut from the bundled
-Multi30k and a composed config that trains a tiny model on it in seconds.
+The tiny corpus and the composed configs that the training tests share live in tiny_corpus.py.
 """
 
-import gzip
 import itertools
 import json
 import math
@@ -13,7 +11,6 @@ import subprocess
 import sys
 import time
 from datetime import datetime
-from pathlib import Path
 
 import pytest
 import sacrebleu
@@ -21,63 +18,13 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tiny_corpus import REPO, compose_train, tiny_config, write_tiny_corpus
 
 from transformer_nmt.conf import CONF_DIR
 from transformer_nmt.hardware import CPU_BF16_ENV
 from transformer_nmt.training.app import ConfigError, batch_seed, train, validate_config
 from transformer_nmt.training.config import register_configs
 from transformer_nmt.training.precision import precision_dependent
-
-REPO = Path(__file__).resolve().parents[1]
-MULTI30K = REPO / "data" / "multi30k"
-
-
-def write_tiny_corpus(directory: Path, n_train: int = 120, n_eval: int = 24) -> Path:
-    """The first pairs of Multi30k as plain-text PREFIX.en / PREFIX.de files; returns ``directory``."""
-    directory.mkdir(parents=True, exist_ok=True)
-    for split, source, n in (("train", "train", n_train), ("val", "val", n_eval), ("test", "test_2016_flickr", n_eval)):
-        for lang in ("en", "de"):
-            with gzip.open(MULTI30K / f"{source}.{lang}.gz", "rt", encoding="utf-8") as f:
-                lines = [next(f) for _ in range(n)]
-            (directory / f"{split}.{lang}").write_text("".join(lines), encoding="utf-8")
-    return directory
-
-
-def tiny_overrides(corpus: Path) -> list[str]:
-    """Command-line overrides of conf/train.yaml: the tiny model on the tiny corpus, quiet, on one CPU, in fp32
-    named explicitly: tests compare runs' weights, and trainer.precision=auto would make that comparison depend
-    on the CPU's flags (bf16-mixed on a CPU with native bf16)."""
-    return [
-        "model=tiny", "data=local", f"data.train={corpus}/train", f"data.val={corpus}/val", f"data.test={corpus}/test",
-        f"data.cache_dir={corpus}/cache", "data.vocab_size=256", "data.max_tokens=512", "data.num_proc=1",
-        "trainer=cpu", "trainer.precision=32-true", "trainer.enable_progress_bar=false", "trainer.max_epochs=-1",
-        "trainer.log_every_n_steps=1",
-        "train.warmup_steps=20", "train.lr_factor=1.0", "train.val_bleu_max_sentences=8",
-        "train.test_bleu_max_sentences=8", "run_test=false", "attention_maps.every_n_validations=0",
-    ]
-
-
-def tiny_config(corpus: Path, *overrides: str):
-    """conf/train.yaml with ``tiny_overrides``, and ``overrides`` on top."""
-    register_configs()
-    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
-        return compose("train", overrides=tiny_overrides(corpus) + list(overrides))
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """One intra-op thread: the machine's cores are shared, and oversubscribed OpenMP threads crawl."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def compose_train(*overrides: str):
-    register_configs()
-    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
-        return compose("train", overrides=list(overrides))
-
 
 # --- configs ----------------------------------------------------------------------------------
 

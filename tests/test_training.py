@@ -12,7 +12,7 @@ import sacrebleu
 import torch
 import torch.nn.functional as F
 from lightning.pytorch.callbacks import Timer
-from test_train_app import one_thread, tiny_config, write_tiny_corpus  # noqa: F401 (fixture)
+from tiny_corpus import tiny_config, write_tiny_corpus
 
 import transformer_nmt
 from transformer_nmt.checkpoint import (
@@ -499,7 +499,7 @@ def test_resuming_refuses_another_vocabulary_and_pre_in_proj_optimizer_state(tmp
     """on_load_checkpoint: a checkpoint whose SentencePiece model differs from the data's stops the resume
     (the ids would mean other pieces); a pre-in_proj checkpoint's weights load (read_checkpoint stacks them:
     checkpoint.migrate_checkpoint), but its optimizer state cannot resume (Lightning's loader refuses it)."""
-    from test_tokenizer import sentences
+    from toy_sentences import sentences
 
     from transformer_nmt.data.tokenizer import train_sentencepiece
     from transformer_nmt.training.checkpoint_io import AtomicCheckpointIO

@@ -14,8 +14,8 @@ import hydra._internal.utils
 import hydra.utils
 import pytest
 import torch
-from test_train_app import tiny_config, write_tiny_corpus
 from tiny_checkpoint import tiny_tokenizer, write_checkpoint
+from tiny_corpus import tiny_config, write_tiny_corpus
 
 from transformer_nmt.checkpoint import (
     CKPT_DATA_CONFIG,
