@@ -49,6 +49,8 @@ def table(header: list[str], rows: list[list]) -> str:
 # --- runs D, E and F of the recipe (docs/quality/run_{D,E,F}_{reproduce,results}.json) ----------------------
 
 RECIPE_RUNS = {  # run: what distinguishes it (words, not numbers)
+    "H": "the recipe with rotary positions (`model.positions=rotary`), the last 10 epochs averaged, the length "
+         "penalty's exponent chosen on val (issue 36's hour); a host whose recipe step runs at 0.43x E's",
     "G": "the recipe with seed=2, F's host (issue 31's seeds)",
     "F": "the recipe again, on a slower host (issue 31's ensemble study)",
     "E": "the recipe (its bf16 setting), today's step",
@@ -137,6 +139,28 @@ def recipe_curve(root: Path) -> str:
                      f"({low['minutes']} min) to {high['greedy_val_bleu']:.2f} ({high['minutes']} min) and ends at "
                      f"{curve[-1]['greedy_val_bleu']:.2f}")
     return table(header, rows) + "\n\nGreedy val BLEU: " + "; ".join(notes) + "."
+
+
+EPOCHS_SHOWN = (5, 10, 15, 20)  # then H's last validation
+
+
+def rotary_by_epoch(root: Path) -> str:
+    """Greedy val BLEU after the same epochs: the recipe (E) against it with rotary positions (H), then the test
+    scores. The recipe validates once an epoch (validation k is epoch k) on the same schedule in steps."""
+    (rep_e, _), (rep_h, _) = recipe_run(root, "E"), recipe_run(root, "H")
+    curve_e, curve_h = ([p["greedy_val_bleu"] for p in rep["val_curve"]] for rep in (rep_e, rep_h))
+    shown = [*EPOCHS_SHOWN, len(curve_h)]
+    rows = [["**E**: the recipe (sinusoidal positions)", *(f"{curve_e[e - 1]:.2f}" for e in shown)],
+            ["**H**: with rotary positions", *(f"{curve_h[e - 1]:.2f}" for e in shown)],
+            ["H - E", *(f"{curve_h[e - 1] - curve_e[e - 1]:+.2f}" for e in shown)]]
+    caught_up = next((epoch for epoch, bleu in enumerate(curve_e, 1) if bleu >= curve_h[-1]), None)
+    test_e, test_h = rep_e["scores"]["test_beam4"], rep_h["scores"]["test_beam4"]
+    return (table(["greedy val BLEU after epoch", *map(str, shown)], rows) +
+            f"\n\nEpoch {len(curve_h)} is H's last; the recipe first reaches H's last greedy val BLEU "
+            f"({curve_h[-1]:.2f}) at epoch {caught_up} of its {len(curve_e)}. On test (chosen on val): E after "
+            f"{len(curve_e)} epochs {test_e['bleu']:.2f} cased, {test_e['bleu_lowercase']:.2f} lowercased; H after "
+            f"{len(curve_h)} epochs {test_h['bleu']:.2f} cased, {test_h['bleu_lowercase']:.2f} lowercased, "
+            f"**{test_h['bleu_multi30k']:.2f} in the Multi30k convention**.")
 
 
 def recipe_headline(root: Path) -> str:
@@ -673,6 +697,7 @@ BLOCKS = {
     "quality-conventions": bleu_conventions,
     "quality-published-baseline": tiny_baseline,
     "quality-tiny-search": tiny_search,
+    "quality-rotary-hour": rotary_by_epoch,
     "quality-distillation": distillation,
     "quality-beam": recipe_beam,
     "ablations-study": table3_study,
