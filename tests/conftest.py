@@ -18,6 +18,20 @@ def pytest_xdist_auto_num_workers(config):
     return max(1, min(available_cpus(), MAX_WORKERS))
 
 
+# The modules whose tests launch processes (sweeps, DDP, torchrun nodes, the studies' steps, the smoke run, the
+# wheel): a minute or more each. Scheduled first, so that parallel workers end together instead of one of them
+# starting the longest module last.
+LONG_MODULES = ("test_sweeps.py", "test_ddp.py", "test_multinode.py", "test_back_translation_study.py",
+                "test_fine_tuning_study.py", "test_distillation_study.py", "test_resume.py", "test_train_app.py",
+                "test_wheel.py", "test_attention_maps.py", "test_resume_guards.py", "test_configs.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    """LONG_MODULES first, in that order; every other test after them in collection order."""
+    rank = {name: i for i, name in enumerate(LONG_MODULES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(LONG_MODULES)))
+
+
 @pytest.fixture(autouse=True, scope="session")
 def resolvers():
     """The configs' resolvers (${run_name:}, ${sweep_name:}, ${by_precision:}), as the apps register them
