@@ -15,6 +15,7 @@ from transformer_nmt.training.launch import (
     forget_requeue,
     is_requeue_resume,
     job_identity,
+    launch_time,
     note_requeue,
     requeued_resume,
     resume_checkpoint,
@@ -25,8 +26,11 @@ LAUNCHERS = ("SLURM_JOB_ID", "TORCHELASTIC_RUN_ID", "WORLD_SIZE")
 
 @pytest.fixture(autouse=True)
 def no_launcher(monkeypatch):
+    """No launcher's variables, and no launch time chosen yet: each test is a fresh process's launch (run_name
+    tells a single process by its cached launch time, which an earlier test in this worker may have set)."""
     for name in LAUNCHERS:
         monkeypatch.delenv(name, raising=False)
+    launch_time.cache_clear()
 
 
 def hydra_run_dir(*overrides: str) -> str:
