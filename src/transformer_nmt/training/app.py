@@ -72,6 +72,7 @@ from transformer_nmt.training.launch import (
     SlurmRequeue,
     agree_on_resume,
     is_requeue_resume,
+    refuse_planted_links,
     requeued_resume,
     resume_checkpoint,
     run_dir_lock,
@@ -401,7 +402,9 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: Sequence[str] = (), s
     """Fit and test one configuration, write ``run_dir/results.json`` (see ``run_results``; ``overrides``:
     the command line's, recorded there and in the checkpoints; ``sweep``: a job of a multirun, which resumes
     only a checkpoint written with the same overrides); returns the trainer (metrics in
-    ``trainer.callback_metrics``). The run holds its directory's lock throughout (launch.run_dir_lock), and
+    ``trainer.callback_metrics``). A run dir whose ``checkpoints/``, ``tensorboard/`` or a file written in place is
+    a link is refused (launch.refuse_planted_links; a file the run replaces atomically may be one: it is replaced,
+    the command refuses that too). The run holds its directory's lock throughout (launch.run_dir_lock), and
     under SLURM a requeue signal requeues it wherever it is (launch.SlurmRequeue.whole_run)."""
     started = time.perf_counter()
     run_dir = Path(run_dir)
@@ -409,6 +412,7 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: Sequence[str] = (), s
     validate_config(cfg)
     callbacks = build_callbacks(cfg, overrides)
     requeue = next((c for c in callbacks if isinstance(c, SlurmRequeue)), None)
+    refuse_planted_links(run_dir, replaced=False)  # checkpoints/, tensorboard/: written into, never through a link
     with run_dir_lock(run_dir, wait=cfg.wait_for_run_dir), requeue.whole_run(run_dir) if requeue else nullcontext():
         return _fit_and_test(cfg, run_dir, overrides, sweep, callbacks, started)
 
