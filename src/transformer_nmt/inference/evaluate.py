@@ -13,11 +13,12 @@ ensemble of those checkpoints (its first one's data and directory are used). Bea
 Writes to ``out=DIR`` (default: ``eval/`` beside the checkpoint) ``NAME.hyp`` (one line per source line),
 ``NAME.ref`` and ``NAME.json`` (each written to a temporary file beside it, fsynced, then renamed over it: a
 symbolic link in its place is replaced, never written through; a warning names an earlier evaluation of another
-checkpoint it replaces) with sacreBLEU's BLEU (cased and lowercased, with the length ratio and brevity penalty) and
-chrF and their signatures, so ``sacrebleu NAME.ref -i NAME.hyp`` reproduces the score exactly: both are scored as
-written, one line each (``one_line``: a line break inside a sentence, a lone CR included, is written as a space);
-the Multi30k literature's BLEU (``bleu_multi30k``: lowercased, Moses-tokenized; inference/multi30k_bleu.py, needs
-the optional sacremoses); and what made the file (``provenance``: commit, versions, machine, command, options).
+checkpoint it replaces; one that is a file evaluate reads, ``src=``, ``ref=`` or a checkpoint, is refused) with
+sacreBLEU's BLEU (cased and lowercased, with the length ratio and brevity penalty) and chrF and their signatures, so
+``sacrebleu NAME.ref -i NAME.hyp`` reproduces the score exactly: both are scored as written, one line each
+(``one_line``: a line break inside a sentence, a lone CR included, is written as a space); the Multi30k literature's
+BLEU (``bleu_multi30k``: lowercased, Moses-tokenized; inference/multi30k_bleu.py, needs the optional sacremoses);
+and what made the file (``provenance``: commit, versions, machine, command, options).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from transformer_nmt.data.config import DataConfig
 from transformer_nmt.data.corpus import ReadStats, read_pairs
 from transformer_nmt.durable import atomic_write
 from transformer_nmt.generation.config import DecodeConfig
+from transformer_nmt.inference.ensemble import checkpoint_paths
 from transformer_nmt.inference.multi30k_bleu import multi30k_bleu
 
 # one_line: the score is computed on these lines (sacreBLEU's tokenizers split words at whitespace, and a line break
@@ -48,6 +50,7 @@ from transformer_nmt.inference.translate import (
     load_model,
     one_line,
     read_lines,
+    same_file,
     translate_lines,
 )
 from transformer_nmt.options import command_argv, option, parse_options, require_checkpoint, values_of
@@ -187,6 +190,25 @@ def warn_replacing(path: Path, ckpt) -> None:
               f"to keep both)", file=sys.stderr)
 
 
+OUTPUT_SUFFIXES = (".hyp", ".ref", ".json")
+
+
+def check_outputs(options: EvaluateOptions, out_dir: Path, name: str) -> None:
+    """A SystemExit where one of the files evaluate writes (``OUT/NAME.hyp``, ``.ref``, ``.json``) is a file it reads
+    (``src=``, ``ref=``, a checkpoint of ``ckpt=``, a file of ``model_dir=``): another spelling, a symbolic or a hard
+    link of it too (translate.same_file). Replacing it would destroy the input (``src=D/t.hyp out=D name=t``)."""
+    reads = [("src", options.src), ("ref", options.ref)]
+    reads += [("ckpt", path) for path in (checkpoint_paths(options.ckpt) if options.ckpt else [])]
+    if options.model_dir and Path(options.model_dir).is_dir():
+        reads += [("model_dir", str(path)) for path in sorted(Path(options.model_dir).iterdir()) if path.is_file()]
+    for suffix in OUTPUT_SUFFIXES:
+        output = out_dir / f"{name}{suffix}"
+        for option_name, path in reads:
+            if path and same_file(output, path):
+                raise SystemExit(f"out={out_dir} name={name} writes {output}, which is the file {option_name}={path} "
+                                 f"names: evaluate would replace its own input; give another out=DIR or name=NAME")
+
+
 def write_text(path: Path, text: str) -> None:
     """``text`` (UTF-8) to ``path`` atomically (durable.atomic_write): a temporary file beside it, fsynced, renamed
     over it; a symbolic link at ``path`` is replaced by the file, its target left as it was."""
@@ -204,6 +226,8 @@ def main(argv: list[str] | None = None) -> dict:
     first = ckpt[0] if isinstance(ckpt, list) else ckpt
     sources, references, default_name = evaluation_pairs(options, meta)
     name = options.name or default_name
+    out_dir = Path(options.out) if options.out else default_out_dir(first)
+    check_outputs(options, out_dir, name)  # before decoding: nothing it reads is written over
 
     decode = values_of(DecodeConfig, options)
     started = time.perf_counter()
@@ -212,7 +236,6 @@ def main(argv: list[str] | None = None) -> dict:
     # What is scored is what is written: sacrebleu NAME.ref -i NAME.hyp reads the same lines, the same count
     hypotheses, references = [one_line(h) for h in hypotheses], [one_line(r) for r in references]
 
-    out_dir = Path(options.out) if options.out else default_out_dir(first)
     warn_replacing(out_dir / f"{name}.json", ckpt)
     write_text(out_dir / f"{name}.hyp", "".join(h + "\n" for h in hypotheses))
     write_text(out_dir / f"{name}.ref", "".join(r + "\n" for r in references))
