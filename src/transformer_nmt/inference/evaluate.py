@@ -6,8 +6,9 @@
 ``split=val|test`` reads that split of the data the checkpoint was trained on (its data config travels in the
 checkpoint), every pair, unfiltered; ``src=FILE ref=FILE`` scores any pair of plain-text files (``.gz`` too). What
 a checkpoint records never chooses a path on its own: the recorded locations are read only when they are relative
-paths inside the directory evaluate runs in (where the data of one's own runs lives, ``data/multi30k/...``), or
-with ``trust_data_paths=true``; any other is refused with the recorded path shown. ``ckpt=[A,B,...]`` scores the
+paths inside the directory evaluate runs in (where the data of one's own runs lives, ``data/multi30k/...``) and the
+checkpoint itself lies inside that directory (one's own run, ``outputs/...``), or with ``trust_data_paths=true``;
+any other is refused with the recorded path shown (a recorded Hub dataset name too). ``ckpt=[A,B,...]`` scores the
 ensemble of those checkpoints (its first one's data and directory are used). Beam and engine options as in
 ``translate`` (``--help`` lists them with their defaults; ``engine=ctranslate2`` with ``ckpt`` or ``model_dir``).
 Writes to ``out=DIR`` (default: ``eval/`` beside the checkpoint) ``NAME.hyp`` (one line per source line),
@@ -71,7 +72,8 @@ class EvaluateOptions(ModelOptions):
                                        "checkpoint's data.tgt_lang")
     trust_data_paths: bool = option(False, "split=: read the data locations the checkpoint records even where they "
                                            "are absolute or lead out of this directory (only for a checkpoint you "
-                                           "trust); false: only relative paths inside the directory evaluate runs in")
+                                           "trust); false: only relative paths inside the directory evaluate runs in, "
+                                           "of a checkpoint that lies inside it too")
 
 
 OPTIONS = EvaluateOptions
@@ -83,6 +85,14 @@ def outside_launch_dir(location: str) -> bool:
     are its owner's, and followed.)"""
     path = PurePath(location)
     return path.is_absolute() or location.startswith("~") or ".." in path.parts
+
+
+def inside_launch_dir(path: str | os.PathLike) -> bool:
+    """Whether the file ``path`` (its real location, links resolved) lies inside the directory this process runs
+    in: a checkpoint there (``outputs/...``) is taken as one's own run's, whose recorded data one may be taken to
+    have named."""
+    launch_dir, real = os.path.realpath(os.getcwd()), os.path.realpath(path)
+    return os.path.commonpath([launch_dir, real]) == launch_dir
 
 
 def recorded_locations(config: DataConfig, split: str) -> dict[str, str]:
@@ -97,8 +107,9 @@ def recorded_locations(config: DataConfig, split: str) -> dict[str, str]:
 
 def split_pairs(meta: dict, split: str, trust_paths: bool = False) -> tuple[list[str], list[str]]:
     """All source and reference sentences (unfiltered) of a split of a checkpoint's own training data;
-    ``meta`` as returned by ``load_checkpoint``. The recorded locations are read only when they stay inside the
-    working directory (``outside_launch_dir``), or with ``trust_paths``; else a SystemExit shows them."""
+    ``meta`` as returned by ``load_checkpoint``. The recorded locations (a file, a prefix, a Hub dataset's name) are
+    read only when they stay inside the working directory (``outside_launch_dir``) and the checkpoint lies inside it
+    too (``inside_launch_dir``: one's own run), or with ``trust_paths``; else a SystemExit shows them."""
     source = meta.get("source") or f"checkpoint {meta['path']}"
     if meta.get("data_config") is None:
         raise SystemExit(f"{source} does not record its data config; give src=FILE ref=FILE instead")
@@ -111,11 +122,22 @@ def split_pairs(meta: dict, split: str, trust_paths: bool = False) -> tuple[list
     except ValueError as error:
         raise SystemExit(f"{source}: {error}") from None
     for key, location in recorded_locations(config, split).items():
-        if location and outside_launch_dir(location) and not trust_paths:
+        if trust_paths or not location:
+            continue
+        if outside_launch_dir(location):
             raise SystemExit(f"{source} records {key}={location!r}, a path outside the directory evaluate runs in "
                              f"({Path.cwd()}): a recorded path is read only when it is relative and inside it. Give "
                              f"the files you mean with src=FILE ref=FILE, run evaluate from the directory the "
                              f"checkpoint's data paths are relative to, or pass trust_data_paths=true to read "
+                             f"{location!r} (only for a checkpoint you trust)")
+        if not inside_launch_dir(meta["path"]):  # a file from elsewhere: its record names none of the user's files
+            what = ("a dataset evaluate would fetch from the Hub (or read here)" if key == "data.hub_name"
+                    else "a path inside the directory evaluate runs in")
+            raise SystemExit(f"{source} records {key}={location!r}, {what}, and lies outside the directory evaluate "
+                             f"runs in ({Path.cwd()}): the recorded data of a checkpoint from elsewhere is not "
+                             f"read (it would choose what evaluate reads and copies into its outputs). Give the "
+                             f"files you mean with src=FILE ref=FILE, run evaluate from a directory the checkpoint "
+                             f"lies in (one's own run: outputs/...), or pass trust_data_paths=true to read "
                              f"{location!r} (only for a checkpoint you trust)")
     sources, references = [], []
     for src_chunk, tgt_chunk in read_pairs(spec, split, ReadStats()):
