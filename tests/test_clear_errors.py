@@ -2,6 +2,7 @@
 newer version, and a checkpoint whose model config asks for absurd sizes (refused before anything is allocated)."""
 
 import gzip
+import math
 
 import pytest
 import torch
@@ -12,6 +13,7 @@ import transformer_nmt.checkpoint as checkpoint_module
 from transformer_nmt.checkpoint import (
     CKPT_MODEL_CONFIG,
     CKPT_VERSION,
+    MODEL_PREFIX,
     CheckpointError,
     atomic_torch_save,
     load_checkpoint,
@@ -20,6 +22,8 @@ from transformer_nmt.data.corpus import CorpusError, CorpusSpec, ReadStats, read
 from transformer_nmt.inference.evaluate import main as evaluate_main
 from transformer_nmt.inference.evaluate import score
 from transformer_nmt.inference.translate import read_lines
+from transformer_nmt.model.transformer import Transformer, TransformerConfig
+from transformer_nmt.records import from_record
 from transformer_nmt.training.app import ConfigError, train
 
 
@@ -136,6 +140,35 @@ def test_more_weights_than_the_file_holds_are_refused_before_anything_is_allocat
     with pytest.raises(CheckpointError, match=rf"checkpoint {ckpt}: its model config describes [\d,]+ weights "
                                               r"\(.*layers 512\+1\) but the file holds [\d,]+"):
         load_checkpoint(ckpt)
+
+
+def test_weights_that_repeat_one_stored_value_are_refused_before_anything_is_allocated(ckpt, never_allocated):
+    """A crafted file within the bounds whose every weight has the config's shape but is a stride-0 view of one
+    stored value (``torch.zeros(1).expand(shape)``): the shapes match, so numel would count ~10^10 weights; the file
+    stores a few values per tensor, and loading is refused before the model is built."""
+    edited(ckpt, d_model=4096, d_ff=2 ** 18, n_heads=16, n_encoder_layers=16, n_decoder_layers=16)
+    checkpoint = torch.load(ckpt, weights_only=True)
+    config = from_record(TransformerConfig, checkpoint[CKPT_MODEL_CONFIG], "test", CKPT_MODEL_CONFIG)
+    with torch.device("meta"):
+        shapes = {key: value.shape for key, value in Transformer(config).state_dict().items()}
+    checkpoint["state_dict"] = {MODEL_PREFIX + key: torch.zeros(1).expand(shape) for key, shape in shapes.items()}
+    atomic_torch_save(checkpoint, ckpt)
+    assert ckpt.stat().st_size < 10 ** 6 and sum(math.prod(shape) for shape in shapes.values()) > 10 ** 10
+    with pytest.raises(CheckpointError, match=rf"checkpoint {ckpt}: its model config describes [\d,]+ weights "
+                                              r"\(vocab_size 100, d_model 4096, .*\) but the file holds \d{1,4} \("):
+        load_checkpoint(ckpt)
+
+
+def test_a_tied_embedding_counts_once_on_both_sides(ckpt):
+    """The tiny checkpoint ties its embeddings (one storage under two names): stored values counted per storage
+    still cover what the config needs, and it loads."""
+    checkpoint = torch.load(ckpt, weights_only=True)
+    weights = checkpoint["state_dict"]
+    tied = [key for key in weights if key.endswith("_embed.weight")]
+    assert len(tied) == 2 and weights[tied[0]].untyped_storage().data_ptr() == \
+        weights[tied[1]].untyped_storage().data_ptr()
+    model, _, _ = load_checkpoint(ckpt)
+    assert model.src_embed is model.tgt_embed
 
 
 def test_a_checkpoint_of_the_layout_before_in_proj_still_loads(ckpt):

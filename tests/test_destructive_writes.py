@@ -146,6 +146,39 @@ def test_average_refuses_to_overwrite_a_resumable_checkpoint_but_replaces_an_ear
 
 # --- evaluate over an earlier evaluation -----------------------------------------------------------------------------
 
+@pytest.mark.parametrize("same_as", ["src", "ref", "ckpt", "src as a symbolic link", "ref as a hard link"])
+def test_evaluate_refuses_an_output_that_is_one_of_its_inputs(tmp_path, tokenizer, same_as):
+    """evaluate src=D/t.hyp ref=D/t.ref out=D name=t replaced its own source with the hypotheses: refused, naming
+    the option, with every input as it was; another spelling or a link of an input too."""
+    data = tmp_path / "data"
+    data.mkdir()
+    src, ref, ckpt = data / "a.en", data / "a.de", data / "m.ckpt"
+    src.write_text("A dog runs.\nTwo men talk.\n")
+    ref.write_text("Ein Hund rennt.\nZwei Männer reden.\n")
+    out, name = tmp_path / "." / "data", "t"
+    if same_as == "src":
+        src = src.rename(data / "t.hyp")
+    elif same_as == "ref":
+        ref = ref.rename(data / "t.ref")
+    elif same_as == "ckpt":
+        ckpt, name = data / "t.json", "t"
+    elif same_as == "src as a symbolic link":
+        out = tmp_path / "links"
+        out.mkdir()
+        (out / "t.ref").symlink_to(src)
+    else:
+        out = tmp_path / "links"
+        out.mkdir()
+        os.link(ref, out / "t.hyp")
+    write_checkpoint(ckpt, tokenizer)
+    before = snapshot(tmp_path)
+    option = same_as.split()[0]
+    with pytest.raises(SystemExit, match=rf"out={out} name={name} writes .*, which is the file {option}="):
+        evaluate_main([f"ckpt={ckpt}", f"src={src}", f"ref={ref}", f"out={out}", f"name={name}", "beam=1",
+                       "max_len_offset=5"])
+    assert snapshot(tmp_path) == before
+
+
 def test_evaluate_names_the_earlier_evaluation_of_another_checkpoint_it_replaces(tmp_path, tokenizer, capsys):
     (tmp_path / "test.en").write_text("A dog runs.\n")
     (tmp_path / "test.de").write_text("Ein Hund rennt.\n")

@@ -81,6 +81,48 @@ def test_a_non_finite_step_stops_training_and_never_reaches_a_checkpoint(tmp_pat
     assert not (run_dir / run_files.RESULTS).exists()
 
 
+@pytest.mark.parametrize("what", ["loss", "gradient"])
+def test_a_non_finite_step_no_logging_step_or_save_read_stops_the_run_at_the_end_of_the_fit(tmp_path, monkeypatch,
+                                                                                            what):
+    """No checkpoint callback, logging every 100 steps, validate_at_end=true: no logging step or save comes after the
+    bad step, so the fit's end reads the flag (on_train_end): NonFiniteError naming the step, and no results.json
+    (before: the run returned normally and results.json held val_loss NaN)."""
+    corpus = write_tiny_corpus(tmp_path / "corpus", n_train=96, n_eval=4)  # 8 batches: no epoch end, no save
+    run_dir = tmp_path / "run"
+    cfg = tiny_config(corpus, f"trainer.max_steps={BAD_STEP + 1}", "trainer.log_every_n_steps=100",
+                      "callbacks.last_checkpoint=null", "checkpoint.recent.keep=0", "validate_at_end=true",
+                      "trainer.limit_val_batches=1")
+    poison(monkeypatch, what)
+    with pytest.raises(NonFiniteError, match=rf"optimizer step {BAD_STEP}\b.*not finite.*no checkpoint was written"
+                       ) as error:
+        train(cfg, run_dir)
+    assert "on_train_end" in {entry.name for entry in error.traceback}
+    assert not (run_dir / run_files.RESULTS).exists()
+    assert not list(run_dir.rglob("*.ckpt"))
+
+
+def test_results_json_never_holds_a_number_that_is_not_finite(tmp_path, monkeypatch):
+    """The final validation scoring NaN with finite weights (the validation loss made NaN): refused, naming it,
+    before results.json; a perplexity above fp32's range would be null, never Infinity (not JSON)."""
+    corpus = write_tiny_corpus(tmp_path / "corpus", n_train=48, n_eval=4)
+    run_dir = tmp_path / "run"
+    cfg = tiny_config(corpus, "trainer.max_steps=2", "callbacks.last_checkpoint=null", "validate_at_end=true",
+                      "trainer.limit_val_batches=1")
+    real = module_.label_smoothed_cross_entropy
+
+    def loss(*args, **kwargs):
+        loss_sum, nll_sum, n_tokens = real(*args, **kwargs)
+        if not kwargs.get("overwrite_logits"):  # a validation's
+            loss_sum = loss_sum * float("nan")
+        return loss_sum, nll_sum, n_tokens
+
+    monkeypatch.setattr(module_, "label_smoothed_cross_entropy", loss)
+    with pytest.raises(NonFiniteError, match=r"val/loss is nan \(not finite\) after optimizer step 2: results.json "
+                                             r"is not written"):
+        train(cfg, run_dir)
+    assert not (run_dir / run_files.RESULTS).exists()
+
+
 def test_a_checkpoint_of_non_finite_weights_is_refused_whatever_saves_it(tmp_path):
     """The save-time check alone (no flag raised by a training step): weights made NaN by hand."""
     tokenizer = tiny_tokenizer(vocab_size=100)

@@ -1,5 +1,6 @@
 """What a checkpoint records never chooses a path: ``evaluate split=val|test`` reads the data locations a checkpoint
-records only when they are relative paths inside the directory evaluate runs in (or with ``trust_data_paths=true``),
+records only when they are relative paths inside the directory evaluate runs in and the checkpoint lies there too
+(or with ``trust_data_paths=true``),
 language codes are validated wherever they become file names, and evaluate's outputs are written atomically,
 replacing a symbolic link planted in ``eval/`` instead of writing through it."""
 
@@ -64,6 +65,32 @@ def test_relative_recorded_paths_inside_the_launch_dir_are_read(tmp_path, tokeni
     monkeypatch.chdir(tmp_path)  # corpus/ is here: the recorded prefixes are the user's own data
     ckpt = checkpoint_recording(tmp_path / "run" / "model.ckpt", tokenizer)
     assert evaluate_main([f"ckpt={ckpt}", "split=val", *FAST])["sentences"] == 3
+
+
+@pytest.mark.parametrize("recorded", [{"format": "tsv", "test": "private/secrets.tsv"}, {"test": "corpus/test"},
+                                      {"format": "hub", "hub_name": "someorg/somedataset"}],
+                         ids=["a tsv of the user's", "the user's corpus", "a hub name"])
+def test_a_checkpoint_from_elsewhere_never_picks_a_file_in_the_launch_dir(tmp_path, tokenizer, corpus, monkeypatch,
+                                                                          recorded):
+    """A stranger's checkpoint (outside the launch dir) recording a relative path that names a file of the user's
+    under the launch dir (private/secrets.tsv), or a relative Hub name (a download): refused, naming the recorded
+    value, the checkpoint and the ways forward; nothing read, nothing written, the network never tried. The same
+    file recorded by a checkpoint inside the launch dir (one's own run) is read."""
+    work = tmp_path / "work"
+    (work / "private").mkdir(parents=True)
+    (work / "private" / "secrets.tsv").write_text("A password.\thunter2\nA key.\tswordfish\nA pin.\t1234\n")
+    (work / "corpus").symlink_to(corpus, target_is_directory=True)  # the user's data, under the launch dir
+    monkeypatch.chdir(work)
+    ckpt = checkpoint_recording(tmp_path / "shared" / "s10" / "model.ckpt", tokenizer, **recorded)
+    key, value = ("data.hub_name", recorded["hub_name"]) if "hub_name" in recorded else ("data.test", recorded["test"])
+    with pytest.raises(SystemExit, match=rf"checkpoint {ckpt} records {key}='{value}', .*and lies outside the "
+                                         rf"directory evaluate runs in \({work}\).*src=FILE ref=FILE.*"
+                                         r"trust_data_paths=true"):
+        evaluate_main([f"ckpt={ckpt}", "split=test", *FAST])
+    assert sorted(p.name for p in ckpt.parent.iterdir()) == ["model.ckpt"]  # no eval/
+    if "hub_name" not in recorded:  # one's own run: the same record, read
+        own = checkpoint_recording(work / "outputs" / "run" / "model.ckpt", tokenizer, **recorded)
+        assert evaluate_main([f"ckpt={own}", "split=test", *FAST])["sentences"] == 3
 
 
 def test_an_absolute_hub_directory_is_refused_too(tmp_path, tokenizer, monkeypatch):

@@ -22,7 +22,6 @@ A checkpoint an older version wrote is brought to today's layout as it is read, 
 
 from __future__ import annotations
 
-import math
 import os
 import re
 from pathlib import Path
@@ -167,8 +166,10 @@ def vocabulary_entries(checkpoint: dict) -> tuple | None:
 def model_config_of(checkpoint: dict, source: str) -> TransformerConfig:
     """The model config a checkpoint (``read_checkpoint``'s dict; ``source`` names it in errors) records, checked
     before anything is built: its fields and types (records.from_record), each size within ``MODEL_LIMITS``, each
-    weight the file holds of the shape the config gives it, and no more weights described than the file holds (the
-    model is laid out on the meta device, which allocates nothing; a weight may be absent under its name in a
+    weight the file holds of the shape the config gives it, and no more weights described than the file holds in
+    storage (``stored_values``: a stride-0 view of one stored value does not count as the weights its shape
+    claims; a tied weight counts once on both sides; the model is laid out on the meta device, which allocates
+    nothing; a weight may be absent under its name in a
     checkpoint not yet brought to today's layout, e.g. q_proj/k_proj/v_proj before ``migrate_checkpoint`` stacks
     them into in_proj). So what a reader allocates is bounded by what the file holds. ``CheckpointError`` naming
     the field or the weight."""
@@ -190,7 +191,8 @@ def model_config_of(checkpoint: dict, source: str) -> TransformerConfig:
                               f"{config.d_model} is a position table above {POSITION_TABLE_LIMIT} values: the file is "
                               f"damaged or crafted; refusing to build it")
     with torch.device("meta"):  # shapes only: nothing is allocated
-        expected = {key: tuple(value.shape) for key, value in Transformer(config).state_dict().items()}
+        state = Transformer(config).state_dict(keep_vars=True)  # a tied weight: one tensor under two names
+    expected = {key: tuple(value.shape) for key, value in state.items()}
     weights = {key: value for key, value in (checkpoint.get("state_dict") or {}).items()
                if key.startswith(MODEL_PREFIX) and isinstance(value, torch.Tensor)}
     described = (f"vocab_size {config.vocab_size}, d_model {config.d_model}, d_ff {config.d_ff}, layers "
@@ -201,11 +203,27 @@ def model_config_of(checkpoint: dict, source: str) -> TransformerConfig:
             raise CheckpointError(f"{source}: its model config does not describe its weights: {MODEL_PREFIX}{key} is "
                                   f"{tuple(found.shape)} in the file, {shape} by the config ({described}): the file is "
                                   f"damaged or was not written by transformer_nmt")
-    needed, held = sum(math.prod(shape) for shape in expected.values()), sum(v.numel() for v in weights.values())
+    needed = sum(value.numel() for value in {id(value): value for value in state.values()}.values())
+    held = stored_values(weights.values())
     if needed > held:
         raise CheckpointError(f"{source}: its model config describes {needed:,} weights ({described}) but the file "
-                              f"holds {held:,}: the file is damaged or was not written by transformer_nmt")
+                              f"holds {held:,} (values stored, each storage counted once: a view that repeats or "
+                              f"shares stored values holds no more): the file is damaged or was not written by "
+                              f"transformer_nmt")
     return config
+
+
+def stored_values(tensors) -> int:
+    """How many values ``tensors`` hold in storage, each storage counted once (in the element size of a tensor
+    viewing it): what a file really holds, not what its tensors' shapes claim. A view whose shape exceeds its storage
+    (``torch.zeros(1).expand(n)``, stride 0) or tensors sharing a storage (a tied weight) add no more than the
+    storage; ``numel`` would count the view's shape."""
+    storages: dict[int, int] = {}
+    for tensor in tensors:
+        storage = tensor.untyped_storage()
+        key = storage.data_ptr() or id(storage)  # an empty storage has no address
+        storages[key] = max(storages.get(key, 0), storage.nbytes() // max(tensor.element_size(), 1))
+    return sum(storages.values())
 
 
 def checkpoint_tokenizer(checkpoint: dict, path: str | os.PathLike) -> Tokenizer:

@@ -19,7 +19,7 @@ from omegaconf import DictConfig
 
 from transformer_nmt.training.app import finished_already, train
 from transformer_nmt.training.config import register_configs
-from transformer_nmt.training.launch import run_dir_lock
+from transformer_nmt.training.launch import refuse_planted_links, run_dir_lock
 from transformer_nmt.training.resolvers import register_resolvers
 
 register_configs()  # conf/train.yaml composes over the schemas (training/config.py)
@@ -35,6 +35,9 @@ def app(cfg: DictConfig) -> None:
     hydra_config = HydraConfig.get()
     overrides, sweep = list(hydra_config.overrides.task), hydra_config.mode == RunMode.MULTIRUN
     run_dir = Path(hydra_config.runtime.output_dir)
+    # the job log's handler (launch.RunDirLogFile) refused these before Hydra wrote .hydra/; again here where
+    # hydra.job_logging was replaced: before the lock, the skip decision's read of results.json and the run
+    refuse_planted_links(run_dir)
     with run_dir_lock(run_dir, wait=cfg.wait_for_run_dir):  # the skip decision too: no other launch writes there
         if sweep and finished_already(cfg, run_dir, overrides):
             return

@@ -6,18 +6,20 @@
 ``split=val|test`` reads that split of the data the checkpoint was trained on (its data config travels in the
 checkpoint), every pair, unfiltered; ``src=FILE ref=FILE`` scores any pair of plain-text files (``.gz`` too). What
 a checkpoint records never chooses a path on its own: the recorded locations are read only when they are relative
-paths inside the directory evaluate runs in (where the data of one's own runs lives, ``data/multi30k/...``), or
-with ``trust_data_paths=true``; any other is refused with the recorded path shown. ``ckpt=[A,B,...]`` scores the
+paths inside the directory evaluate runs in (where the data of one's own runs lives, ``data/multi30k/...``) and the
+checkpoint itself lies inside that directory (one's own run, ``outputs/...``), or with ``trust_data_paths=true``;
+any other is refused with the recorded path shown (a recorded Hub dataset name too). ``ckpt=[A,B,...]`` scores the
 ensemble of those checkpoints (its first one's data and directory are used). Beam and engine options as in
 ``translate`` (``--help`` lists them with their defaults; ``engine=ctranslate2`` with ``ckpt`` or ``model_dir``).
 Writes to ``out=DIR`` (default: ``eval/`` beside the checkpoint) ``NAME.hyp`` (one line per source line),
 ``NAME.ref`` and ``NAME.json`` (each written to a temporary file beside it, fsynced, then renamed over it: a
 symbolic link in its place is replaced, never written through; a warning names an earlier evaluation of another
-checkpoint it replaces) with sacreBLEU's BLEU (cased and lowercased, with the length ratio and brevity penalty) and
-chrF and their signatures, so ``sacrebleu NAME.ref -i NAME.hyp`` reproduces the score exactly: both are scored as
-written, one line each (``one_line``: a line break inside a sentence, a lone CR included, is written as a space);
-the Multi30k literature's BLEU (``bleu_multi30k``: lowercased, Moses-tokenized; inference/multi30k_bleu.py, needs
-the optional sacremoses); and what made the file (``provenance``: commit, versions, machine, command, options).
+checkpoint it replaces; one that is a file evaluate reads, ``src=``, ``ref=`` or a checkpoint, is refused) with
+sacreBLEU's BLEU (cased and lowercased, with the length ratio and brevity penalty) and chrF and their signatures, so
+``sacrebleu NAME.ref -i NAME.hyp`` reproduces the score exactly: both are scored as written, one line each
+(``one_line``: a line break inside a sentence, a lone CR included, is written as a space); the Multi30k literature's
+BLEU (``bleu_multi30k``: lowercased, Moses-tokenized; inference/multi30k_bleu.py, needs the optional sacremoses);
+and what made the file (``provenance``: commit, versions, machine, command, options).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from transformer_nmt.data.config import DataConfig
 from transformer_nmt.data.corpus import ReadStats, read_pairs
 from transformer_nmt.durable import atomic_write
 from transformer_nmt.generation.config import DecodeConfig
+from transformer_nmt.inference.ensemble import checkpoint_paths
 from transformer_nmt.inference.multi30k_bleu import multi30k_bleu
 
 # one_line: the score is computed on these lines (sacreBLEU's tokenizers split words at whitespace, and a line break
@@ -48,6 +51,7 @@ from transformer_nmt.inference.translate import (
     load_model,
     one_line,
     read_lines,
+    same_file,
     translate_lines,
 )
 from transformer_nmt.options import command_argv, option, parse_options, require_checkpoint, values_of
@@ -68,7 +72,8 @@ class EvaluateOptions(ModelOptions):
                                        "checkpoint's data.tgt_lang")
     trust_data_paths: bool = option(False, "split=: read the data locations the checkpoint records even where they "
                                            "are absolute or lead out of this directory (only for a checkpoint you "
-                                           "trust); false: only relative paths inside the directory evaluate runs in")
+                                           "trust); false: only relative paths inside the directory evaluate runs in, "
+                                           "of a checkpoint that lies inside it too")
 
 
 OPTIONS = EvaluateOptions
@@ -80,6 +85,14 @@ def outside_launch_dir(location: str) -> bool:
     are its owner's, and followed.)"""
     path = PurePath(location)
     return path.is_absolute() or location.startswith("~") or ".." in path.parts
+
+
+def inside_launch_dir(path: str | os.PathLike) -> bool:
+    """Whether the file ``path`` (its real location, links resolved) lies inside the directory this process runs
+    in: a checkpoint there (``outputs/...``) is taken as one's own run's, whose recorded data one may be taken to
+    have named."""
+    launch_dir, real = os.path.realpath(os.getcwd()), os.path.realpath(path)
+    return os.path.commonpath([launch_dir, real]) == launch_dir
 
 
 def recorded_locations(config: DataConfig, split: str) -> dict[str, str]:
@@ -94,8 +107,9 @@ def recorded_locations(config: DataConfig, split: str) -> dict[str, str]:
 
 def split_pairs(meta: dict, split: str, trust_paths: bool = False) -> tuple[list[str], list[str]]:
     """All source and reference sentences (unfiltered) of a split of a checkpoint's own training data;
-    ``meta`` as returned by ``load_checkpoint``. The recorded locations are read only when they stay inside the
-    working directory (``outside_launch_dir``), or with ``trust_paths``; else a SystemExit shows them."""
+    ``meta`` as returned by ``load_checkpoint``. The recorded locations (a file, a prefix, a Hub dataset's name) are
+    read only when they stay inside the working directory (``outside_launch_dir``) and the checkpoint lies inside it
+    too (``inside_launch_dir``: one's own run), or with ``trust_paths``; else a SystemExit shows them."""
     source = meta.get("source") or f"checkpoint {meta['path']}"
     if meta.get("data_config") is None:
         raise SystemExit(f"{source} does not record its data config; give src=FILE ref=FILE instead")
@@ -108,11 +122,22 @@ def split_pairs(meta: dict, split: str, trust_paths: bool = False) -> tuple[list
     except ValueError as error:
         raise SystemExit(f"{source}: {error}") from None
     for key, location in recorded_locations(config, split).items():
-        if location and outside_launch_dir(location) and not trust_paths:
+        if trust_paths or not location:
+            continue
+        if outside_launch_dir(location):
             raise SystemExit(f"{source} records {key}={location!r}, a path outside the directory evaluate runs in "
                              f"({Path.cwd()}): a recorded path is read only when it is relative and inside it. Give "
                              f"the files you mean with src=FILE ref=FILE, run evaluate from the directory the "
                              f"checkpoint's data paths are relative to, or pass trust_data_paths=true to read "
+                             f"{location!r} (only for a checkpoint you trust)")
+        if not inside_launch_dir(meta["path"]):  # a file from elsewhere: its record names none of the user's files
+            what = ("a dataset evaluate would fetch from the Hub (or read here)" if key == "data.hub_name"
+                    else "a path inside the directory evaluate runs in")
+            raise SystemExit(f"{source} records {key}={location!r}, {what}, and lies outside the directory evaluate "
+                             f"runs in ({Path.cwd()}): the recorded data of a checkpoint from elsewhere is not "
+                             f"read (it would choose what evaluate reads and copies into its outputs). Give the "
+                             f"files you mean with src=FILE ref=FILE, run evaluate from a directory the checkpoint "
+                             f"lies in (one's own run: outputs/...), or pass trust_data_paths=true to read "
                              f"{location!r} (only for a checkpoint you trust)")
     sources, references = [], []
     for src_chunk, tgt_chunk in read_pairs(spec, split, ReadStats()):
@@ -187,6 +212,25 @@ def warn_replacing(path: Path, ckpt) -> None:
               f"to keep both)", file=sys.stderr)
 
 
+OUTPUT_SUFFIXES = (".hyp", ".ref", ".json")
+
+
+def check_outputs(options: EvaluateOptions, out_dir: Path, name: str) -> None:
+    """A SystemExit where one of the files evaluate writes (``OUT/NAME.hyp``, ``.ref``, ``.json``) is a file it reads
+    (``src=``, ``ref=``, a checkpoint of ``ckpt=``, a file of ``model_dir=``): another spelling, a symbolic or a hard
+    link of it too (translate.same_file). Replacing it would destroy the input (``src=D/t.hyp out=D name=t``)."""
+    reads = [("src", options.src), ("ref", options.ref)]
+    reads += [("ckpt", path) for path in (checkpoint_paths(options.ckpt) if options.ckpt else [])]
+    if options.model_dir and Path(options.model_dir).is_dir():
+        reads += [("model_dir", str(path)) for path in sorted(Path(options.model_dir).iterdir()) if path.is_file()]
+    for suffix in OUTPUT_SUFFIXES:
+        output = out_dir / f"{name}{suffix}"
+        for option_name, path in reads:
+            if path and same_file(output, path):
+                raise SystemExit(f"out={out_dir} name={name} writes {output}, which is the file {option_name}={path} "
+                                 f"names: evaluate would replace its own input; give another out=DIR or name=NAME")
+
+
 def write_text(path: Path, text: str) -> None:
     """``text`` (UTF-8) to ``path`` atomically (durable.atomic_write): a temporary file beside it, fsynced, renamed
     over it; a symbolic link at ``path`` is replaced by the file, its target left as it was."""
@@ -204,6 +248,8 @@ def main(argv: list[str] | None = None) -> dict:
     first = ckpt[0] if isinstance(ckpt, list) else ckpt
     sources, references, default_name = evaluation_pairs(options, meta)
     name = options.name or default_name
+    out_dir = Path(options.out) if options.out else default_out_dir(first)
+    check_outputs(options, out_dir, name)  # before decoding: nothing it reads is written over
 
     decode = values_of(DecodeConfig, options)
     started = time.perf_counter()
@@ -212,7 +258,6 @@ def main(argv: list[str] | None = None) -> dict:
     # What is scored is what is written: sacrebleu NAME.ref -i NAME.hyp reads the same lines, the same count
     hypotheses, references = [one_line(h) for h in hypotheses], [one_line(r) for r in references]
 
-    out_dir = Path(options.out) if options.out else default_out_dir(first)
     warn_replacing(out_dir / f"{name}.json", ckpt)
     write_text(out_dir / f"{name}.hyp", "".join(h + "\n" for h in hypotheses))
     write_text(out_dir / f"{name}.ref", "".join(r + "\n" for r in references))

@@ -72,12 +72,13 @@ from transformer_nmt.training.launch import (
     SlurmRequeue,
     agree_on_resume,
     is_requeue_resume,
+    refuse_planted_links,
     requeued_resume,
     resume_checkpoint,
     run_dir_lock,
 )
 from transformer_nmt.training.lightning_adapter import quiet_start_up
-from transformer_nmt.training.module import TranslationModule, peak_lr
+from transformer_nmt.training.module import NonFiniteError, TranslationModule, peak_lr
 from transformer_nmt.training.precision import compute_dtype, precision_dependent, resolve_precision, uses_cuda
 from transformer_nmt.training.time_budget import TimeBudget
 
@@ -346,8 +347,9 @@ def run_results(module: TranslationModule, trainer: pl.Trainer, metrics: dict, o
     c = module.model.config
     d_k, d_v = c.head_dims()
 
-    def metric(key: str) -> float | None:
-        return round(float(metrics[key]), 4) if key in metrics else None
+    def metric(key: str) -> float | None:  # null where not measured, or not finite (a perplexity above fp32's range)
+        value = float(metrics[key]) if key in metrics else math.nan
+        return round(value, 4) if math.isfinite(value) else None
 
     tokens_per_sec = module.train_tokens_per_sec()
     budget = next((cb for cb in trainer.callbacks if isinstance(cb, TimeBudget)), None)
@@ -401,7 +403,9 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: Sequence[str] = (), s
     """Fit and test one configuration, write ``run_dir/results.json`` (see ``run_results``; ``overrides``:
     the command line's, recorded there and in the checkpoints; ``sweep``: a job of a multirun, which resumes
     only a checkpoint written with the same overrides); returns the trainer (metrics in
-    ``trainer.callback_metrics``). The run holds its directory's lock throughout (launch.run_dir_lock), and
+    ``trainer.callback_metrics``). A run dir whose ``checkpoints/``, ``tensorboard/`` or a file written in place is
+    a link is refused (launch.refuse_planted_links; a file the run replaces atomically may be one: it is replaced,
+    the command refuses that too). The run holds its directory's lock throughout (launch.run_dir_lock), and
     under SLURM a requeue signal requeues it wherever it is (launch.SlurmRequeue.whole_run)."""
     started = time.perf_counter()
     run_dir = Path(run_dir)
@@ -409,6 +413,7 @@ def train(cfg: DictConfig, run_dir: str | Path, overrides: Sequence[str] = (), s
     validate_config(cfg)
     callbacks = build_callbacks(cfg, overrides)
     requeue = next((c for c in callbacks if isinstance(c, SlurmRequeue)), None)
+    refuse_planted_links(run_dir, replaced=False)  # checkpoints/, tensorboard/: written into, never through a link
     with run_dir_lock(run_dir, wait=cfg.wait_for_run_dir), requeue.whole_run(run_dir) if requeue else nullcontext():
         return _fit_and_test(cfg, run_dir, overrides, sweep, callbacks, started)
 
@@ -460,6 +465,11 @@ def _fit_and_test(cfg: DictConfig, run_dir: Path, overrides: Sequence[str], swee
         best = trainer.checkpoint_callback.best_model_path  # "" when no validation ran
         trainer.test(module, datamodule=datamodule, ckpt_path=best if best and Path(best).is_file() else None)
         metrics.update(trainer.callback_metrics)
+    losses = {key: float(value) for key, value in metrics.items() if key.endswith("/loss") and key[:4] != "train"}
+    bad = {key: value for key, value in losses.items() if not math.isfinite(value)}
+    if bad:  # finite weights (checked at the fit's end) that still score NaN: nothing of this run is summarized
+        raise NonFiniteError(f"the final weights' {', '.join(f'{k} is {v}' for k, v in bad.items())} (not finite) "
+                             f"after optimizer step {trainer.global_step}: results.json is not written")
     if rank_zero_only.rank == 0:
         results = run_results(module, trainer, metrics, overrides, time.perf_counter() - started, cfg.seed,
                               provenance)
@@ -468,7 +478,7 @@ def _fit_and_test(cfg: DictConfig, run_dir: Path, overrides: Sequence[str], swee
             results["init_from"] = {"path": str(cfg.init_from), "sha256": init_digest,
                                     "kept": keep, "fresh": [item for item in KEEPABLE if item not in keep]}
         write_hypotheses(module, datamodule, run_dir)  # before results.json, which marks the run finished
-        text = json.dumps(results, indent=2) + "\n"
+        text = json.dumps(results, indent=2, allow_nan=False) + "\n"  # NaN and inf are not JSON
         atomic_write(run_dir / run_files.RESULTS, lambda f: f.write(text.encode()))  # complete, or not there
     return trainer
 

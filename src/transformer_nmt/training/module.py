@@ -286,6 +286,18 @@ class TranslationModule(pl.LightningModule):
             self.ema.restore(*self._ema_resumed, source="the resumed checkpoint")
             self._ema_resumed = None
 
+    def on_train_end(self):
+        """The end of the fit: a non-finite step that no logging step or save has read yet (logging every 100 steps,
+        no checkpoint callback) stops the run here, as do weights that are not finite, before a validation, the
+        test or results.json reads them (one host read, once per fit)."""
+        self.check_finite()
+        weights = [p for p in self.parameters() if p.is_floating_point()]
+        if weights and not torch.stack([torch.isfinite(p).all() for p in weights]).all():
+            bad = next(name for name, p in self.named_parameters() if p.is_floating_point()
+                       and not torch.isfinite(p).all())
+            raise NonFiniteError(f"training stopped: after optimizer step {self.global_step} the weights are not "
+                                 f"finite ({bad} holds NaN or inf); no results are written")
+
     def optimizer_step(self, *args, **kwargs):
         super().optimizer_step(*args, **kwargs)
         if self.ema is not None:
