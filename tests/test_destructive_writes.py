@@ -3,6 +3,7 @@ once the new one is complete (a failure in between keeps the old); ``translate o
 ``average`` never overwrites last.ckpt or a checkpoint a run can resume from; ``evaluate`` says which earlier
 evaluation of another checkpoint it replaces."""
 
+import json
 import os
 from pathlib import Path
 
@@ -191,5 +192,10 @@ def test_evaluate_names_the_earlier_evaluation_of_another_checkpoint_it_replaces
     evaluate_main([f"ckpt={first}", *common])  # the same checkpoint again: nothing to say
     assert "replac" not in capsys.readouterr().err
     evaluate_main([f"ckpt={second}", *common])
-    assert (f"{tmp_path / 'eval' / 'test.en.json'} holds the evaluation of {first}; replacing it with that of {second}"
-            in " ".join(capsys.readouterr().err.split()))
+    assert (f"{tmp_path / 'eval' / 'test.en.json'} holds the evaluation of '{first}'; replacing it with that of "
+            f"{second}" in " ".join(capsys.readouterr().err.split()))
+    planted = "\x1b]2;owned\x07\x1b[2J"  # what a planted NAME.json may say: shown as a literal, never sent as is
+    (tmp_path / "eval" / "test.en.json").write_text(json.dumps({"checkpoint": planted}))
+    evaluate_main([f"ckpt={second}", *common])
+    err = capsys.readouterr().err
+    assert "\x1b" not in err and "\x07" not in err and repr(planted) in err

@@ -6,6 +6,7 @@ import pytest
 from tiny_checkpoint import tiny_tokenizer, write_checkpoint
 
 from transformer_nmt.data.tokenizer import Tokenizer
+from transformer_nmt.inference.evaluate import main as evaluate_main
 from transformer_nmt.inference.translate import main as translate_main
 from transformer_nmt.inference.translate import plain_line
 
@@ -63,3 +64,13 @@ def test_alignment_stays_its_own_field(tmp_path, checkpoint, crafted_decoding):
     written = translate(tmp_path, checkpoint, "beam=1", "print_alignment=hard")
     rows = [line.split("\t") for line in written.split("\n")[:-1]]
     assert len(rows) == len(INPUT) and [len(row) for row in rows] == [2, 2, 2] and rows[0][0] == WRITTEN
+
+
+def test_evaluate_writes_and_scores_the_same_plain_lines(tmp_path, checkpoint, crafted_decoding):
+    (tmp_path / "src.txt").write_text("".join(line + "\n" for line in INPUT), encoding="utf-8")
+    (tmp_path / "ref.txt").write_text("red tab\n\nnew line\n", encoding="utf-8")
+    result = evaluate_main([f"ckpt={checkpoint}", f"src={tmp_path / 'src.txt'}", f"ref={tmp_path / 'ref.txt'}",
+                            f"out={tmp_path / 'eval'}", "name=crafted", "beam=1", "max_len_offset=3"])
+    written = (tmp_path / "eval" / "crafted.hyp").read_text(encoding="utf-8")
+    assert written.split("\n") == [WRITTEN, "", WRITTEN, ""] and no_controls(written, "\n")
+    assert result["sentences"] == len(INPUT)

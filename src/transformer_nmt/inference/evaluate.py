@@ -50,6 +50,7 @@ from transformer_nmt.inference.translate import (
     ModelOptions,
     load_model,
     one_line,
+    plain_line,
     read_lines,
     same_file,
     translate_lines,
@@ -207,8 +208,9 @@ def warn_replacing(path: Path, ckpt) -> None:
     except (OSError, ValueError, AttributeError):
         earlier = "a file that is not a readable evaluation"
     current = ckpt if isinstance(ckpt, list) else str(ckpt)
-    if earlier != current:
-        print(f"warning: {path} holds the evaluation of {earlier}; replacing it with that of {current} (give name=NAME "
+    if earlier != current:  # what the file says is shown as a Python literal: no escape sequence reaches a terminal
+        shown = earlier if earlier == "a file that is not a readable evaluation" else repr(earlier)
+        print(f"warning: {path} holds the evaluation of {shown}; replacing it with that of {current} (give name=NAME "
               f"to keep both)", file=sys.stderr)
 
 
@@ -255,8 +257,9 @@ def main(argv: list[str] | None = None) -> dict:
     started = time.perf_counter()
     hypotheses = [hyps[0][0] for hyps in translate_lines(model, tokenizer, sources, decode)]
     seconds = time.perf_counter() - started
-    # What is scored is what is written: sacrebleu NAME.ref -i NAME.hyp reads the same lines, the same count
-    hypotheses, references = [one_line(h) for h in hypotheses], [one_line(r) for r in references]
+    # What is scored is what is written: sacrebleu NAME.ref -i NAME.hyp reads the same lines, the same count. The
+    # hypotheses as translate writes them (plain_line: no control character either); the references as given.
+    hypotheses, references = [plain_line(h) for h in hypotheses], [one_line(r) for r in references]
 
     warn_replacing(out_dir / f"{name}.json", ckpt)
     write_text(out_dir / f"{name}.hyp", "".join(h + "\n" for h in hypotheses))
