@@ -1,16 +1,19 @@
 """Alignments from cross-attention: pieces merged into words, AER, the permutation task whose truth is
 known, and translate's print_alignment lines."""
 
+import io
 import json
 import re
 from pathlib import Path
 
 import pytest
+import sentencepiece as spm
 import torch
-from tiny_checkpoint import tiny_tokenizer, write_checkpoint
+from tiny_checkpoint import multi30k_lines, tiny_tokenizer, write_checkpoint
 
 from transformer_nmt.analysis import alignment_aer
 from transformer_nmt.checkpoint import load_checkpoint
+from transformer_nmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
 from transformer_nmt.hardware import cpu_model, reported_cpu_flags
 from transformer_nmt.inference.alignment import (
     align,
@@ -50,6 +53,26 @@ def test_words_are_those_of_the_printed_translation_and_of_the_input_line_with_u
     soft = align(model, tokenizer, src, hyp)
     assert soft.shape == (len(translation.split()), len(source.split())) == (4, 3)
     assert torch.allclose(soft.sum(1), torch.ones(4))
+
+
+def test_byte_pieces_give_their_character_to_the_last_of_them():
+    """With byte fallback a character outside the vocabulary is several byte pieces, and a prefix ending inside
+    it decodes to a replacement character: the last byte piece adds the character, the others nothing, and the
+    three belong to the word the character is in."""
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(multi30k_lines("train", "de", 300)), model_writer=model,
+                                   vocab_size=400, model_type="bpe", byte_fallback=True, character_coverage=0.98,
+                                   pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID, minloglevel=2)
+    tokenizer = Tokenizer.from_proto(model.getvalue())
+    ids = tokenizer.encode("Ein Hund\u2603 läuft.")  # the snowman: bytes E2 98 83
+    pieces = [tokenizer.id_to_piece(i) for i in ids]
+    first = pieces.index("<0xE2>")
+    assert pieces[first:first + 3] == ["<0xE2>", "<0x98>", "<0x83>"]
+    surfaces = tokenizer.surfaces(ids)
+    assert "".join(surfaces) == tokenizer.decode(ids) == "Ein Hund\u2603 läuft."
+    assert surfaces[first:first + 3] == ["", "", "\u2603"]
+    words = word_ids(surfaces)
+    assert words[first:first + 3] == [1, 1, 1] and words[first - 1] == 1  # "Hund☃" is one word
 
 
 def test_word_weights_sum_over_source_pieces_and_average_over_target_pieces():

@@ -16,7 +16,7 @@ import hashlib
 import io
 import os
 from collections.abc import Iterable, Iterator, Sequence
-from itertools import chain
+from itertools import accumulate, chain
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -151,11 +151,14 @@ class Tokenizer:
 
     def surfaces(self, ids: list[int]) -> list[str]:
         """The text each id adds to ``decode(ids)``, so that their concatenation is that text: "" for the special
-        ids decode drops, SentencePiece's " \u2047 " (space, "⁇", space) for an unknown piece, a space for "▁"."""
+        ids decode drops, SentencePiece's " \u2047 " (space, "⁇", space) for an unknown piece, a space for "▁".
+        Byte pieces (byte fallback) that only together make a character: the last of them adds it, the others ""
+        (a prefix ending inside a character decodes to a replacement character that the whole text does not hold:
+        each prefix counts only as far as it agrees with the whole text)."""
         texts = [self.decode(ids[:k]) for k in range(len(ids) + 1)]  # each prefix's text
-        if any(not longer.startswith(text) for text, longer in zip(texts, texts[1:])):
-            raise ValueError(f"ids {ids}: a piece changes the text decoded before it (byte pieces?); no text per piece")
-        return [longer[len(text):] for text, longer in zip(texts, texts[1:])]
+        whole = texts[-1]
+        ends = list(accumulate((len(os.path.commonprefix([text, whole])) for text in texts), max))
+        return [whole[start:end] for start, end in zip(ends, ends[1:])]
 
     def piece_id(self, piece: str) -> int | None:
         """The id of ``piece`` in the vocabulary, None where it is not one of its pieces (or is unk's)."""
