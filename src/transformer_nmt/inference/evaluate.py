@@ -40,7 +40,6 @@ from transformer_nmt.data.config import DataConfig
 from transformer_nmt.data.corpus import ReadStats, read_pairs
 from transformer_nmt.durable import atomic_write
 from transformer_nmt.generation.config import DecodeConfig
-from transformer_nmt.inference.ensemble import checkpoint_paths
 from transformer_nmt.inference.multi30k_bleu import multi30k_bleu
 
 # one_line: the score is computed on these lines (sacreBLEU's tokenizers split words at whitespace, and a line break
@@ -48,11 +47,12 @@ from transformer_nmt.inference.multi30k_bleu import multi30k_bleu
 from transformer_nmt.inference.translate import (
     SAMPLING_OPTIONS,
     ModelOptions,
+    checkpoint_reads,
     load_model,
     one_line,
     plain_line,
+    read_by,
     read_lines,
-    same_file,
     translate_lines,
 )
 from transformer_nmt.options import command_argv, option, parse_options, require_checkpoint, values_of
@@ -201,15 +201,15 @@ def default_out_dir(checkpoint: str | os.PathLike) -> Path:
 def warn_replacing(path: Path, ckpt) -> None:
     """A warning on stderr where ``path`` (NAME.json) holds an evaluation of another checkpoint than ``ckpt``, which
     this one replaces with its NAME.hyp, .ref and .json (``name=`` keeps both)."""
+    current = ckpt if isinstance(ckpt, list) else str(ckpt)
     try:
         earlier = json.loads(path.read_text(encoding="utf-8")).get("checkpoint")
+        shown = repr(earlier)  # what the file says, as a Python literal: no escape sequence reaches a terminal
     except FileNotFoundError:
         return
     except (OSError, ValueError, AttributeError):
-        earlier = "a file that is not a readable evaluation"
-    current = ckpt if isinstance(ckpt, list) else str(ckpt)
-    if earlier != current:  # what the file says is shown as a Python literal: no escape sequence reaches a terminal
-        shown = earlier if earlier == "a file that is not a readable evaluation" else repr(earlier)
+        earlier, shown = None, "a file that is not a readable evaluation"
+    if earlier != current:
         print(f"warning: {path} holds the evaluation of {shown}; replacing it with that of {current} (give name=NAME "
               f"to keep both)", file=sys.stderr)
 
@@ -221,16 +221,15 @@ def check_outputs(options: EvaluateOptions, out_dir: Path, name: str) -> None:
     """A SystemExit where one of the files evaluate writes (``OUT/NAME.hyp``, ``.ref``, ``.json``) is a file it reads
     (``src=``, ``ref=``, a checkpoint of ``ckpt=``, a file of ``model_dir=``): another spelling, a symbolic or a hard
     link of it too (translate.same_file). Replacing it would destroy the input (``src=D/t.hyp out=D name=t``)."""
-    reads = [("src", options.src), ("ref", options.ref)]
-    reads += [("ckpt", path) for path in (checkpoint_paths(options.ckpt) if options.ckpt else [])]
+    reads = [("src", options.src), ("ref", options.ref), *checkpoint_reads(options.ckpt)]
     if options.model_dir and Path(options.model_dir).is_dir():
         reads += [("model_dir", str(path)) for path in sorted(Path(options.model_dir).iterdir()) if path.is_file()]
     for suffix in OUTPUT_SUFFIXES:
         output = out_dir / f"{name}{suffix}"
-        for option_name, path in reads:
-            if path and same_file(output, path):
-                raise SystemExit(f"out={out_dir} name={name} writes {output}, which is the file {option_name}={path} "
-                                 f"names: evaluate would replace its own input; give another out=DIR or name=NAME")
+        read = read_by(output, reads)
+        if read is not None:
+            raise SystemExit(f"out={out_dir} name={name} writes {output}, which is the file {read[0]}={read[1]} "
+                             f"names: evaluate would replace its own input; give another out=DIR or name=NAME")
 
 
 def write_text(path: Path, text: str) -> None:

@@ -305,17 +305,27 @@ def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
         return os.path.realpath(a) == os.path.realpath(b)
 
 
+def checkpoint_reads(ckpt) -> list[tuple[str, str]]:
+    """``("ckpt", PATH)`` for each checkpoint ``ckpt=`` names (one, or an ensemble's list)."""
+    return [("ckpt", path) for path in (checkpoint_paths(ckpt) if ckpt else [])]
+
+
+def read_by(output: str | os.PathLike, reads: list[tuple[str, str | None]]) -> tuple[str, str] | None:
+    """The first ``(option, path)`` of ``reads`` whose file ``output`` is (``same_file``), None where none is:
+    writing ``output`` would destroy that input."""
+    return next(((option, path) for option, path in reads if path and same_file(output, path)), None)
+
+
 def check_output(options: TranslateOptions) -> None:
     """A SystemExit where ``output=`` names a file translate reads: opened for writing, it would be emptied before
     it is read."""
     if not options.output:
         return
     reads = [("input", options.input), ("prefix", options.prefix), ("score_reference", options.score_reference)]
-    reads += [("ckpt", path) for path in (checkpoint_paths(options.ckpt) if options.ckpt else [])]
-    for name, path in reads:
-        if path and same_file(options.output, path):
-            raise SystemExit(f"output={options.output} is the file {name}={path} names: writing the translations "
-                             f"there would empty it before it is read; write them to another file")
+    read = read_by(options.output, reads + checkpoint_reads(options.ckpt))
+    if read is not None:
+        raise SystemExit(f"output={options.output} is the file {read[0]}={read[1]} names: writing the translations "
+                         f"there would empty it before it is read; write them to another file")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -216,6 +216,15 @@ def dropout_seed(seed: int, rank: int, global_step: int, batch_idx: int) -> int:
     return hash((seed, rank, global_step, batch_idx)) & 0x7FFF_FFFF_FFFF_FFFF
 
 
+def first_non_finite(tensors: dict[str, Tensor]) -> str | None:
+    """The name of the first floating-point tensor of ``tensors`` holding NaN or inf, None where all are finite
+    (one host read when they are: a single reduction over all of them)."""
+    weights = {name: value for name, value in tensors.items() if value.is_floating_point()}
+    if not weights or torch.stack([torch.isfinite(value).all() for value in weights.values()]).all():
+        return None
+    return next(name for name, value in weights.items() if not torch.isfinite(value).all())
+
+
 class TranslationModule(pl.LightningModule):
     """Trains a ``Transformer`` with the paper's recipe (sections 5.3, 5.4); logs loss, perplexity,
     learning rate, gradient norm, throughput, and validation BLEU.
@@ -291,10 +300,8 @@ class TranslationModule(pl.LightningModule):
         no checkpoint callback) stops the run here, as do weights that are not finite, before a validation, the
         test or results.json reads them (one host read, once per fit)."""
         self.check_finite()
-        weights = [p for p in self.parameters() if p.is_floating_point()]
-        if weights and not torch.stack([torch.isfinite(p).all() for p in weights]).all():
-            bad = next(name for name, p in self.named_parameters() if p.is_floating_point()
-                       and not torch.isfinite(p).all())
+        bad = first_non_finite(dict(self.named_parameters()))
+        if bad is not None:
             raise NonFiniteError(f"training stopped: after optimizer step {self.global_step} the weights are not "
                                  f"finite ({bad} holds NaN or inf); no results are written")
 
@@ -515,9 +522,8 @@ class TranslationModule(pl.LightningModule):
         last finite checkpoint stays (one host read per save)."""
         if self.attached_to_trainer():
             self.check_finite()
-        weights = {k: v for k, v in checkpoint.get("state_dict", {}).items() if v.is_floating_point()}
-        if weights and not torch.stack([torch.isfinite(v).all() for v in weights.values()]).all():
-            bad = next(k for k, v in weights.items() if not torch.isfinite(v).all())
+        bad = first_non_finite(checkpoint.get("state_dict", {}))
+        if bad is not None:
             step = checkpoint.get("global_step")
             raise NonFiniteError(f"refusing to save a checkpoint whose weights are not finite ({bad} holds NaN or inf"
                                  + (f", after optimizer step {step}" if step is not None else "")
