@@ -688,6 +688,58 @@ def distillation(root: Path) -> str:
     return table(header, rows)
 
 
+def back_translation(root: Path) -> str:
+    """studies/back_translation.py's runs: the reverse model, then the forward model on the real pairs, on the real
+    and back-translated pairs, and on the same tagged, per seed and their mean, on val and test (cased and in the
+    Multi30k convention)."""
+    study = read_json(root, QUALITY / "back_translation.json")
+    splits, keys = study["options"]["splits"], ("bleu", "bleu_multi30k")
+
+    def cells(scores: dict) -> list[str]:
+        return [f"{scores[split][key]:.2f}" for split in splits for key in keys]
+
+    reverse = f"reverse model ({study['options']['tgt_lang']}->{study['options']['src_lang']}, real pairs)"
+    rows = [[reverse, "-", *cells(study["reverse_model"]["scores"])]]
+    for corpus in study["mean_bleu"]:
+        runs = [run for run in study["runs"] if run["corpus"] == corpus]
+        rows += [[corpus, str(run["seed"]), *cells(run["scores"])] for run in runs]
+        mean = {split: {key: sum(run["scores"][split][key] for run in runs) / len(runs) for key in keys}
+                for split in splits}
+        rows.append([f"**{corpus}, mean**", f"{len(runs)} seeds", *cells(mean)])
+    header = ["training pairs", "seed", *(f"{split} {what}" for split in splits
+                                          for what in ("BLEU", "Multi30k convention"))]
+    pairs = study["pairs"]
+    return (table(header, rows) + f"\n\nPairs: {pairs['real']:,} real, {pairs['back_translated']:,} back-translated "
+            f"(search: {'sampling' if study['options']['sampling'] else 'beam ' + str(study['options']['beam'])}).")
+
+
+def fine_tuning(root: Path) -> str:
+    """studies/fine_tuning.py's runs: from scratch, fine-tuned, fine-tuned with frozen weights, per seed and their
+    mean, on the new task's val and test and on the parent's own task (its val: what fine-tuning forgot)."""
+    study = read_json(root, QUALITY / "fine_tuning.json")
+    splits, keys = study["options"]["splits"], ("bleu", "bleu_multi30k")
+    task = study["task"]
+
+    def cells(run: dict) -> list[str]:
+        new = [f"{run['scores'][split][key]:.2f}" for split in splits for key in keys]
+        return [*new, f"{run['parent_task']['bleu']:.2f}"]
+
+    parent = study["parent"]["parent_task"]
+    rows = [["the parent", "-", *(["-"] * (len(splits) * len(keys))), f"{parent['bleu']:.2f}"]]
+    for kind in study["mean_bleu"]:
+        runs = [run for run in study["runs"] if run["kind"] == kind]
+        rows += [[kind, str(run["seed"]), *cells(run)] for run in runs]
+        mean = {"scores": {split: {key: sum(run["scores"][split][key] for run in runs) / len(runs) for key in keys}
+                           for split in splits},
+                "parent_task": {"bleu": sum(run["parent_task"]["bleu"] for run in runs) / len(runs)}}
+        rows.append([f"**{kind}, mean**", f"{len(runs)} seeds", *cells(mean)])
+    new_task = f"{task['src_lang']}->{task['tgt_lang']}"
+    header = ["model", "seed", *(f"{new_task} {split} {what}" for split in splits
+                                 for what in ("BLEU", "Multi30k convention")),
+              f"parent's task ({task['tgt_lang']}->{task['src_lang']}) val BLEU"]
+    return table(header, rows)
+
+
 BLOCKS = {
     "readme-headline": recipe_headline,
     "readme-table3": table3_readme,
@@ -700,6 +752,8 @@ BLOCKS = {
     "quality-tiny-search": tiny_search,
     "quality-rotary-hour": rotary_by_epoch,
     "quality-distillation": distillation,
+    "quality-back-translation": back_translation,
+    "quality-fine-tuning": fine_tuning,
     "quality-beam": recipe_beam,
     "ablations-study": table3_study,
     "ablations-table": table3_full,

@@ -1,6 +1,7 @@
 """Fixtures shared across test modules."""
 
 import fcntl
+import os
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,10 @@ from transformer_nmt.hardware import CPU_BF16_ANSWERS, CPU_BF16_ENV, available_c
 from transformer_nmt.training.resolvers import register_resolvers
 
 MAX_WORKERS = 8  # each worker imports torch and Lightning and trains tiny runs: ~1-2 GB of memory
+
+# Every process a test launches (the apps, DDP ranks, torchrun nodes, the studies' steps) runs one intra-op thread,
+# as the workers themselves do (``one_thread``): the cores are shared, and oversubscribed OpenMP threads crawl.
+os.environ["OMP_NUM_THREADS"] = "1"
 
 
 def pytest_xdist_auto_num_workers(config):
@@ -23,7 +28,7 @@ def pytest_xdist_auto_num_workers(config):
 # starting the longest module last.
 LONG_MODULES = ("test_sweeps.py", "test_ddp.py", "test_multinode.py", "test_back_translation_study.py",
                 "test_fine_tuning_study.py", "test_distillation_study.py", "test_resume.py", "test_train_app.py",
-                "test_wheel.py", "test_attention_maps.py", "test_resume_guards.py", "test_configs.py")
+                "test_wheel.py", "test_resume_guards.py", "test_configs.py")
 
 
 def pytest_collection_modifyitems(config, items):

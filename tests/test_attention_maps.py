@@ -1,22 +1,16 @@
 """Per-head attention maps in TensorBoard: per (kind, layer, head) one image per probe under one tag and one
 entropy scalar, rendered off the training thread."""
 
-import io
 import logging
 import math
-import os
-import subprocess
-import sys
 import threading
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 from matplotlib import colormaps
-from PIL import Image
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tensorboard_events import decode, image_samples, read_events
 from tiny_corpus import tiny_config, write_tiny_corpus
 from torch.utils.tensorboard import SummaryWriter
 
@@ -28,12 +22,6 @@ from transformer_nmt.training.app import train
 from transformer_nmt.training.callbacks import AttentionMaps
 
 N_ENC, N_DEC, HEADS = 2, 1, 4
-
-
-def read_events(log_dir):
-    events = EventAccumulator(str(log_dir), size_guidance={"tensors": 0, "scalars": 0})
-    events.Reload()
-    return events
 
 
 @pytest.fixture(scope="module")
@@ -55,10 +43,6 @@ def test_entropy_of_uniform_and_one_hot_attention():
     one_hot = torch.zeros(1, 2, 3, 8)
     one_hot[..., 0] = 1.0
     assert torch.allclose(attention_entropy(one_hot), torch.zeros(2))
-
-
-def decode(png: bytes) -> np.ndarray:
-    return np.asarray(Image.open(io.BytesIO(png)).convert("RGB"))  # (H, W, 3)
 
 
 def test_one_png_per_map_at_one_size_whatever_the_sentence_length():
@@ -83,18 +67,6 @@ def test_each_map_is_drawn_with_its_own_weights():
             for col in range(3):
                 expected = high if weights[row, col] == 1 else low
                 assert np.abs(cell(image, row, col) - expected).max() <= 2, (row, col)
-
-
-def image_samples(events, tag):
-    """The (step, [decoded image per sample]) of an image tag written as tf.summary.image does."""
-    assert events.SummaryMetadata(tag).plugin_data.plugin_name == "images"
-    out = []
-    for event in events.Tensors(tag):
-        width, height, *pngs = event.tensor_proto.string_val
-        images = [decode(png) for png in pngs]
-        assert all(image.shape == (int(height), int(width), 3) for image in images)
-        out.append((event.step, images))
-    return out
 
 
 def test_one_image_per_probe_and_one_entropy_per_kind_layer_and_head(tmp_path, tokenizer):
@@ -197,32 +169,3 @@ def test_rendering_runs_off_the_training_thread_and_its_errors_are_logged_not_ra
     assert "attention maps at step 5: the probes failed" in caplog.text and "out of memory" in caplog.text
     assert maps._render is None
     writer.close()
-
-
-DDP_SCRIPT = """
-import sys
-from pathlib import Path
-sys.path.insert(0, {tests!r})
-from tiny_corpus import tiny_config
-from transformer_nmt.training.app import train
-
-corpus, out = Path(sys.argv[1]), Path(sys.argv[2])
-train(tiny_config(corpus, "trainer.devices=2", "trainer.strategy=ddp", "trainer.max_steps=2",
-                  "trainer.val_check_interval=2", "train.val_bleu_max_sentences=0",
-                  "attention_maps.every_n_validations=1", "attention_maps.n_probes=1"), out)
-"""
-
-
-def test_under_ddp_rank_0_alone_writes_the_maps_and_their_cost(corpus, tmp_path):
-    script = tmp_path / "ddp_maps.py"
-    script.write_text(DDP_SCRIPT.format(tests=str(Path(__file__).parent)))
-    # Lightning's "ddp" strategy re-launches the script for rank 1; the corpus caches exist already (fixture).
-    result = subprocess.run([sys.executable, str(script), str(corpus), str(tmp_path / "run")], capture_output=True,
-                            text=True, timeout=240, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert result.returncode == 0, result.stderr[-4000:]
-    events = read_events(tmp_path / "run" / "tensorboard")
-    images = [t for t in events.Tags()["tensors"] if t.startswith("attention/")]
-    assert len(images) == 2 * (2 + 2 * 2)  # tiny model: 2 heads, 2 + 2 layers
-    assert all([(step, len(samples)) for step, samples in image_samples(events, tag)] == [(2, 1)] for tag in images)
-    assert [e.step for e in events.Scalars("attention_maps/seconds")] == [2]
-    assert [e.step for e in events.Scalars("attention_maps/render_seconds")] == [2]

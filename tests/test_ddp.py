@@ -1,5 +1,6 @@
 """Two-process DDP on CPU (gloo) in bf16-mixed: ranks see different batches, end with identical weights,
-and agree on the validation BLEU computed over the hypotheses of both."""
+and agree on the validation BLEU computed over the hypotheses of both; through the app, one run dir, a resume,
+and the attention maps written by rank 0 alone."""
 
 import json
 import os
@@ -9,6 +10,7 @@ import textwrap
 from pathlib import Path
 
 import torch
+from tensorboard_events import image_samples, read_events
 from tiny_corpus import tiny_overrides, write_tiny_corpus
 
 import transformer_nmt
@@ -105,8 +107,8 @@ def test_two_cpu_processes_in_bf16_see_different_batches_and_end_with_identical_
 def test_trainer_ddp_through_the_app_runs_in_one_run_dir_and_resumes_when_run_again(tmp_path):
     """The documented launch, ``python -m transformer_nmt.train ... trainer=ddp trainer.devices=2`` (on CPU):
     Lightning's own launcher starts the second process with the first's run dir (the time-stamped one: no job
-    id), only the first writes .hydra/ and train.log; run again into that dir, both processes resume the
-    checkpoint the first chose."""
+    id), only the first writes .hydra/ and train.log, and rank 0 alone draws the attention maps and logs their
+    cost; run again into that dir, both processes resume the checkpoint the first chose."""
     corpus = write_tiny_corpus(tmp_path / "corpus")
     src = Path(transformer_nmt.__file__).resolve().parents[1]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{src}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
@@ -114,8 +116,9 @@ def test_trainer_ddp_through_the_app_runs_in_one_run_dir_and_resumes_when_run_ag
                *[a for a in tiny_overrides(corpus) if a != "trainer=cpu"],
                "trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "trainer.precision=32-true",
                "train.val_bleu_max_sentences=0", "checkpoint.save_top_k=0", "name=ddp"]
-    first = subprocess.run([*command, "trainer.max_steps=2"], cwd=tmp_path, env=env, capture_output=True, text=True,
-                           timeout=240)
+    maps = ["trainer.val_check_interval=2", "attention_maps.every_n_validations=1", "attention_maps.n_probes=1"]
+    first = subprocess.run([*command, "trainer.max_steps=2", *maps], cwd=tmp_path, env=env, capture_output=True,
+                           text=True, timeout=240)
     assert first.returncode == 0, first.stderr[-4000:]
     runs = list((tmp_path / "outputs" / "ddp").iterdir())
     assert len(runs) == 1, runs  # one run dir for both processes
@@ -124,8 +127,14 @@ def test_trainer_ddp_through_the_app_runs_in_one_run_dir_and_resumes_when_run_ag
     assert "GLOBAL_RANK: 1" not in (run_dir / "train.log").read_text()  # rank 1 logs to its own file
     last = run_dir / "checkpoints" / "last.ckpt"
     assert torch.load(last, weights_only=True)["global_step"] == 2
+    events = read_events(run_dir / "tensorboard")
+    images = [t for t in events.Tags()["tensors"] if t.startswith("attention/")]
+    assert len(images) == 2 * (2 + 2 * 2)  # tiny model: 2 heads, 2 + 2 layers; once each, not once per rank
+    assert all([(step, len(samples)) for step, samples in image_samples(events, tag)] == [(2, 1)] for tag in images)
+    assert [e.step for e in events.Scalars("attention_maps/seconds")] == [2]
+    assert [e.step for e in events.Scalars("attention_maps/render_seconds")] == [2]
 
-    again = subprocess.run([*command, "trainer.max_steps=3", f"hydra.run.dir={run_dir}"], cwd=tmp_path, env=env,
+    again = subprocess.run([*command, "trainer.max_steps=3", *maps, f"hydra.run.dir={run_dir}"], cwd=tmp_path, env=env,
                            capture_output=True, text=True, timeout=240)
     assert again.returncode == 0, again.stderr[-4000:]
     assert list((tmp_path / "outputs" / "ddp").iterdir()) == [run_dir]

@@ -62,6 +62,7 @@ def test_the_search_is_the_runs_own_and_the_alphas_to_choose_among(reproduce):
     assert reproduce.run_search(tiny, "0.8,1.0,1.2")[1] == [0.8, 1.0, 1.2]
     older = OmegaConf.create({"model": {}})  # a run written before the decode node: the paper's search
     assert reproduce.run_search(older, None) == ({"beam": 4, "length_penalty": "gnmt", "alpha": 0.6}, [0.6])
+    assert reproduce.run_search(tiny, reproduce.ALPHAS)[1] == [0.6, 1.0, 1.4]  # the default candidates
     with pytest.raises(SystemExit, match="alphas='x'"):
         reproduce.run_search(tiny, "x")
 

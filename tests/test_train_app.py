@@ -49,9 +49,9 @@ def test_every_experiment_and_trainer_composes_and_validates(experiment, trainer
 
 MULTI30K_CPU = {  # conf/experiment/multi30k_cpu.yaml's settings by the precision auto picks (docs/quality.md)
     "bf16-mixed": {"data.max_tokens": 4096, "train.warmup_steps": 1000, "train.lr_factor": 1.5, "model.dropout": 0.3,
-                   "checkpoint.recent.every_n_train_steps": 125},
+                   "checkpoint.recent.every_n_train_steps": 125, "checkpoint.recent.keep": 10},
     "32-true": {"data.max_tokens": 1024, "train.warmup_steps": 300, "train.lr_factor": 0.5, "model.dropout": 0.1,
-                "checkpoint.recent.every_n_train_steps": 250},
+                "checkpoint.recent.every_n_train_steps": 250, "checkpoint.recent.keep": 5},
 }
 
 
@@ -61,6 +61,7 @@ def test_the_cpu_recipe_sizes_batch_and_schedule_by_precision(cpu_bf16):
     validate_config(cfg)
     assert precision_dependent(cfg) == dict(sorted(expected.items()))
     assert {key: OmegaConf.select(cfg, key) for key in expected} == expected
+    assert cfg.model.positions == "rotary"  # at either precision (docs/quality.md, runs E and H)
     overridden = compose_train("experiment=multi30k_cpu", "data.max_tokens=2048", "trainer.precision=bf16-mixed")
     assert overridden.data.max_tokens == 2048  # the command line wins over the recipe's choice
     assert overridden.train.warmup_steps == MULTI30K_CPU["bf16-mixed"]["train.warmup_steps"]  # explicit precision
