@@ -2,6 +2,7 @@
 the run directory it scores (the one ``transformer_nmt.train`` picks), the BLEU-against-minutes curve read back
 from TensorBoard events, and the refusal to score a run that was never trained."""
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -78,6 +79,31 @@ def test_what_the_run_trained_is_said_against_what_it_planned(reproduce):
                                                  "1000), time limit 00:01:25:00")
     hour = reproduce.planned_and_trained({"steps": 5900}, OmegaConf.create({"trainer": {"max_steps": -1}}))
     assert reproduce.describe_budget(hour) == "trained 5,900 updates"
+
+
+def test_a_recipe_hour_is_said_against_its_reference_run_whose_numbers_are_its_raw_files(reproduce):
+    from omegaconf import OmegaConf
+
+    hour = OmegaConf.create({"trainer": {"max_steps": -1, "max_epochs": 100, "max_time": "00:00:55:00"}})
+    slow = reproduce.planned_and_trained({"steps": 3307, "epochs": 26.9, "precision": "bf16-mixed"}, hour,
+                                         "multi30k_cpu")
+    reference = reproduce.REFERENCE_HOURS[("multi30k_cpu", "bf16-mixed")]
+    assert slow["reference"] == reference
+    assert reproduce.describe_budget(slow).endswith(
+        f"time limit 00:00:55:00, {3307 / reference['steps']:.2f}x the {reference['steps']:,} updates "
+        f"({reference['epochs']} epochs) of the recipe's reference run {reference['run']} (docs/quality.md)")
+    # no reference: another recipe, another precision, or no time limit
+    assert "reference" not in reproduce.planned_and_trained({"steps": 9, "precision": "bf16-mixed"}, hour, "smoke")
+    assert "reference" not in reproduce.planned_and_trained({"steps": 9, "precision": "32-true"}, hour,
+                                                            "multi30k_cpu")
+    steps = OmegaConf.create({"trainer": {"max_steps": 8000, "max_time": None}})
+    assert "reference" not in reproduce.planned_and_trained({"steps": 9, "precision": "bf16-mixed"}, steps,
+                                                            "multi30k_cpu")
+    for (experiment, precision), run in reproduce.REFERENCE_HOURS.items():  # the numbers are the run's own
+        results = json.loads((REPO / "docs" / "quality" / f"run_{run['run']}_results.json").read_text())
+        report = json.loads((REPO / "docs" / "quality" / f"run_{run['run']}_reproduce.json").read_text())
+        assert (results["steps"], results["epochs"], results["precision"]) == (run["steps"], run["epochs"], precision)
+        assert report["planned"]["max_time"] and experiment in report["run_dir"]
 
 
 def test_the_package_command_scores_in_the_launch_directory(tmp_path):
