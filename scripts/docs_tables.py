@@ -55,7 +55,8 @@ RECIPE_RUNS = {  # run: what distinguishes it (words, not numbers)
          "penalty's exponent chosen on val (issue 36's hour); a host whose recipe step runs at 0.43x E's",
     "G": "the recipe with seed=2, F's host (issue 31's seeds)",
     "F": "the recipe again, on a slower host (issue 31's ensemble study)",
-    "E": "the recipe (its bf16 setting), today's step",
+    "E": "the recipe before rotary positions (its bf16 setting: sinusoids, the last 5 epochs averaged, alpha "
+         "0.6), with today's faster step",
     "D": "the same settings, the step before dropout.py and the CPU loss chunks",
 }
 

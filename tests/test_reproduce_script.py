@@ -63,7 +63,11 @@ def test_the_search_is_the_runs_own_and_the_alphas_to_choose_among(reproduce):
     assert reproduce.run_search(tiny, "0.8,1.0,1.2")[1] == [0.8, 1.0, 1.2]
     older = OmegaConf.create({"model": {}})  # a run written before the decode node: the paper's search
     assert reproduce.run_search(older, None) == ({"beam": 4, "length_penalty": "gnmt", "alpha": 0.6}, [0.6])
-    assert reproduce.run_search(tiny, reproduce.ALPHAS)[1] == [0.6, 1.0, 1.4]  # the default candidates
+    # the default: the CPU hour's candidates for its runs (by config name), none for any other run
+    hour = OmegaConf.create({"name": "multi30k_cpu_de_en", "decode": {"beam": 4}})
+    assert reproduce.run_search(hour, reproduce.recipe_alphas(hour))[1] == [0.6, 1.0, 1.4]
+    assert reproduce.recipe_alphas(OmegaConf.create({"name": "multi30k_tiny_en_de"})) is None
+    assert reproduce.recipe_alphas(older) is None
     with pytest.raises(SystemExit, match="alphas='x'"):
         reproduce.run_search(tiny, "x")
 
@@ -84,26 +88,26 @@ def test_what_the_run_trained_is_said_against_what_it_planned(reproduce):
 def test_a_recipe_hour_is_said_against_its_reference_run_whose_numbers_are_its_raw_files(reproduce):
     from omegaconf import OmegaConf
 
-    hour = OmegaConf.create({"trainer": {"max_steps": -1, "max_epochs": 100, "max_time": "00:00:55:00"}})
-    slow = reproduce.planned_and_trained({"steps": 3307, "epochs": 26.9, "precision": "bf16-mixed"}, hour,
-                                         "multi30k_cpu")
-    reference = reproduce.REFERENCE_HOURS[("multi30k_cpu", "bf16-mixed")]
+    hour = OmegaConf.create({"name": "multi30k_cpu_en_de",
+                             "trainer": {"max_steps": -1, "max_epochs": 100, "max_time": "00:00:55:00"}})
+    slow = reproduce.planned_and_trained({"steps": 3307, "epochs": 26.9, "precision": "bf16-mixed"}, hour)
+    reference = reproduce.REFERENCE_HOURS[("multi30k_cpu_en_de", "bf16-mixed")]
     assert slow["reference"] == reference
     assert reproduce.describe_budget(slow).endswith(
         f"time limit 00:00:55:00, {3307 / reference['steps']:.2f}x the {reference['steps']:,} updates "
         f"({reference['epochs']} epochs) of the recipe's reference run {reference['run']} (docs/quality.md)")
-    # no reference: another recipe, another precision, or no time limit
-    assert "reference" not in reproduce.planned_and_trained({"steps": 9, "precision": "bf16-mixed"}, hour, "smoke")
-    assert "reference" not in reproduce.planned_and_trained({"steps": 9, "precision": "32-true"}, hour,
-                                                            "multi30k_cpu")
-    steps = OmegaConf.create({"trainer": {"max_steps": 8000, "max_time": None}})
-    assert "reference" not in reproduce.planned_and_trained({"steps": 9, "precision": "bf16-mixed"}, steps,
-                                                            "multi30k_cpu")
-    for (experiment, precision), run in reproduce.REFERENCE_HOURS.items():  # the numbers are the run's own
+    # no reference: another run (a recipe's other direction, the tiny recipe), another precision, no time limit
+    for name in ("multi30k_cpu_de_en", "multi30k_tiny_en_de"):
+        other = OmegaConf.merge(hour, {"name": name})
+        assert "reference" not in reproduce.planned_and_trained({"steps": 9, "precision": "bf16-mixed"}, other)
+    assert "reference" not in reproduce.planned_and_trained({"steps": 9, "precision": "32-true"}, hour)
+    steps = OmegaConf.merge(hour, {"trainer": {"max_steps": 8000, "max_time": None}})
+    assert "reference" not in reproduce.planned_and_trained({"steps": 9, "precision": "bf16-mixed"}, steps)
+    for (name, precision), run in reproduce.REFERENCE_HOURS.items():  # the numbers are the run's own
         results = json.loads((REPO / "docs" / "quality" / f"run_{run['run']}_results.json").read_text())
         report = json.loads((REPO / "docs" / "quality" / f"run_{run['run']}_reproduce.json").read_text())
         assert (results["steps"], results["epochs"], results["precision"]) == (run["steps"], run["epochs"], precision)
-        assert report["planned"]["max_time"] and experiment in report["run_dir"]
+        assert report["planned"]["max_time"] and report["run_dir"].startswith(f"outputs/{name}/")
 
 
 def test_the_package_command_scores_in_the_launch_directory(tmp_path):

@@ -6,8 +6,9 @@
 
 (``python -m transformer_nmt.reproduce ...`` is the same command, launched in its checkout.) ``experiment``: the
 recipe (default ``multi30k_cpu``, the CPU hour; ``multi30k_tiny``, the published Transformer-Tiny); ``alphas``: the
-length penalty's exponents to choose among on val, beside the run's own ``decode.alpha`` (default ``ALPHAS``:
-0.6, 1.0 and 1.4; ``alphas=`` for the run's own alone). Other KEY=VALUE pairs
+length penalty's exponents to choose among on val, beside the run's own ``decode.alpha`` (default: the recipe's,
+``RECIPE_ALPHAS``: 0.6, 1.0 and 1.4 for the CPU hour; the run's own alone for any other run, the faithful
+Transformer-Tiny included; ``alphas=`` for the run's own alone). Other KEY=VALUE pairs
 go to training, after ``experiment=...`` (e.g. ``data.src_lang=de data.tgt_lang=en``). The run directory is the one
 ``transformer_nmt.train`` picks, ``outputs/NAME_OF_THE_EXPERIMENT/RUN_ID`` (``run_id`` defaults to the launch
 time); running again with the same run_id resumes its training (``ckpt_path=auto``). Each step is a separate
@@ -50,9 +51,11 @@ from transformer_nmt.hardware import reported_cpu_flags
 from transformer_nmt.provenance import PROVENANCE_KEY
 from transformer_nmt.provenance import collect as collect_provenance
 
-# The length penalty's exponents tried on val beside the run's own (GNMT's alpha or the power of fairseq's lenpen):
-# the recipe's model chose 1.4 (run H), Transformer-Tiny's 1.0 was near the best of its grid (run C's study).
-ALPHAS = "0.6,1.0,1.4"
+# The length penalty's exponents the CPU hour's runs (config name multi30k_cpu_SRC_TGT) try on val beside their own
+# (GNMT's alpha): its model chose 1.4 in runs H and I (docs/quality.md). Other runs try only their own unless given
+# alphas=: the Transformer-Tiny recipe keeps the published search (its grid on val: docs/quality.md, "The published
+# baseline").
+RECIPE_ALPHAS = {"multi30k_cpu_": "0.6,1.0,1.4"}
 SCORE_KEYS = ("bleu", "bleu_lowercase", "bleu_multi30k", "chrf", "length_ratio", "bp")  # evaluate's, per score
 
 
@@ -164,8 +167,8 @@ def evaluate(ckpt: Path, split: str, search: dict, out: Path, timings: dict, roo
 
 def run_search(run_config, alphas: str | None) -> tuple[dict, list[float]]:
     """The run's search (its config's ``decode``: beam, length_penalty, alpha; DecodeConfig's defaults for a run
-    older than that node) and the length-penalty exponents to choose among on val (``alphas=A,B,...``; default:
-    the run's alone)."""
+    older than that node) and the length-penalty exponents to choose among on val (``alphas=A,B,...``; None or
+    empty: the run's alone)."""
     from transformer_nmt.generation.config import DecodeConfig
 
     default = DecodeConfig()
@@ -188,20 +191,28 @@ def run_search(run_config, alphas: str | None) -> tuple[dict, list[float]]:
 # on another host is said against ("0.64x the 5,194 updates of the reference run"). The hour is a budget of time,
 # not of updates: the schedule does not depend on the run's length (a time limit truncates it cleanly), and the
 # reference run's val curve still rises in its last epochs, so a faster host keeps its extra updates; a slower one's
-# shortfall is printed and recorded. Run I: docs/quality.md, raw file docs/quality/run_I_results.json (a test holds
-# these numbers to it).
-REFERENCE_HOURS = {("multi30k_cpu", "bf16-mixed"): {"run": "I", "steps": 5194, "epochs": 42.23}}
+# shortfall is printed and recorded. Keyed by the run's config name and precision. Run I: docs/quality.md, raw file
+# docs/quality/run_I_results.json (a test holds these numbers to it).
+REFERENCE_HOURS = {("multi30k_cpu_en_de", "bf16-mixed"): {"run": "I", "steps": 5194, "epochs": 42.23}}
 
 
-def planned_and_trained(results: dict, run_config, experiment: str | None = None) -> dict:
+def recipe_alphas(run_config) -> str | None:
+    """The exponents a run of a recipe in RECIPE_ALPHAS tries by default (by its config's name), else None."""
+    name = str(run_config.get("name") or "")
+    return next((alphas for prefix, alphas in RECIPE_ALPHAS.items() if name.startswith(prefix)), None)
+
+
+def planned_and_trained(results: dict, run_config) -> dict:
     """What the run was planned to train (max_steps, max_epochs, max_time) against what it trained (steps, epochs),
     so that a slow host reads "trained 2,100 of 3,500 planned updates" rather than a silent shortfall; for a recipe
-    with a time limit and a reference run at this precision (REFERENCE_HOURS), that run's updates as the target."""
+    run with a time limit and a reference run of its name and precision (REFERENCE_HOURS), that run's updates as
+    the target."""
     trainer = run_config.get("trainer") or {}
     planned = {"max_steps": trainer.get("max_steps"), "max_epochs": trainer.get("max_epochs"),
                "max_time": trainer.get("max_time")}
     trained = {"steps": results.get("steps"), "epochs": results.get("epochs")}
-    reference = REFERENCE_HOURS.get((experiment, results.get("precision"))) if planned["max_time"] else None
+    key = (run_config.get("name"), results.get("precision"))
+    reference = REFERENCE_HOURS.get(key) if planned["max_time"] else None
     return {"planned": planned, "trained": trained, **({"reference": reference} if reference else {})}
 
 
@@ -271,7 +282,7 @@ def main(argv: list[str], root: Path | None = None) -> dict:
     if flags:
         sys.exit(f"transformer_nmt.reproduce takes KEY=VALUE options (see --help), not {flags[0]}")
     provenance = collect_provenance()  # the load at the start; its config: the run's, once trained
-    own = {"run_dir": None, "train": "true", "experiment": "multi30k_cpu", "alphas": ALPHAS}
+    own = {"run_dir": None, "train": "true", "experiment": "multi30k_cpu", "alphas": None}
     for arg in argv:
         key, _, value = arg.partition("=")
         if key in own:
@@ -297,7 +308,7 @@ def main(argv: list[str], root: Path | None = None) -> dict:
     run_config = OmegaConf.load(run_dir / run_files.CONFIG)  # written resolved by the run: read as data
     provenance["config"] = relative_strings(OmegaConf.to_container(run_config, resolve=False), root)
     keep = run_config.checkpoint.recent.keep
-    search, alphas = run_search(run_config, own["alphas"])
+    search, alphas = run_search(run_config, recipe_alphas(run_config) if own["alphas"] is None else own["alphas"])
     beam = search["beam"]
     averaged, last = run_dir / run_files.AVERAGED, run_files.last_checkpoint(run_dir)
     recent = run_dir / run_files.CHECKPOINTS / run_files.RECENT
@@ -323,7 +334,7 @@ def main(argv: list[str], root: Path | None = None) -> dict:
     results_file = run_dir / run_files.RESULTS
     results = json.loads(results_file.read_text()) if results_file.is_file() else {}
     budget = where_the_time_went(results, train_seconds) if results else None
-    length = planned_and_trained(results, run_config, own["experiment"])
+    length = planned_and_trained(results, run_config)
     report = {
         "run_dir": relative_path(run_dir, root), "experiment": own["experiment"], "overrides": overrides,
         "cpu_flags": reported_cpu_flags(), **length,
