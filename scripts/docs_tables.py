@@ -702,11 +702,12 @@ def distillation(root: Path) -> str:
     return table(header, rows)
 
 
-def back_translation(root: Path) -> str:
-    """studies/back_translation.py's runs: the reverse model, then the forward model on the real pairs, on the real
-    and back-translated pairs, and on the same tagged, per seed and their mean, on val and test (cased and in the
-    Multi30k convention)."""
-    study = read_json(root, QUALITY / "back_translation.json")
+def back_translation(root: Path, file: str) -> str:
+    """One run of studies/back_translation.py: the reverse model, then the forward model on the real pairs, on the
+    real and back-translated pairs, and on the same tagged, per seed and their mean, on val and test (cased and in
+    the Multi30k convention), with the updates each forward run trained (its results.json's, as the study's
+    overrides set them)."""
+    study = read_json(root, QUALITY / file)
     splits, keys = study["options"]["splits"], ("bleu", "bleu_multi30k")
 
     def cells(scores: dict) -> list[str]:
@@ -722,9 +723,11 @@ def back_translation(root: Path) -> str:
         rows.append([f"**{corpus}, mean**", f"{len(runs)} seeds", *cells(mean)])
     header = ["training pairs", "seed", *(f"{split} {what}" for split in splits
                                           for what in ("BLEU", "Multi30k convention"))]
-    pairs = study["pairs"]
+    pairs, options = study["pairs"], study["options"]
+    search = "sampling" if options["sampling"] else f"beam {options['beam']}"
+    overrides = " ".join(f"`{o}`" for o in options["overrides"]) or "none"
     return (table(header, rows) + f"\n\nPairs: {pairs['real']:,} real, {pairs['back_translated']:,} back-translated "
-            f"(search: {'sampling' if study['options']['sampling'] else 'beam ' + str(study['options']['beam'])}).")
+            f"(search: {search}); `experiment={options['experiment']}`, overrides of every forward run: {overrides}.")
 
 
 def fine_tuning(root: Path) -> str:
@@ -743,6 +746,8 @@ def fine_tuning(root: Path) -> str:
     for kind in study["mean_bleu"]:
         runs = [run for run in study["runs"] if run["kind"] == kind]
         rows += [[kind, str(run["seed"]), *cells(run)] for run in runs]
+        if len(runs) == 1:
+            continue
         mean = {"scores": {split: {key: sum(run["scores"][split][key] for run in runs) / len(runs) for key in keys}
                            for split in splits},
                 "parent_task": {"bleu": sum(run["parent_task"]["bleu"] for run in runs) / len(runs)}}
@@ -752,6 +757,25 @@ def fine_tuning(root: Path) -> str:
                                  for what in ("BLEU", "Multi30k convention")),
               f"parent's task ({task['tgt_lang']}->{task['src_lang']}) val BLEU"]
     return table(header, rows)
+
+
+def avx2_estimate(root: Path) -> str:
+    """The fp32 recipe trained for the updates an AVX2-only host trains in the hour (an estimate: the update count
+    is the input, the scores are measured): its val curve, the choices on val and the test scores."""
+    rep, res = (read_json(root, QUALITY / f"avx2_estimate_{kind}.json") for kind in ("reproduce", "results"))
+    curve = rep["val_curve"]
+    s = rep["scores"]
+    chosen = rep["val_bleu_chosen_on"]
+    rows = [["greedy val BLEU by update", *(f"{p['greedy_val_bleu']:.2f} ({p['step']:,})" for p in curve)]]
+    return (table(["", *(f"epoch {i}" for i in range(1, len(curve) + 1))], rows) +
+            f"\n\n{res['steps']:,} updates ({res['epochs']} epochs), {rep['precision']}; chosen on val: the "
+            f"{rep['chosen'].removesuffix('.ckpt')} checkpoint ({chosen['averaged']:.2f} against the last's "
+            f"{chosen['last']:.2f}) and alpha {rep['search']['alpha']:g} (val "
+            + ", ".join(f"{a}: {b:.2f}" for a, b in rep["val_bleu_by_alpha"].items()) +
+            f"). Test: **{s['test_beam4']['bleu_multi30k']:.2f} in the Multi30k convention, "
+            f"{s['test_beam4']['bleu']:.2f} cased** (beam {rep['search']['beam']}; length ratio "
+            f"{s['test_beam4']['length_ratio']:.3f}); greedy {s['test_beam1']['bleu']:.2f} cased. Val: beam "
+            f"{s['val_beam4']['bleu']:.2f}, greedy {s['val_beam1']['bleu']:.2f}.")
 
 
 BLOCKS = {
@@ -766,6 +790,10 @@ BLOCKS = {
     "quality-tiny-search": tiny_search,
     "quality-rotary-hour": rotary_by_epoch,
     "quality-distillation": distillation,
+    "quality-back-translation-epochs": lambda root: back_translation(root, "back_translation.json"),
+    "quality-back-translation-updates": lambda root: back_translation(root, "back_translation_equal_updates.json"),
+    "quality-fine-tuning": fine_tuning,
+    "quality-avx2-estimate": avx2_estimate,
     "quality-beam": recipe_beam,
     "ablations-study": table3_study,
     "ablations-table": table3_full,
