@@ -65,7 +65,8 @@ def test_the_search_is_the_runs_own_and_the_alphas_to_choose_among(reproduce):
     assert reproduce.run_search(older, None) == ({"beam": 4, "length_penalty": "gnmt", "alpha": 0.6}, [0.6])
     # the default: the CPU hour's candidates for its runs (by config name), none for any other run
     hour = OmegaConf.create({"name": "multi30k_cpu_de_en", "decode": {"beam": 4}})
-    assert reproduce.run_search(hour, reproduce.recipe_alphas(hour))[1] == [0.6, 1.0, 1.4]
+    assert reproduce.run_search(hour, reproduce.recipe_alphas(hour)) == (
+        {"beam": 4, "length_penalty": "gnmt", "alpha": 0.6}, [1.0, 1.4])  # beside the run's own 0.6
     assert reproduce.recipe_alphas(OmegaConf.create({"name": "multi30k_tiny_en_de"})) is None
     assert reproduce.recipe_alphas(older) is None
     with pytest.raises(SystemExit, match="alphas='x'"):
