@@ -133,6 +133,9 @@ def test_trainer_ddp_through_the_app_runs_in_one_run_dir_and_resumes_when_run_ag
     assert all([(step, len(samples)) for step, samples in image_samples(events, tag)] == [(2, 1)] for tag in images)
     assert [e.step for e in events.Scalars("attention_maps/seconds")] == [2]
     assert [e.step for e in events.Scalars("attention_maps/render_seconds")] == [2]
+    # rank 1 draws nothing (its logger would drop the images, but the probes would still cost it a forward pass)
+    assert "attention maps at step 2:" in (run_dir / "train.log").read_text()
+    assert "attention maps at step" not in (run_dir / "train_ddp_process_1.log").read_text()
 
     again = subprocess.run([*command, "trainer.max_steps=3", *maps, f"hydra.run.dir={run_dir}"], cwd=tmp_path, env=env,
                            capture_output=True, text=True, timeout=240)
