@@ -696,22 +696,33 @@ def tiny_search(root: Path) -> str:
                                    "**test, Multi30k convention**", "test length ratio"], tests)
 
 
+def mean_of(records: list[dict]) -> dict:
+    """The mean, key by key, of records of the same nested shape (numbers at the leaves): the mean row of seeds."""
+    return {key: mean_of([r[key] for r in records]) if isinstance(value, dict) else
+            sum(r[key] for r in records) / len(records)
+            for key, value in records[0].items() if isinstance(value, (dict, int, float))}
+
+
+def seed_rows(label: str, runs: list[dict], cells) -> list[list[str]]:
+    """A study's runs of one setting: a row per seed (``cells(run)``), then, for more than one, their mean."""
+    rows = [[label, str(run["seed"]), *cells(run)] for run in runs]
+    if len(runs) > 1:
+        rows.append([f"**{label}, mean**", f"{len(runs)} seeds", *cells(mean_of(runs))])
+    return rows
+
+
 def distillation(root: Path) -> str:
     """studies/distillation.py's runs: the teacher, then the student on the original and on the distilled pairs, per
     seed and their mean, on val and test (cased and in the Multi30k convention)."""
     study = read_json(root, QUALITY / "distillation.json")
     splits = study["options"]["splits"]
 
-    def cells(scores: dict) -> list[str]:
-        return [f"{scores[split][key]:.2f}" for split in splits for key in ("bleu", "bleu_multi30k")]
+    def cells(run: dict) -> list[str]:
+        return [f"{run['scores'][split][key]:.2f}" for split in splits for key in ("bleu", "bleu_multi30k")]
 
-    rows = [["teacher", "-", *cells(study["teacher"]["scores"])]]
+    rows = [["teacher", "-", *cells(study["teacher"])]]
     for corpus in ("original", "distilled"):
-        runs = [run for run in study["runs"] if run["corpus"] == corpus]
-        rows += [[f"student on the {corpus} pairs", str(run["seed"]), *cells(run["scores"])] for run in runs]
-        mean = {split: {key: sum(run["scores"][split][key] for run in runs) / len(runs)
-                        for key in ("bleu", "bleu_multi30k")} for split in splits}
-        rows.append([f"**student on the {corpus} pairs, mean**", f"{len(runs)} seeds", *cells(mean)])
+        rows += seed_rows(f"student on the {corpus} pairs", [r for r in study["runs"] if r["corpus"] == corpus], cells)
     header = ["model", "seed", *(f"{split} {what}" for split in splits for what in ("BLEU", "Multi30k convention"))]
     return table(header, rows)
 
@@ -724,17 +735,13 @@ def back_translation(root: Path, file: str) -> str:
     study = read_json(root, QUALITY / file)
     splits, keys = study["options"]["splits"], ("bleu", "bleu_multi30k")
 
-    def cells(scores: dict) -> list[str]:
-        return [f"{scores[split][key]:.2f}" for split in splits for key in keys]
+    def cells(run: dict) -> list[str]:
+        return [f"{run['scores'][split][key]:.2f}" for split in splits for key in keys]
 
     reverse = f"reverse model ({study['options']['tgt_lang']}->{study['options']['src_lang']}, real pairs)"
-    rows = [[reverse, "-", *cells(study["reverse_model"]["scores"])]]
+    rows = [[reverse, "-", *cells(study["reverse_model"])]]
     for corpus in study["mean_bleu"]:
-        runs = [run for run in study["runs"] if run["corpus"] == corpus]
-        rows += [[corpus, str(run["seed"]), *cells(run["scores"])] for run in runs]
-        mean = {split: {key: sum(run["scores"][split][key] for run in runs) / len(runs) for key in keys}
-                for split in splits}
-        rows.append([f"**{corpus}, mean**", f"{len(runs)} seeds", *cells(mean)])
+        rows += seed_rows(corpus, [run for run in study["runs"] if run["corpus"] == corpus], cells)
     header = ["training pairs", "seed", *(f"{split} {what}" for split in splits
                                           for what in ("BLEU", "Multi30k convention"))]
     pairs, options = study["pairs"], study["options"]
@@ -758,14 +765,7 @@ def fine_tuning(root: Path) -> str:
     parent = study["parent"]["parent_task"]
     rows = [["the parent", "-", *(["-"] * (len(splits) * len(keys))), f"{parent['bleu']:.2f}"]]
     for kind in study["mean_bleu"]:
-        runs = [run for run in study["runs"] if run["kind"] == kind]
-        rows += [[kind, str(run["seed"]), *cells(run)] for run in runs]
-        if len(runs) == 1:
-            continue
-        mean = {"scores": {split: {key: sum(run["scores"][split][key] for run in runs) / len(runs) for key in keys}
-                           for split in splits},
-                "parent_task": {"bleu": sum(run["parent_task"]["bleu"] for run in runs) / len(runs)}}
-        rows.append([f"**{kind}, mean**", f"{len(runs)} seeds", *cells(mean)])
+        rows += seed_rows(kind, [run for run in study["runs"] if run["kind"] == kind], cells)
     new_task = f"{task['src_lang']}->{task['tgt_lang']}"
     header = ["model", "seed", *(f"{new_task} {split} {what}" for split in splits
                                  for what in ("BLEU", "Multi30k convention")),

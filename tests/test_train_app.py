@@ -61,7 +61,7 @@ def test_the_cpu_recipe_sizes_batch_and_schedule_by_precision(cpu_bf16):
     validate_config(cfg)
     assert precision_dependent(cfg) == dict(sorted(expected.items()))
     assert {key: OmegaConf.select(cfg, key) for key in expected} == expected
-    assert cfg.model.positions == "rotary"  # at either precision (docs/quality.md, runs E and H)
+    assert cfg.model.positions == "rotary"  # at either precision (docs/quality.md, runs E, H and I)
     overridden = compose_train("experiment=multi30k_cpu", "data.max_tokens=2048", "trainer.precision=bf16-mixed")
     assert overridden.data.max_tokens == 2048  # the command line wins over the recipe's choice
     assert overridden.train.warmup_steps == MULTI30K_CPU["bf16-mixed"]["train.warmup_steps"]  # explicit precision

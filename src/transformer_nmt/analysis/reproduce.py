@@ -187,11 +187,11 @@ def run_search(run_config, alphas: str | None) -> tuple[dict, list[float]]:
     return search, values
 
 
-# What a recipe's reference run trained in its hour, by (experiment, precision): the target a run of the same recipe
-# on another host is said against ("0.64x the 5,194 updates of the reference run"). The hour is a budget of time,
-# not of updates: the schedule does not depend on the run's length (a time limit truncates it cleanly), and the
-# reference run's val curve still rises in its last epochs, so a faster host keeps its extra updates; a slower one's
-# shortfall is printed and recorded. Keyed by the run's config name and precision. Run I: docs/quality.md, raw file
+# What a recipe's reference run trained in its hour, by (the run's config name, precision): the target a run of the
+# same recipe on another host is said against ("0.64x the 5,194 updates of the reference run"). The hour is a budget
+# of time, not of updates: the schedule does not depend on the run's length (a time limit truncates it cleanly), and
+# the reference run's model is near a plateau but still improving at its end, so a faster host keeps its extra
+# updates; a slower one's shortfall is printed and recorded. Run I: docs/quality.md, raw file
 # docs/quality/run_I_results.json (a test holds these numbers to it).
 REFERENCE_HOURS = {("multi30k_cpu_en_de", "bf16-mixed"): {"run": "I", "steps": 5194, "epochs": 42.23}}
 
