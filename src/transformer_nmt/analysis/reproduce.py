@@ -116,7 +116,7 @@ def where_the_time_went(results: dict, train_seconds: float | None) -> dict | No
     wall = train_seconds or budget.get("wall_seconds") or results["wall_seconds"]
     seconds = dict(budget["seconds"])
     seconds["outside_phases"] = max(wall - sum(seconds.values()), 0.0)
-    return {"wall_seconds": round(wall, 1), "of": "train step" if train_seconds else "train() call",
+    return {"wall_seconds": round(wall, 2), "of": "train step" if train_seconds else "train() call",
             "phases": {phase: {"seconds": round(seconds[phase], 1), "share": round(seconds[phase] / wall, 4)}
                        for phase in PHASE_LABELS if phase in seconds},
             "mfu": budget.get("mfu"), "view": budget.get("rank")}
