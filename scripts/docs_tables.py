@@ -176,6 +176,49 @@ def rotary_by_epoch(root: Path) -> str:
             f"On test (chosen on val): {scored}.")
 
 
+EQUAL_UPDATES = {  # run: (raw files' prefix, the switch it adds to run I's recipe)
+    "I": ("run_I", "the recipe (plain segmentation, trained weights)"),
+    "spm_A": ("spm_A", "`data.spm_alpha=0.1`: BPE-dropout, a segmentation sampled anew each epoch"),
+    "ema_B": ("ema_B", "`train.ema_decay=0.999`: validation, checkpoints and decoding with the moving average"),
+}
+UPDATES_SHOWN = (1000, 2000, 3000, 4000, 5000)  # the validation nearest each, then the last
+
+
+def equal_updates(root: Path) -> str:
+    """Run I against the same recipe with one switch, trained to run I's 5,194 updates (trainer.max_steps,
+    not the hour): greedy val BLEU at about the same updates, the val choice and the chosen model on test."""
+    rows, curve_rows = [], []
+    for run, (prefix, words) in EQUAL_UPDATES.items():
+        rep = read_json(root, QUALITY / f"{prefix}_reproduce.json")
+        res = read_json(root, QUALITY / f"{prefix}_results.json")
+        s, chosen, search = rep["scores"], rep["val_bleu_chosen_on"], rep["search"]
+        beam = f"beam{search['beam']}"
+        rows.append([f"**{run}**: {words}", f"{res['torch_threads']}", f"{res['steps']:,} ({res['epochs']:.1f})",
+                     f"{epoch_steps(rep):,.0f}", f"{res['train_tgt_tokens_per_sec']:,.0f}",
+                     f"{chosen['averaged']:.2f} / {chosen['last']:.2f}",
+                     f"{rep['chosen'].removesuffix('.ckpt')}, alpha {search['alpha']:g}",
+                     f"{s['val_' + beam]['bleu']:.2f}", f"**{s['test_' + beam]['bleu_multi30k']:.2f}**",
+                     f"{s['test_' + beam]['bleu']:.2f}", f"{s['test_' + beam]['length_ratio']:.3f}"])
+        curve = rep["val_curve"]
+        picked = [min(curve, key=lambda p, u=u: abs(p["step"] - u)) for u in UPDATES_SHOWN] + [curve[-1]]
+        curve_rows.append([f"**{run}**", *(f"{p['greedy_val_bleu']:.2f} ({p['step']:,})" for p in picked)])
+    scores = table(["run", "threads", "updates (epochs)", "updates an epoch", "target tokens/s",
+                    "val BLEU (alpha 0.6): average / last",
+                    "chosen on val", "val BLEU, chosen", "**test, Multi30k convention**", "test, cased",
+                    "test length ratio"], rows)
+    return scores + "\n\n" + table(["greedy val BLEU (at update)", *(f"≈ {u:,}" for u in UPDATES_SHOWN), "last"],
+                                     curve_rows)
+
+
+def segmentation_length(root: Path) -> str:
+    """studies/segmentation_length.py's table: pieces a training epoch holds under data.spm_alpha, by alpha."""
+    study = read_json(root, QUALITY / "segmentation_length.json")
+    rows = [[r["lang"], f"{r['alpha']:g}", f"{r['pieces_deterministic']:,}", f"{r['pieces_sampled']:,}",
+             f"{r['ratio']:.3f}", f"{100 * r['unchanged_share']:.1f}%"] for r in study["rows"]]
+    return table(["side", "spm_alpha", "pieces, deterministic", "pieces, one sampled epoch", "ratio",
+                  "sentences left in their deterministic segmentation"], rows)
+
+
 def recipe_headline(root: Path) -> str:
     rep, res = recipe_run(root, "I")
     test = rep["scores"]["test_beam4"]
@@ -824,6 +867,9 @@ BLOCKS = {
     "quality-ensemble-seeds": lambda root: ensemble_study(root, "ensemble_seeds_base.json"),
     "quality-ensemble-recipe-seeds": lambda root: ensemble_study(root, "ensemble_seeds_recipe.json"),
     "quality-ema": lambda root: ensemble_study(root, "ema_study_A.json", "ema_study"),
+    "quality-ema-hour": lambda root: ensemble_study(root, "ema_study_B.json", "ema_study"),
+    "quality-equal-updates": equal_updates,
+    "quality-segmentation-length": segmentation_length,
     "evaluation-samples-source": decoding_samples_source,
     "evaluation-sample-ensemble": lambda root: decoding_sample(root, ("ensemble",)),
     "evaluation-sample-n-best": lambda root: decoding_sample(root, ("n_best",)),

@@ -1,0 +1,86 @@
+"""How much longer subword regularization makes the training text (``data.spm_alpha``): the pieces of each training
+sentence in its deterministic segmentation against one sampled segmentation per alpha, each side of a corpus.
+
+    python studies/segmentation_length.py tokenizer=data/cache/spm-HASH/spm.model "alphas=[0.02,0.05,0.1,0.2]" \\
+        out=docs/quality/segmentation_length.json
+
+``tokenizer``: a SentencePiece model (a run's data cache, or a checkpoint's tokenizer written out); ``train``: the
+corpus prefix (PREFIX.LANG or PREFIX.LANG.gz, one sentence a line), ``target_lang`` its target side. Each alpha
+samples the whole side once, the way a training epoch does (data/subword_sampling.py: one fresh thread seeded from
+(seed, epoch 0), the target side's seed apart). Writes ``out`` (JSON: per alpha and language, the pieces in all,
+their ratio to the deterministic count, the share of sentences whose sample is their deterministic segmentation,
+the tokenizer's SHA-256, the provenance) and prints a table.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+from transformer_nmt.data.subword_sampling import epoch_seed, sample_on_fresh_thread
+from transformer_nmt.data.tokenizer import Tokenizer
+from transformer_nmt.options import parse_options
+from transformer_nmt.provenance import PROVENANCE_KEY
+from transformer_nmt.provenance import collect as collect_provenance
+
+OPTIONS = {"tokenizer": None, "train": "data/multi30k/train", "langs": ["en", "de"], "target_lang": "de",
+           "alphas": [0.02, 0.05, 0.1, 0.2], "seed": 1234, "out": "segmentation_length.json"}
+USAGE = "python studies/segmentation_length.py tokenizer=SPM.model [train=PREFIX] [alphas=[...]] [out=FILE.json]"
+
+
+def read_side(prefix: str, lang: str) -> list[str]:
+    for path in (Path(f"{prefix}.{lang}"), Path(f"{prefix}.{lang}.gz")):
+        if path.exists():
+            opener = gzip.open if path.suffix == ".gz" else open
+            with opener(path, "rt", encoding="utf-8") as f:
+                return f.read().splitlines()
+    raise SystemExit(f"train={prefix}: neither {prefix}.{lang} nor {prefix}.{lang}.gz exists")
+
+
+def main(argv: list[str]) -> dict:
+    options = parse_options(argv, OPTIONS, __doc__, USAGE)
+    if not options["tokenizer"]:
+        raise SystemExit("give tokenizer=SPM.model: the SentencePiece model whose segmentations are counted")
+    bad = [a for a in options["alphas"] if not isinstance(a, int | float) or not 0 < a < 1]
+    if bad:
+        raise SystemExit(f"alphas={options['alphas']}: each must be a probability in (0, 1); not {bad}")
+    path = Path(options["tokenizer"])
+    if not path.is_file():
+        raise SystemExit(f"tokenizer={path}: no such file")
+    sides = {lang: read_side(options["train"], lang) for lang in options["langs"]}  # every input read first
+    tokenizer = Tokenizer.load(path)
+    provenance = collect_provenance({"options": options}, argv=[sys.argv[0], *argv])
+    rows = []
+    for lang in options["langs"]:
+        texts = sides[lang]
+        target = lang == options["target_lang"]
+        plain = tokenizer.encode_batch(texts, target=target)
+        pieces = sum(map(len, plain))
+        seed = epoch_seed(options["seed"], 0) ^ (0x5EED if target else 0)  # as SampledSegmentation seeds each side
+        for alpha in options["alphas"]:
+            sampled = sample_on_fresh_thread(tokenizer, texts, alpha, seed, target=target)
+            total = sum(map(len, sampled))
+            rows.append({"lang": lang, "alpha": alpha, "sentences": len(texts), "pieces_deterministic": pieces,
+                         "pieces_sampled": total, "ratio": round(total / pieces, 4),
+                         "unchanged_share": round(sum(a == b for a, b in zip(plain, sampled)) / len(texts), 4)})
+    result = {"options": options, "tokenizer_sha256": hashlib.sha256(path.read_bytes()).hexdigest(), "rows": rows,
+              PROVENANCE_KEY: provenance}
+    Path(options["out"]).parent.mkdir(parents=True, exist_ok=True)
+    Path(options["out"]).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    print(markdown(rows))
+    return result
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = ["| language | alpha | pieces, deterministic | pieces, sampled | ratio | sentences unchanged |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    lines += [f"| {r['lang']} | {r['alpha']:g} | {r['pieces_deterministic']:,} | {r['pieces_sampled']:,} | "
+              f"{r['ratio']:.3f} | {100 * r['unchanged_share']:.1f}% |" for r in rows]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
