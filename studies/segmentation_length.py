@@ -6,8 +6,8 @@ sentence in its deterministic segmentation against one sampled segmentation per 
 
 ``tokenizer``: a SentencePiece model (a run's data cache, or a checkpoint's tokenizer written out); ``train``: the
 corpus prefix (PREFIX.LANG or PREFIX.LANG.gz, one sentence a line), ``target_lang`` its target side. Each alpha
-samples the whole side once, the way a training epoch does (data/subword_sampling.py: one fresh thread seeded from
-(seed, epoch 0), the target side's seed apart). Writes ``out`` (JSON: per alpha and language, the pieces in all,
+samples the whole side once, the way a training epoch does (data/subword_sampling.py: BPE-dropout seeded from (seed,
+epoch 0, side, sentence)). Writes ``out`` (JSON: per alpha and language, the pieces in all,
 their ratio to the deterministic count, the share of sentences whose sample is their deterministic segmentation,
 the tokenizer's SHA-256, the provenance) and prints a table.
 """
@@ -20,7 +20,7 @@ import json
 import sys
 from pathlib import Path
 
-from transformer_nmt.data.subword_sampling import epoch_seed, sample_on_fresh_thread
+from transformer_nmt.data.subword_sampling import epoch_seed
 from transformer_nmt.data.tokenizer import Tokenizer
 from transformer_nmt.options import parse_options
 from transformer_nmt.provenance import PROVENANCE_KEY
@@ -61,7 +61,7 @@ def main(argv: list[str]) -> dict:
         pieces = sum(map(len, plain))
         seed = epoch_seed(options["seed"], 0) ^ (0x5EED if target else 0)  # as SampledSegmentation seeds each side
         for alpha in options["alphas"]:
-            sampled = sample_on_fresh_thread(tokenizer, texts, alpha, seed, target=target)
+            sampled = tokenizer.encode_sampled(texts, alpha, seed, target=target)
             total = sum(map(len, sampled))
             rows.append({"lang": lang, "alpha": alpha, "sentences": len(texts), "pieces_deterministic": pieces,
                          "pieces_sampled": total, "ratio": round(total / pieces, 4),

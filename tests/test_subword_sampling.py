@@ -119,3 +119,5 @@ def test_bad_options_are_refused_naming_them(corpus):
         datamodule(corpus, spm_alpha=1.5).segmentation()
     with pytest.raises(ValueError, match=r"data.num_workers=0"):
         datamodule(corpus, num_workers=1).segmentation()
+    with pytest.raises(ValueError, match=r"data.spm_alpha=0.1: .*data.spm_model_type=bpe"):
+        datamodule(corpus, spm_model_type="unigram", cache_dir=str(corpus / "cache_unigram")).segmentation()

@@ -75,10 +75,10 @@ class DataConfig:
     input_sentence_size: int = option(2000000, "sentences sampled to train the vocabulary on large corpora")
     character_coverage: float = option(1.0, "SentencePiece's character coverage")
     spm_alpha: float = option(0.0, "subword regularization of the training pairs (data/subword_sampling.py): each "
-                                    "epoch a segmentation sampled anew by SentencePiece, BPE-dropout with this "
-                                    "merge-drop probability for a bpe vocabulary (0.1 in Provilkov et al. 2020), "
-                                    "unigram sampling with this smoothing for a unigram one; the same for the same "
-                                    "(seed, epoch); val and test never sampled. 0: off")
+                                    "epoch a segmentation sampled anew by BPE-dropout (data/bpe_dropout.py) with this "
+                                    "merge-drop probability (0.1 in Provilkov et al. 2020; a bpe vocabulary only); "
+                                    "the same for the same (seed, epoch) in any process; val and test never "
+                                    "sampled. 0: off")
     max_tokens: int = option(4096, "per batch: padded source tokens <= this and padded target tokens <= this")
     eval_max_tokens: int | None = option(None, "val/test batches; null: max_tokens")
     max_positions: int = option(256, "drop pairs whose source + eos or bos + target is longer")

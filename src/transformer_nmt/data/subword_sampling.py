@@ -1,15 +1,16 @@
 """Subword regularization on the training side (Kudo 2018; BPE-dropout, Provilkov et al. 2020): each epoch sees
 every training sentence in a segmentation drawn anew, while validation and test keep the deterministic one.
 
-``data.spm_alpha`` > 0 turns it on. An epoch's segmentation is a pure function of (seed, epoch): the whole
-training split is encoded in corpus order on one fresh thread whose SentencePiece generator is seeded from
-(seed, epoch) (SentencePiece keeps one generator per thread, seeded when the thread first samples), so a resumed
-run draws what an uninterrupted one drew, and every rank of a DDP run draws the same. The batch sampler plans each
-epoch with that epoch's lengths (``SampledSegmentation.widths``), so batches stay within ``data.max_tokens``. A
-sentence whose sampled ids would not fit ``data.max_positions`` keeps its deterministic ids (counted).
+``data.spm_alpha`` > 0 turns it on. An epoch's segmentation is a pure function of (seed, epoch, sentence):
+BPE-dropout (data/bpe_dropout.py) draws sentence i of the epoch from a generator seeded with (seed, epoch, side,
+i), in any process, so a resumed run draws what an uninterrupted one drew, and every rank of a DDP run draws the
+same (SentencePiece's own sampler is not used: its generator is not reproducible across processes). The batch
+sampler plans each epoch with that epoch's lengths (``SampledSegmentation.widths``), so batches stay within
+``data.max_tokens``. A sentence whose sampled ids would not fit ``data.max_positions`` keeps its deterministic ids
+(counted).
 
-Cost: one single-threaded pass of SentencePiece over the training text per epoch (Multi30k's 29k pairs: about a
-second), kept in memory as ragged arrays. A pair kept by the filter stays kept: the filter runs once, on the
+Cost: one pass of BPE-dropout in Python over the training text per epoch (Multi30k's 29k pairs: about 2 seconds
+a side), kept in memory as ragged arrays. A pair kept by the filter stays kept: the filter runs once, on the
 deterministic ids.
 """
 
@@ -44,25 +45,6 @@ def _ragged(rows: Sequence[Sequence[int]]) -> Ragged:
     return flat, offsets
 
 
-def sample_on_fresh_thread(tokenizer: Tokenizer, texts: list[str], alpha: float, seed: int,
-                           target: bool) -> list[list[int]]:
-    """``tokenizer.encode_sampled(texts, alpha)`` on a new thread whose generator starts from ``seed``."""
-    import sentencepiece as spm
-
-    result: list = []
-
-    def work():
-        spm.set_random_generator_seed(seed)  # read when this thread first samples: its generator starts here
-        result.append(tokenizer.encode_sampled(texts, alpha, target=target))
-
-    thread = threading.Thread(target=work, name="subword-sampling")
-    thread.start()
-    thread.join()
-    if not result:
-        raise RuntimeError("subword sampling failed on its thread (see the error above)")
-    return result[0]
-
-
 class SampledSegmentation:
     """The training split's sampled token ids, one epoch at a time (see the module doc).
 
@@ -75,6 +57,11 @@ class SampledSegmentation:
                  max_positions: int, fallback: tuple[Ragged, Ragged], source_tags: np.ndarray | None = None):
         if not 0.0 < alpha < 1.0:
             raise ValueError(f"data.spm_alpha={alpha}: give a probability in (0, 1), or 0 for no sampling")
+        for target in (False, True):  # refused now, not when the first epoch is drawn
+            try:
+                tokenizer.bpe_dropout(target)
+            except ValueError as error:
+                raise ValueError(f"data.spm_alpha={alpha}: {error}") from None
         if len(sources) != len(targets):
             raise ValueError(f"{len(sources)} source but {len(targets)} target sentences")
         self.tokenizer, self.sources, self.targets = tokenizer, sources, targets
@@ -91,10 +78,10 @@ class SampledSegmentation:
 
     def _build(self, epoch: int) -> tuple[tuple[Ragged, Ragged], np.ndarray]:
         seed = epoch_seed(self.seed, epoch)
-        src = sample_on_fresh_thread(self.tokenizer, self.sources, self.alpha, seed, target=False)
+        src = self.tokenizer.encode_sampled(self.sources, self.alpha, seed, target=False)
         if self.source_tags is not None:  # the tag is one piece, never sampled: it leads as in the fixed ids
             src = [ids if tag < 0 else [int(tag), *ids] for tag, ids in zip(self.source_tags.tolist(), src)]
-        tgt = sample_on_fresh_thread(self.tokenizer, self.targets, self.alpha, seed ^ 0x5EED, target=True)
+        tgt = self.tokenizer.encode_sampled(self.targets, self.alpha, seed ^ 0x5EED, target=True)
         too_long = 0
         (s_flat, s_off), (t_flat, t_off) = self.fallback
         for i in range(len(src)):  # source + eos and bos + target must fit the positions, as the filter says

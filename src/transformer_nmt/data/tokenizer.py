@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import random
 from collections.abc import Iterable, Iterator, Sequence
 from itertools import accumulate, chain
 from pathlib import Path
@@ -22,6 +23,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import sentencepiece as spm
+
+from transformer_nmt.data.bpe_dropout import BpeDropout
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -49,6 +52,7 @@ class Tokenizer:
         self._sp = spm.SentencePieceProcessor(model_proto=self._proto)
         self._target_sp = (self._sp if self._target_proto is None
                            else spm.SentencePieceProcessor(model_proto=self._target_proto))
+        self._dropout: dict[bytes, BpeDropout] = {}  # a side's model -> its BPE-dropout, built when first sampled
         if self._pieces is None:
             if self._target_proto is not None:
                 raise ValueError("a target SentencePiece model needs the joint vocabulary (pieces) that maps "
@@ -131,15 +135,23 @@ class Tokenizer:
             return sp.encode(texts, num_threads=num_threads)
         return [self._to_ids(pieces) for pieces in sp.encode(texts, out_type=str, num_threads=num_threads)]
 
-    def encode_sampled(self, texts: list[str], alpha: float, target: bool = False) -> list[list[int]]:
-        """One sampled segmentation of each sentence (subword regularization: SentencePiece's sampling, which is
-        BPE-dropout with merge-drop probability ``alpha`` for a BPE model, and sampling from the unigram lattice
-        with smoothing ``alpha`` for a unigram one). On one thread, in order: the draws follow SentencePiece's
-        generator of the calling thread (data/subword_sampling.py seeds a fresh one per epoch)."""
-        sp = self._sentencepiece(target)
-        sampled = sp.encode(texts, out_type=int if self._pieces is None else str, enable_sampling=True,
-                            alpha=alpha, nbest_size=-1, num_threads=1)
-        return sampled if self._pieces is None else [self._to_ids(pieces) for pieces in sampled]
+    def bpe_dropout(self, target: bool = False) -> BpeDropout:
+        """The side's BPE-dropout sampler (built once); ValueError for a model it cannot sample (not BPE)."""
+        side = (self._target_proto if target else None) or self._proto
+        if side not in self._dropout:
+            self._dropout[side] = BpeDropout(side)
+        return self._dropout[side]
+
+    def encode_sampled(self, texts: list[str], alpha: float, seed: int, target: bool = False) -> list[list[int]]:
+        """One sampled segmentation of each sentence (subword regularization): BPE-dropout with merge-drop
+        probability ``alpha`` (data/bpe_dropout.py; a BPE model only), the draws for sentence i from a generator
+        seeded with (``seed``, i), so the result is the same in every process."""
+        dropout = self.bpe_dropout(target)
+        sampled = [dropout.encode(text, random.Random(f"{seed}/{i}"), alpha) for i, text in enumerate(texts)]
+        if self._pieces is None:
+            sp = self._sentencepiece(target)
+            return [[sp.piece_to_id(piece) for piece in pieces] for pieces in sampled]
+        return [self._to_ids(pieces) for pieces in sampled]
 
     def decode(self, ids: Iterable[int]) -> str:
         """Detokenized text (the target side's); special ids (pad, bos, eos) are dropped."""
