@@ -25,11 +25,11 @@ def lines(lang: str, n: int) -> list[str]:
         return [next(f).rstrip("\n") for _ in range(n)]
 
 
-def trained(model_type: str) -> bytes:
+def trained(model_type: str, **options) -> bytes:
     model = io.BytesIO()
     spm.SentencePieceTrainer.train(sentence_iterator=iter(lines("en", 3000) + lines("de", 3000)), model_writer=model,
                                    vocab_size=1500, model_type=model_type, character_coverage=1.0, pad_id=0,
-                                   unk_id=1, bos_id=2, eos_id=3, minloglevel=2)
+                                   unk_id=1, bos_id=2, eos_id=3, minloglevel=2, **options)
     return model.getvalue()
 
 
@@ -49,6 +49,19 @@ def test_alpha_zero_is_sentencepieces_segmentation(proto, texts):
     ours = [dropout.encode(t, None, 0.0) for t in texts]
     assert [[sp.piece_to_id(p) for p in pieces] for pieces in ours] == sp.encode(texts)
     assert ours[-2].count(dropout.unknown) == 2  # "ÆØÅ" and "☃": runs of characters the vocabulary lacks
+
+
+def test_user_defined_pieces_stay_whole_as_in_sentencepiece(texts):
+    """A tag (data.train_tags makes them user-defined pieces) wherever the text holds it: alone, leading, inside a
+    word; at alpha 0 as SentencePiece splits, and never broken by a draw."""
+    proto = trained("bpe", user_defined_symbols=["<BT>", "<2de>"])
+    sp = spm.SentencePieceProcessor(model_proto=proto)
+    tagged = ["<BT> " + t for t in texts[:300]] + ["Ein<BT>Mann <2de>", "<2de><BT>", "ein Hund<BT>", "<BT>"]
+    dropout = BpeDropout(proto)
+    assert [dropout.encode(t, None, 0.0) for t in tagged] == sp.encode(tagged, out_type=str)
+    for text in tagged:
+        sampled = dropout.encode(text, random.Random(text), 0.5)
+        assert sampled.count("<BT>") == text.count("<BT>") and sampled.count("<2de>") == text.count("<2de>")
 
 
 def test_alpha_lengthens_as_sentencepieces_sampler_does_and_one_leaves_no_merge(proto, texts):

@@ -12,12 +12,14 @@ word ("▁" and what follows up to the next "▁": a BPE vocabulary trained with
 across it) starts as its characters; repeatedly the adjacent pair whose concatenation is a piece with the highest
 score (the earliest merge), leftmost first, is merged, unless the draw skips it (then that pair is gone until a
 neighbour's merge makes it anew); a symbol that is no piece in the end is the unknown piece, a run of them one.
+User-defined pieces (the tags of data.train_tags) stay whole wherever the text holds them.
 """
 
 from __future__ import annotations
 
 import heapq
 import random
+import re
 
 import sentencepiece as spm
 from sentencepiece import sentencepiece_model_pb2 as model_pb2
@@ -39,10 +41,22 @@ class BpeDropout:
         # piece -> score: the pieces merges may make (normal and user-defined ones), scored by merge order
         self.scores = {p.piece: p.score for p in model.pieces if p.type in (NORMAL, USER_DEFINED)}
         self.unknown = next(p.piece for p in model.pieces if p.type == 2)  # Type.UNKNOWN
+        # user-defined pieces (a tag such as "<BT>") are whole wherever the text holds them, as SentencePiece's
+        # prefix matcher makes them: the text is cut around them, and only the rest is merged
+        whole = sorted((p.piece for p in model.pieces if p.type == USER_DEFINED), key=len, reverse=True)
+        self._whole = re.compile("(" + "|".join(map(re.escape, whole)) + ")") if whole else None
         self._sp = spm.SentencePieceProcessor(model_proto=model_proto)
 
     def encode(self, text: str, rng: random.Random, alpha: float) -> list[str]:
         normalized = self._sp.normalize(text)
+        if self._whole is None:
+            return self._words(normalized, rng, alpha)
+        pieces: list[str] = []
+        for i, part in enumerate(self._whole.split(normalized)):  # odd parts: the user-defined pieces
+            pieces += [part] if i % 2 else self._words(part, rng, alpha)
+        return pieces
+
+    def _words(self, normalized: str, rng: random.Random, alpha: float) -> list[str]:
         pieces: list[str] = []
         start = 0
         for end in range(1, len(normalized) + 1):
