@@ -47,8 +47,9 @@ def test_alpha_zero_is_sentencepieces_segmentation(proto, texts):
     sp = spm.SentencePieceProcessor(model_proto=proto)
     dropout = BpeDropout(proto)
     ours = [dropout.encode(t, None, 0.0) for t in texts]
-    assert [[sp.piece_to_id(p) for p in pieces] for pieces in ours] == sp.encode(texts)
-    assert ours[-2].count(dropout.unknown) == 2  # "ÆØÅ" and "☃": runs of characters the vocabulary lacks
+    assert ours == sp.encode(texts, out_type=str)  # unknown runs ("ÆØÅ", "☃") as their text, as SentencePiece
+    assert Tokenizer(proto).encode_sampled(texts, 0.0, seed=1) == sp.encode(texts)  # and as ids
+    assert ours[-2][3:6] == ["▁", "ÆØÅ", "-"] and sp.encode(texts[-2])[4] == sp.unk_id()
 
 
 def test_user_defined_pieces_stay_whole_as_in_sentencepiece(texts):
@@ -90,6 +91,8 @@ def test_a_sample_is_the_same_in_another_process(proto, texts, tmp_path):
     assert Tokenizer(proto).encode_sampled(texts[:500], 0.1, seed=12) != here
 
 
-def test_a_unigram_model_is_refused_naming_the_option():
-    with pytest.raises(ValueError, match="data.spm_model_type=bpe"):
+def test_vocabularies_it_does_not_replay_are_refused_naming_why():
+    with pytest.raises(ValueError, match="this one is unigram .*data.spm_model_type=bpe"):
         BpeDropout(trained("unigram"))
+    with pytest.raises(ValueError, match="with byte_fallback, split_by_whitespace=false"):
+        BpeDropout(trained("bpe", byte_fallback=True, split_by_whitespace=False))

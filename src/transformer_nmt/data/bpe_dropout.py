@@ -11,7 +11,9 @@ The replay: the text normalized by the model (``normalize``: NFKC, whitespace as
 word ("▁" and what follows up to the next "▁": a BPE vocabulary trained with split_by_whitespace holds no piece
 across it) starts as its characters; repeatedly the adjacent pair whose concatenation is a piece with the highest
 score (the earliest merge), leftmost first, is merged, unless the draw skips it (then that pair is gone until a
-neighbour's merge makes it anew); a symbol that is no piece in the end is the unknown piece, a run of them one.
+neighbour's merge makes it anew); a run of characters that are no piece in the end is one unknown piece (its
+text, as SentencePiece returns it). Vocabularies this does not replay are refused: not BPE, byte fallback,
+whitespace as a suffix or not splitting at it, unused pieces.
 User-defined pieces (the tags of data.train_tags) stay whole wherever the text holds them.
 """
 
@@ -22,9 +24,8 @@ import random
 import re
 
 import sentencepiece as spm
-from sentencepiece import sentencepiece_model_pb2 as model_pb2
 
-BPE, NORMAL, USER_DEFINED = 2, 1, 4  # ModelProto's TrainerSpec.ModelType.BPE and SentencePiece.Type values
+BPE, NORMAL, UNKNOWN, USER_DEFINED, UNUSED = 2, 1, 2, 4, 5  # TrainerSpec.ModelType.BPE; SentencePiece.Type values
 WORD_START = "\u2581"
 
 
@@ -32,15 +33,27 @@ class BpeDropout:
     """``encode(text, rng, alpha)``: one sampled segmentation of ``text`` as piece strings."""
 
     def __init__(self, model_proto: bytes):
+        try:  # imported here: only sampling needs the model's fields (its protobuf module checks its version)
+            from sentencepiece import sentencepiece_model_pb2 as model_pb2
+        except Exception as error:  # protobuf raises its own VersionError on an older runtime
+            raise ValueError(f"cannot read the SentencePiece model's fields for BPE-dropout: {error}") from None
         model = model_pb2.ModelProto()
         model.ParseFromString(model_proto)
-        if model.trainer_spec.model_type != BPE:
-            raise ValueError("BPE-dropout needs a BPE SentencePiece model (data.spm_model_type=bpe)")
-        if model.trainer_spec.byte_fallback or model.trainer_spec.treat_whitespace_as_suffix:
-            raise ValueError("BPE-dropout here supports neither byte_fallback nor whitespace as a suffix")
+        spec = model.trainer_spec
+        if spec.model_type != BPE:
+            raise ValueError("BPE-dropout needs a BPE SentencePiece vocabulary; this one is "
+                             f"{model_pb2.TrainerSpec.ModelType.Name(spec.model_type).lower()} (a vocabulary "
+                             "trained here: data.spm_model_type=bpe; an imported one, e.g. a Marian export's, "
+                             "cannot be sampled)")
+        unsupported = [name for name, on in (("byte_fallback", spec.byte_fallback),
+                                             ("treat_whitespace_as_suffix", spec.treat_whitespace_as_suffix),
+                                             ("split_by_whitespace=false", not spec.split_by_whitespace),
+                                             ("unused pieces", any(p.type == UNUSED for p in model.pieces)))
+                       if on]
+        if unsupported:
+            raise ValueError(f"BPE-dropout here does not replay a vocabulary with {', '.join(unsupported)}")
         # piece -> score: the pieces merges may make (normal and user-defined ones), scored by merge order
         self.scores = {p.piece: p.score for p in model.pieces if p.type in (NORMAL, USER_DEFINED)}
-        self.unknown = next(p.piece for p in model.pieces if p.type == 2)  # Type.UNKNOWN
         # user-defined pieces (a tag such as "<BT>") are whole wherever the text holds them, as SentencePiece's
         # prefix matcher makes them: the text is cut around them, and only the rest is merged
         whole = sorted((p.piece for p in model.pieces if p.type == USER_DEFINED), key=len, reverse=True)
@@ -95,9 +108,13 @@ class BpeDropout:
             add(prev[left], left)
             add(left, nxt[left])
         pieces: list[str] = []
-        for symbol in filter(None, symbols):  # a run of unknown symbols is one unknown piece, as SentencePiece has it
-            if symbol in self.scores:
+        unknown_run = False
+        for symbol in filter(None, symbols):  # a run of unknown characters is one unknown piece, its surface, as
+            if symbol in self.scores:         # SentencePiece has it (an imported joint vocabulary may hold it)
                 pieces.append(symbol)
-            elif not pieces or pieces[-1] != self.unknown:
-                pieces.append(self.unknown)
+            elif unknown_run:
+                pieces[-1] += symbol
+            else:
+                pieces.append(symbol)
+            unknown_run = symbol not in self.scores
         return pieces

@@ -32,7 +32,8 @@ Ragged = tuple[np.ndarray, np.ndarray]  # (flat ids, offsets of n + 1 rows)
 
 
 def epoch_seed(seed: int, epoch: int) -> int:
-    """SentencePiece's generator seed for an epoch: a hash of (seed, epoch), within its 32-bit range."""
+    """An epoch's base seed (each sentence's draws are seeded from it and the sentence's index): a hash of
+    (seed, epoch), a 32-bit number."""
     digest = hashlib.sha256(f"subword-sampling/{seed}/{epoch}".encode()).digest()
     return int.from_bytes(digest[:4], "little") or 1
 

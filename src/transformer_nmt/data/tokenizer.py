@@ -150,7 +150,8 @@ class Tokenizer:
         sampled = [dropout.encode(text, random.Random(f"{seed}/{i}"), alpha) for i, text in enumerate(texts)]
         if self._pieces is None:
             sp = self._sentencepiece(target)
-            return [[sp.piece_to_id(piece) for piece in pieces] for pieces in sampled]
+            known = dropout.scores  # an unknown run's text is the unknown id, whatever piece it spells
+            return [[sp.piece_to_id(piece) if piece in known else UNK_ID for piece in pieces] for pieces in sampled]
         return [self._to_ids(pieces) for pieces in sampled]
 
     def decode(self, ids: Iterable[int]) -> str:
