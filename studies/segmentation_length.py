@@ -5,7 +5,7 @@ sentence in its deterministic segmentation against one sampled segmentation per 
         out=docs/quality/segmentation_length.json
 
 ``tokenizer``: a SentencePiece model (a run's data cache, or a checkpoint's tokenizer written out); ``train``: the
-corpus prefix (PREFIX.LANG or PREFIX.LANG.gz, one sentence a line), ``target_lang`` its target side. Each alpha
+corpus prefix (PREFIX.SRC_LANG and PREFIX.TGT_LANG, ``.gz`` too, one sentence a line). Each alpha
 samples the whole side once, the way a training epoch does (data/subword_sampling.py: BPE-dropout seeded from (seed,
 epoch 0, side, sentence)). Writes ``out`` (JSON: per alpha and language, the pieces in all,
 their ratio to the deterministic count, the share of sentences whose sample is their deterministic segmentation,
@@ -14,30 +14,22 @@ the tokenizer's SHA-256, the provenance) and prints a table.
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import json
 import sys
 from pathlib import Path
 
-from transformer_nmt.data.subword_sampling import epoch_seed
+from study_steps import parallel_lines  # studies/: reading PREFIX.SRC / PREFIX.TGT as training does
+
+from transformer_nmt.data.subword_sampling import side_seed
 from transformer_nmt.data.tokenizer import Tokenizer
 from transformer_nmt.options import parse_options
 from transformer_nmt.provenance import PROVENANCE_KEY
 from transformer_nmt.provenance import collect as collect_provenance
 
-OPTIONS = {"tokenizer": None, "train": "data/multi30k/train", "langs": ["en", "de"], "target_lang": "de",
+OPTIONS = {"tokenizer": None, "train": "data/multi30k/train", "src_lang": "en", "tgt_lang": "de",
            "alphas": [0.02, 0.05, 0.1, 0.2], "seed": 1234, "out": "segmentation_length.json"}
 USAGE = "python studies/segmentation_length.py tokenizer=SPM.model [train=PREFIX] [alphas=[...]] [out=FILE.json]"
-
-
-def read_side(prefix: str, lang: str) -> list[str]:
-    for path in (Path(f"{prefix}.{lang}"), Path(f"{prefix}.{lang}.gz")):
-        if path.exists():
-            opener = gzip.open if path.suffix == ".gz" else open
-            with opener(path, "rt", encoding="utf-8") as f:
-                return f.read().splitlines()
-    raise SystemExit(f"train={prefix}: neither {prefix}.{lang} nor {prefix}.{lang}.gz exists")
 
 
 def main(argv: list[str]) -> dict:
@@ -50,16 +42,16 @@ def main(argv: list[str]) -> dict:
     path = Path(options["tokenizer"])
     if not path.is_file():
         raise SystemExit(f"tokenizer={path}: no such file")
-    sides = {lang: read_side(options["train"], lang) for lang in options["langs"]}  # every input read first
+    sides = dict(zip((options["src_lang"], options["tgt_lang"]),
+                     parallel_lines(options["train"], options["src_lang"], options["tgt_lang"])))  # read first
     tokenizer = Tokenizer.load(path)
     provenance = collect_provenance({"options": options}, argv=[sys.argv[0], *argv])
     rows = []
-    for lang in options["langs"]:
-        texts = sides[lang]
-        target = lang == options["target_lang"]
+    for lang, texts in sides.items():
+        target = lang == options["tgt_lang"]
         plain = tokenizer.encode_batch(texts, target=target)
         pieces = sum(map(len, plain))
-        seed = epoch_seed(options["seed"], 0) ^ (0x5EED if target else 0)  # as SampledSegmentation seeds each side
+        seed = side_seed(options["seed"], 0, target)  # epoch 0's draws of this side, as a training run's
         for alpha in options["alphas"]:
             sampled = tokenizer.encode_sampled(texts, alpha, seed, target=target)
             total = sum(map(len, sampled))

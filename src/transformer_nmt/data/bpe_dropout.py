@@ -25,7 +25,7 @@ import re
 
 import sentencepiece as spm
 
-BPE, NORMAL, UNKNOWN, USER_DEFINED, UNUSED = 2, 1, 2, 4, 5  # TrainerSpec.ModelType.BPE; SentencePiece.Type values
+BPE, NORMAL, USER_DEFINED, UNUSED = 2, 1, 4, 5  # TrainerSpec.ModelType.BPE; SentencePiece.Type values
 WORD_START = "\u2581"
 
 
@@ -108,13 +108,9 @@ class BpeDropout:
             add(prev[left], left)
             add(left, nxt[left])
         pieces: list[str] = []
-        unknown_run = False
         for symbol in filter(None, symbols):  # a run of unknown characters is one unknown piece, its surface, as
-            if symbol in self.scores:         # SentencePiece has it (an imported joint vocabulary may hold it)
-                pieces.append(symbol)
-            elif unknown_run:
+            if symbol not in self.scores and pieces and pieces[-1] not in self.scores:  # SentencePiece has it
                 pieces[-1] += symbol
             else:
                 pieces.append(symbol)
-            unknown_run = symbol not in self.scores
         return pieces

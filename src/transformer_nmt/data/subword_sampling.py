@@ -38,6 +38,11 @@ def epoch_seed(seed: int, epoch: int) -> int:
     return int.from_bytes(digest[:4], "little") or 1
 
 
+def side_seed(seed: int, epoch: int, target: bool) -> int:
+    """The seed of one side's draws in an epoch: the epoch's base seed, the target side's set apart."""
+    return epoch_seed(seed, epoch) ^ (0x5EED if target else 0)
+
+
 def _ragged(rows: Sequence[Sequence[int]]) -> Ragged:
     lengths = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
     offsets = np.zeros(len(rows) + 1, dtype=np.int64)
@@ -78,11 +83,10 @@ class SampledSegmentation:
         return len(self.sources)
 
     def _build(self, epoch: int) -> tuple[tuple[Ragged, Ragged], np.ndarray]:
-        seed = epoch_seed(self.seed, epoch)
-        src = self.tokenizer.encode_sampled(self.sources, self.alpha, seed, target=False)
+        src = self.tokenizer.encode_sampled(self.sources, self.alpha, side_seed(self.seed, epoch, False), target=False)
         if self.source_tags is not None:  # the tag is one piece, never sampled: it leads as in the fixed ids
             src = [ids if tag < 0 else [int(tag), *ids] for tag, ids in zip(self.source_tags.tolist(), src)]
-        tgt = self.tokenizer.encode_sampled(self.targets, self.alpha, seed ^ 0x5EED, target=True)
+        tgt = self.tokenizer.encode_sampled(self.targets, self.alpha, side_seed(self.seed, epoch, True), target=True)
         too_long = 0
         (s_flat, s_off), (t_flat, t_off) = self.fallback
         for i in range(len(src)):  # source + eos and bos + target must fit the positions, as the filter says
