@@ -3,26 +3,22 @@ sentence by sentence; at 0.1 it lengthens the text as much as SentencePiece's ow
 algorithm, other draws); at 1 no merge is left; and a sample is the same in another process, which SentencePiece's
 sampler is not (the reason the module exists)."""
 
-import gzip
 import io
 import json
 import random
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import sentencepiece as spm
+from tiny_corpus import multi30k_lines
 
 from transformer_nmt.data.bpe_dropout import BpeDropout
 from transformer_nmt.data.tokenizer import Tokenizer
 
-REPO = Path(__file__).resolve().parents[1]
-
 
 def lines(lang: str, n: int) -> list[str]:
-    with gzip.open(REPO / "data" / "multi30k" / f"train.{lang}.gz", "rt", encoding="utf-8") as f:
-        return [next(f).rstrip("\n") for _ in range(n)]
+    return [line.rstrip("\n") for line in multi30k_lines(lang, n)]
 
 
 def trained(model_type: str, **options) -> bytes:

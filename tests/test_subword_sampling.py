@@ -2,29 +2,20 @@
 epoch) alone, every sample spells its sentence, batches keep the token bound under the epoch's own lengths, every pair
 is seen once per epoch, validation is never sampled, and a run resumed mid-epoch reads what it would have read."""
 
-import gzip
-from pathlib import Path
 
 import numpy as np
 import pytest
+from tiny_corpus import write_train_slices
 
 from transformer_nmt.data.config import DataConfig
 from transformer_nmt.data.datamodule import TranslationDataModule
 from transformer_nmt.data.subword_sampling import epoch_seed, take_rows
 
-REPO = Path(__file__).resolve().parents[1]
-
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
     """The first 1,500 Multi30k training pairs as train, the next 100 as val (plain text files)."""
-    root = tmp_path_factory.mktemp("sampling")
-    for lang in ("en", "de"):
-        with gzip.open(REPO / "data" / "multi30k" / f"train.{lang}.gz", "rt", encoding="utf-8") as f:
-            lines = [next(f) for _ in range(1600)]
-        (root / f"train.{lang}").write_text("".join(lines[:1500]), encoding="utf-8")
-        (root / f"val.{lang}").write_text("".join(lines[1500:]), encoding="utf-8")
-    return root
+    return write_train_slices(tmp_path_factory.mktemp("sampling"), train=(0, 1500), val=(1500, 1600))
 
 
 def datamodule(corpus, seed=3, **changes) -> TranslationDataModule:

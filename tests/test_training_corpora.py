@@ -3,31 +3,21 @@ corpus's kept pairs enter an epoch as often as its factor says, a tagged corpus'
 piece (also in a sampled segmentation), the rest of each source is its untagged tokenization, mismatched options are
 refused naming them, and the run's fingerprint sees every corpus's files."""
 
-import gzip
 from collections import Counter
-from pathlib import Path
 
 import numpy as np
 import pytest
+from tiny_corpus import write_train_slices
 
 from transformer_nmt.data.config import DataConfig
 from transformer_nmt.data.datamodule import TranslationDataModule
 from transformer_nmt.training.fingerprint import _train_data_digest
 
-REPO = Path(__file__).resolve().parents[1]
-
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
     """Multi30k's first 400 training pairs as corpus a, the next 300 as corpus b, the next 50 as val."""
-    root = tmp_path_factory.mktemp("corpora")
-    for lang in ("en", "de"):
-        with gzip.open(REPO / "data" / "multi30k" / f"train.{lang}.gz", "rt", encoding="utf-8") as f:
-            lines = [next(f) for _ in range(750)]
-        (root / f"a.{lang}").write_text("".join(lines[:400]), encoding="utf-8")
-        (root / f"b.{lang}").write_text("".join(lines[400:700]), encoding="utf-8")
-        (root / f"val.{lang}").write_text("".join(lines[700:]), encoding="utf-8")
-    return root
+    return write_train_slices(tmp_path_factory.mktemp("corpora"), a=(0, 400), b=(400, 700), val=(700, 750))
 
 
 def datamodule(corpus, **changes) -> TranslationDataModule:

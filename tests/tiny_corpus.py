@@ -13,14 +13,29 @@ REPO = Path(__file__).resolve().parents[1]
 MULTI30K = REPO / "data" / "multi30k"
 
 
+def multi30k_lines(lang: str, n: int, split: str = "train") -> list[str]:
+    """The first ``n`` lines of a bundled Multi30k split, one language, each with its newline."""
+    with gzip.open(MULTI30K / f"{split}.{lang}.gz", "rt", encoding="utf-8") as f:
+        return [next(f) for _ in range(n)]
+
+
 def write_tiny_corpus(directory: Path, n_train: int = 120, n_eval: int = 24) -> Path:
     """The first pairs of Multi30k as plain-text PREFIX.en / PREFIX.de files; returns ``directory``."""
     directory.mkdir(parents=True, exist_ok=True)
     for split, source, n in (("train", "train", n_train), ("val", "val", n_eval), ("test", "test_2016_flickr", n_eval)):
         for lang in ("en", "de"):
-            with gzip.open(MULTI30K / f"{source}.{lang}.gz", "rt", encoding="utf-8") as f:
-                lines = [next(f) for _ in range(n)]
-            (directory / f"{split}.{lang}").write_text("".join(lines), encoding="utf-8")
+            (directory / f"{split}.{lang}").write_text("".join(multi30k_lines(lang, n, source)), encoding="utf-8")
+    return directory
+
+
+def write_train_slices(directory: Path, **slices: tuple[int, int]) -> Path:
+    """Multi30k's training pairs [start, end) as plain-text NAME.en / NAME.de files, a pair of files per slice
+    (``a=(0, 400), val=(400, 450)``); returns ``directory``."""
+    end = max(stop for _, stop in slices.values())
+    for lang in ("en", "de"):
+        lines = multi30k_lines(lang, end)
+        for name, (start, stop) in slices.items():
+            (directory / f"{name}.{lang}").write_text("".join(lines[start:stop]), encoding="utf-8")
     return directory
 
 
