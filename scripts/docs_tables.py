@@ -434,6 +434,30 @@ def cold_start(root: Path, file: str, labels: dict) -> str:
                   "translate - torch (median of pairs, s)", "the same in CPU s", "within 1 s"], rows)
 
 
+GPU_CHECKS = BENCHMARKS / "gpu"
+
+
+def gpu_check(root: Path, name: str = "h200_2026-12-04") -> str:
+    """scripts/gpu_check.py's table from its JSON (docs/benchmarks/gpu/NAME_gpu_check.json)."""
+    data = read_json(root, GPU_CHECKS / f"{name}_gpu_check.json")
+    sizes, rows = data["sizes"], []
+    for r in data["runs"]:
+        if "error" in r:
+            rows.append([r["kernel"], f"failed: {r['error'][:80]}", "", "", "", "", "", ""])
+            continue
+        rows.append([f"`{r['kernel']}`", f"{r['tgt_tokens_per_sec']:,.0f}", f"{r['ms_per_step']:.1f}",
+                     f"{r['model_tflops']:.0f}", f"{100 * r['mfu_datasheet']:.1f}%", f"{100 * r['mfu_matmul']:.1f}%",
+                     f"{r['peak_memory_gib']:.1f}", f"{r['loss_first']:.2f} -> {r['loss_last']:.2f}"])
+    m = sizes["model"]
+    head = (f"{data['date']}, {data['device']}, torch {data['torch']} (CUDA {data['cuda']}): d_model {m['d_model']}, "
+            f"{m['n_encoder_layers']}+{m['n_decoder_layers']} layers, d_ff {m['d_ff']}, vocab {sizes['vocab']:,}, "
+            f"batches of up to {sizes['max_tokens']:,} tokens a side, bf16-mixed, {sizes['steps']} timed steps after "
+            f"{sizes['warmup']}; the {sizes['matmul']}^3 bf16 matmul ran at {data['matmul_tflops']:.0f} TFLOP/s. "
+            f"CUDA tests in that run: {data['tests']['summary']}.\n\n")
+    return head + table(["attention", "target tokens/s", "ms/step", "model TFLOP/s", "MFU (989 data sheet)",
+                         "MFU (matmul)", "peak GiB", "loss, first 20 -> last 20 steps"], rows)
+
+
 def step_train_ab(root: Path) -> str:
     folder = BENCHMARKS / "step_before_after"
     pairs = [(read_json(root, folder / f"train_before_{i}.json")["train_tgt_tokens_per_sec"],
@@ -836,6 +860,7 @@ def avx2_estimate(root: Path) -> str:
 
 
 BLOCKS = {
+    "gpu-check": gpu_check,
     "readme-headline": recipe_headline,
     "readme-table3": table3_readme,
     "quality-headline": quality_headline,

@@ -11,8 +11,12 @@ from transformer_nmt.training.module import label_smoothed_cross_entropy
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-# Relative error ||x - plain|| / ||plain|| allowed between two kernels in one autocast dtype.
-TOLERANCE = {"bf16": 2e-2, "fp16": 4e-3}
+# Every kernel is measured against the float64 truth (the same model and batch, no autocast), not against
+# ``plain``: two kernels that each round to 1% may differ from each other by more than either differs from the
+# truth (fp16 gradients of this model: about 1.1% each, measured on CPU and on an H200). A kernel may be at most
+# KERNEL_FACTOR times as far from the truth as ``plain`` is, and ``plain`` itself within PLAIN_BOUND.
+KERNEL_FACTOR = 1.5
+PLAIN_BOUND = {"bf16": {"logits": 2e-2, "grads": 1e-1}, "fp16": {"logits": 4e-3, "grads": 3e-2}}
 
 
 def relative_error(x, ref):
@@ -20,10 +24,13 @@ def relative_error(x, ref):
 
 
 def forward_backward(kernel, dtype, src, tgt):
+    """Logits and every parameter's gradient: under autocast in ``dtype``, or all in float64."""
     torch.manual_seed(0)
     model = Transformer(TransformerConfig(vocab_size=1000, d_model=128, n_heads=4, n_encoder_layers=2,
                                           n_decoder_layers=2, d_ff=256, dropout=0.0, attention=kernel)).cuda()
-    with torch.autocast("cuda", dtype=dtype):
+    if dtype is torch.float64:
+        model = model.double()
+    with torch.autocast("cuda", dtype=dtype, enabled=dtype is not torch.float64):
         logits = model(src, tgt[:, :-1])
         loss = label_smoothed_cross_entropy(logits, tgt[:, 1:], 0.1, 0)[0]
     loss.backward()
@@ -38,19 +45,28 @@ def ragged_batch():
     return src.cuda(), tgt.cuda()
 
 
+def errors_from_truth(kernel, dtype, src, tgt, truth):
+    """Relative errors of the logits (real positions) and of all gradients as one vector against float64's
+    (one vector: some gradients are zero in exact arithmetic, key biases, since softmax ignores a shift)."""
+    logits, grads = forward_backward(kernel, dtype, src, tgt)
+    for name, grad in grads.items():
+        assert torch.isfinite(grad).all(), (kernel, name)
+    real = (tgt[:, :-1] != 0)  # pad rows carry no loss and may differ between kernels
+    flat, flat_ref = (torch.cat([g.flatten() for g in gs.values()]) for gs in (grads, truth[1]))
+    return {"logits": relative_error(logits[real], truth[0][real]), "grads": relative_error(flat, flat_ref)}
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("kernel", [k for k in ATTENTION_KERNELS if k != "plain"])
-def test_every_kernel_matches_plain_in_low_precision(kernel, dtype):
+def test_every_kernel_is_as_close_to_float64_as_plain_in_low_precision(kernel, dtype):
     src, tgt = ragged_batch()
-    logits_ref, grads_ref = forward_backward("plain", DTYPES[dtype], src, tgt)
-    logits, grads = forward_backward(kernel, DTYPES[dtype], src, tgt)
-    real = (tgt[:, :-1] != 0)  # pad rows carry no loss and may differ between kernels
-    assert relative_error(logits[real], logits_ref[real]) < TOLERANCE[dtype]
-    for name, grad in grads.items():
-        assert torch.isfinite(grad).all(), name
-    # All gradients as one vector: some are zero in exact arithmetic (key biases: softmax ignores a shift).
-    flat, flat_ref = (torch.cat([g.flatten() for g in gs.values()]) for gs in (grads, grads_ref))
-    assert relative_error(flat, flat_ref) < 2 * TOLERANCE[dtype]
+    truth = forward_backward("plain", torch.float64, src, tgt)
+    plain = errors_from_truth("plain", DTYPES[dtype], src, tgt, truth)
+    other = errors_from_truth(kernel, DTYPES[dtype], src, tgt, truth)
+    print(f"[{kernel} {dtype}] relative error from float64: plain {plain}, {kernel} {other}")
+    for what in ("logits", "grads"):
+        assert plain[what] < PLAIN_BOUND[dtype][what], (what, plain)
+        assert other[what] < KERNEL_FACTOR * plain[what], (what, other, plain)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
