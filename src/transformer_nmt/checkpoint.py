@@ -32,6 +32,7 @@ import torch
 from transformer_nmt.data.tokenizer import Tokenizer
 from transformer_nmt.durable import atomic_write
 from transformer_nmt.model.transformer import Transformer, TransformerConfig
+from transformer_nmt.model.uninitialised import uninitialised
 from transformer_nmt.records import RecordError, from_record
 
 # Keys this project adds to a Lightning checkpoint, so that it is self-contained (training/module.py writes them).
@@ -190,8 +191,8 @@ def model_config_of(checkpoint: dict, source: str) -> TransformerConfig:
         raise CheckpointError(f"{source}: {CKPT_MODEL_CONFIG}.max_positions={config.max_positions} x d_model="
                               f"{config.d_model} is a position table above {POSITION_TABLE_LIMIT} values: the file is "
                               f"damaged or crafted; refusing to build it")
-    with torch.device("meta"):  # shapes only: nothing is allocated
-        state = Transformer(config).state_dict(keep_vars=True)  # a tied weight: one tensor under two names
+    # Shapes only, on the meta device: nothing is allocated, nothing initialised. A tied weight: one tensor, two names.
+    state = uninitialised(Transformer, config, device="meta").state_dict(keep_vars=True)
     expected = {key: tuple(value.shape) for key, value in state.items()}
     weights = {key: value for key, value in (checkpoint.get("state_dict") or {}).items()
                if key.startswith(MODEL_PREFIX) and isinstance(value, torch.Tensor)}
@@ -257,11 +258,15 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     checkpoint = read_checkpoint(path)
     version = checkpoint.get(CKPT_VERSION)
     config = model_config_of(checkpoint, f"checkpoint {path}")  # checked before the model is built
-    model = Transformer(config)
+    model = uninitialised(Transformer, config)  # no random draws for weights the file's replace (a strict load)
+    own = model.state_dict()
     weights = {key[len(MODEL_PREFIX):]: value for key, value in checkpoint["state_dict"].items()
                if key.startswith(MODEL_PREFIX)}
+    # The file's tensors become the model's (assign: no copy), in the model's dtype and layout as a copy would give.
+    weights = {key: value.to(own[key].dtype).contiguous() if key in own and isinstance(value, torch.Tensor) else value
+               for key, value in weights.items()}
     try:
-        model.load_state_dict(weights)
+        model.load_state_dict(weights, assign=True)
     except RuntimeError as error:
         raise CheckpointError(f"checkpoint {path}: weights do not match its own model config: {error}") from error
     tokenizer = checkpoint_tokenizer(checkpoint, path)

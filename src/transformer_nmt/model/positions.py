@@ -13,7 +13,9 @@ its causal mask leaves (the ablation that shows what positions are worth).
 
 Each absolute module maps (B, L, d_model) embeddings at positions offset..offset+L-1 to the same shape; the
 rotary module maps (B, h, L, d_k) queries or keys the same way. Tables that are functions of the config are
-buffers that are not saved (checkpoints stay small; DDP need not broadcast them).
+buffers that are not saved (checkpoints stay small; DDP need not broadcast them). On the meta device (a model
+laid out for its shapes only: checkpoint.model_config_of) they are left empty: arithmetic on meta tensors runs
+torch's Python reference kernels, whose first use imports torch._dynamo, seconds of a translate's cold start.
 """
 
 from __future__ import annotations
@@ -37,12 +39,19 @@ def sinusoidal_positions(max_positions: int, d_model: int) -> Tensor:
     return table
 
 
+def on_meta_device() -> bool:
+    """Whether tensors are being made on the meta device (shapes only), where a table is not computed."""
+    return torch.get_default_device().type == "meta"
+
+
 class SinusoidalPositions(nn.Module):
     """x + PE[offset : offset + L]: the paper's fixed table (``table``, a buffer that is not saved)."""
 
     def __init__(self, max_positions: int, d_model: int):
         super().__init__()
-        self.register_buffer("table", sinusoidal_positions(max_positions, d_model), persistent=False)
+        shape_only = on_meta_device()
+        table = torch.empty(max_positions, d_model) if shape_only else sinusoidal_positions(max_positions, d_model)
+        self.register_buffer("table", table, persistent=False)
 
     def forward(self, x: Tensor, offset: int = 0) -> Tensor:
         return x + self.table[offset:offset + x.shape[1]]  # (B, L, d_model)
@@ -80,11 +89,15 @@ class RotaryPositions(nn.Module):
         super().__init__()
         if d_head % 2:
             raise ValueError(f"rotary positions rotate pairs of features: d_k must be even, got {d_head}")
-        inv_freq = base ** (-torch.arange(0, d_head, 2, dtype=torch.float64) / d_head)  # (d/2,)
-        angles = torch.arange(max_positions, dtype=torch.float64)[:, None] * inv_freq  # (P, d/2)
-        angles = torch.cat([angles, angles], dim=-1)  # (P, d): pair (i, i + d/2) shares angle i
-        self.register_buffer("cos", angles.cos().float(), persistent=False)
-        self.register_buffer("sin", angles.sin().float(), persistent=False)
+        if on_meta_device():
+            cos = sin = torch.empty(max_positions, d_head)
+        else:
+            inv_freq = base ** (-torch.arange(0, d_head, 2, dtype=torch.float64) / d_head)  # (d/2,)
+            angles = torch.arange(max_positions, dtype=torch.float64)[:, None] * inv_freq  # (P, d/2)
+            angles = torch.cat([angles, angles], dim=-1)  # (P, d): pair (i, i + d/2) shares angle i
+            cos, sin = angles.cos().float(), angles.sin().float()
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
 
     def forward(self, x: Tensor, offset: int = 0) -> Tensor:
         """x (B, h, L, d) at positions offset..offset+L-1 -> rotated, same shape and dtype."""
