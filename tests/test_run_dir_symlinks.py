@@ -119,3 +119,65 @@ def test_planted_links_names_only_the_run_dirs_own_entries(tmp_path, victim):
                                                             f"(to {str(victim.parent)!r})"]
     assert launch.planted_links(run_dir)[1:] == [f"{run_dir / run_files.RESULTS} is a symbolic link "
                                                  f"(to {str(victim)!r})"]
+
+
+# Hydra's job_logging choices, and a user's own (written by the test under a config dir of theirs).
+JOB_LOGGING = ["default", "disabled", "none", "stdout", "mine"]
+MY_JOB_LOGGING = """version: 1
+formatters:
+  plain:
+    format: '%(levelname)s %(message)s'
+handlers:
+  to_file:
+    class: logging.FileHandler
+    formatter: plain
+    filename: ${hydra.runtime.output_dir}/mine.log
+root:
+  level: INFO
+  handlers: [to_file]
+disable_existing_loggers: false
+"""
+
+
+def launch_train(tmp_path, corpus, run_dir, job_logging: str, *overrides: str) -> subprocess.CompletedProcess:
+    """``python -m transformer_nmt.train`` of the tiny model on the tiny corpus into ``run_dir`` with
+    ``hydra/job_logging=job_logging`` (``mine``: a user's own, from a config dir of theirs)."""
+    choice = [f"hydra/job_logging={job_logging}"]
+    if job_logging == "mine":
+        (tmp_path / "myconf" / "hydra" / "job_logging").mkdir(parents=True, exist_ok=True)
+        (tmp_path / "myconf" / "hydra" / "job_logging" / "mine.yaml").write_text(MY_JOB_LOGGING)
+        choice.append(f"hydra.searchpath=[file://{tmp_path / 'myconf'}]")
+    return subprocess.run([sys.executable, "-m", "transformer_nmt.train", *tiny_overrides(corpus), *choice,
+                           f"hydra.run.dir={run_dir}", *overrides], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+@pytest.mark.parametrize("job_logging", JOB_LOGGING)
+def test_every_job_logging_choice_trains_and_refuses_planted_links(tmp_path, victim, job_logging):
+    """conf/train.yaml makes Hydra's file handler the guarded one (launch.RunDirLogFile) whatever the choice;
+    where the choice has no file handler the entry is the guard alone, and where no logging is configured at all
+    (``none``) the callback launch.RunDirGuard refuses. Each choice trains (2 steps), and each refuses a run dir with
+    planted links before Hydra writes anything there."""
+    corpus = write_tiny_corpus(tmp_path / "corpus", n_train=24, n_eval=4)
+    run_dir = tmp_path / "run"
+    trained = launch_train(tmp_path, corpus, run_dir, job_logging, "trainer.max_steps=2",
+                           "trainer.limit_val_batches=0", "validate_at_end=false")
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    assert (run_dir / run_files.RESULTS).is_file() and (run_dir / run_files.HYDRA / "config.yaml").is_file()
+    logs = {"default": ["train.log"], "mine": ["mine.log"]}.get(job_logging, [])
+    assert sorted(p.name for p in run_dir.glob("*.log")) == logs  # the guard alone writes no file
+    for name in logs:
+        assert "trainer.max_steps" in (run_dir / name).read_text() or (run_dir / name).stat().st_size > 0
+
+    kept_dir = tmp_path / "home" / "models"
+    kept_dir.mkdir()
+    (kept_dir / run_files.LAST).write_text(KEPT)
+    linked = tmp_path / "linked"
+    links = plant_links(linked, victim, kept_dir)
+    refused = launch_train(tmp_path, corpus, linked, job_logging, "trainer.max_steps=2")
+    assert refused.returncode != 0
+    for path in links:
+        assert str(path) in refused.stderr, (path, refused.stderr[-3000:])
+    assert victim.read_text() == KEPT and sorted(p.name for p in kept_dir.iterdir()) == [run_files.LAST]
+    assert sorted(p.name for p in linked.iterdir()) == sorted([run_files.HYDRA, "train.log", run_files.CHECKPOINTS,
+                                                               run_files.TENSORBOARD])  # nothing written there

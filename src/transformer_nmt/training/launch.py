@@ -36,9 +36,11 @@ import uuid
 from pathlib import Path
 
 import torch
+from hydra.experimental.callback import Callback
 from lightning.pytorch.callbacks import Checkpoint
 from lightning.pytorch.plugins.environments import LightningEnvironment
 from lightning.pytorch.utilities import rank_zero_only
+from omegaconf import DictConfig
 
 from transformer_nmt import run_files
 from transformer_nmt.checkpoint import checkpoint_step
@@ -354,15 +356,28 @@ class RunDirLogFile(logging.FileHandler):
     it after it makes the run dir and before it writes ``.hydra/`` or calls the app: there it refuses a run dir
     with planted links (``refuse_planted_links``; ``SystemExit`` naming them), so that nothing of the launch is
     written through one. The file itself is opened without following a symbolic link, and refused if it has other
-    names (a hard link)."""
+    names (a hard link).
 
-    def __init__(self, filename, mode: str = "a", encoding: str | None = None, delay: bool = False,
+    conf/train.yaml sets this class on the ``file`` handler of whatever ``hydra/job_logging`` is chosen; where the
+    choice has no such handler (``disabled``, ``stdout``, a user's own), the entry holds the class alone, no
+    ``filename``: then it guards the run dir (``hydra.runtime.output_dir``) all the same and writes nothing."""
+
+    def __init__(self, filename=None, mode: str = "a", encoding: str | None = None, delay: bool = False,
                  errors: str | None = None):
+        run_dir = Path(filename).parent if filename is not None else hydra_run_dir()
         try:
-            refuse_planted_links(Path(filename).parent)
+            refuse_planted_links(run_dir)
         except LaunchError as error:
             raise SystemExit(f"error: {error}") from None  # not an Exception: logging.config would hide it
+        if filename is None:  # the guard alone: no file, nothing logged
+            logging.Handler.__init__(self)
+            self.baseFilename, self.mode, self.encoding, self.errors, self.stream = None, mode, encoding, errors, None
+            return
         super().__init__(filename, mode, encoding, delay, errors)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.baseFilename is not None:
+            super().emit(record)
 
     def _open(self):
         flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_APPEND if "a" in self.mode
@@ -377,6 +392,29 @@ class RunDirLogFile(logging.FileHandler):
             raise SystemExit(f"error: the log file {self.baseFilename} is a hard link (another name of a file "
                              f"elsewhere): remove it and launch again")
         return os.fdopen(descriptor, "a" if "a" in self.mode else "w", encoding=self.encoding, errors=self.errors)
+
+
+def hydra_run_dir() -> Path:
+    """The directory of the Hydra job running now (``hydra.runtime.output_dir``)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    return Path(HydraConfig.get().runtime.output_dir)
+
+
+class RunDirGuard(Callback):
+    """A Hydra callback (conf/train.yaml: ``hydra.callbacks``) that refuses a run dir with planted links before
+    Hydra's run writes anything there, whatever ``hydra/job_logging`` is chosen: ``none`` configures no logging,
+    so no ``RunDirLogFile`` is built to refuse it. (Each job of a sweep is refused by ``RunDirLogFile``, the
+    app checks again before it writes.)"""
+
+    def on_run_start(self, config: DictConfig, **kwargs) -> None:
+        from hydra.core.hydra_config import HydraConfig
+
+        HydraConfig.instance().set_config(config)  # as Hydra's run_job does next: ${hydra:...} in the run dir
+        try:
+            refuse_planted_links(Path(str(config.hydra.run.dir)))
+        except LaunchError as error:
+            raise SystemExit(f"error: {error}") from None
 
 
 def _holder(handle) -> str:
