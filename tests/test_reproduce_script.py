@@ -136,3 +136,28 @@ def test_help_prints_the_usage_and_a_flag_is_refused_naming_it(reproduce, capsys
     assert done.value.code == 0 and "python -m transformer_nmt.reproduce [experiment=" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="takes KEY=VALUE options .* not --epochs"):
         reproduce.main(["experiment=multi30k_tiny", "--epochs"])
+
+
+def test_a_logged_step_prints_nothing_and_keeps_its_output_in_the_file(reproduce, tmp_path, capfd):
+    timings = {}
+    reproduce.run_step("say", ["json.tool", "--help"], timings, tmp_path, log=tmp_path / "eval" / "say.log")
+    assert capfd.readouterr().out == ""
+    assert "usage:" in (tmp_path / "eval" / "say.log").read_text() and list(timings) == ["say"]
+    with pytest.raises(SystemExit, match=r"fail failed \(exit status 2\).*its output: .*fail\.log"):
+        reproduce.run_step("fail", ["json.tool", "--no-such-flag"], timings, tmp_path, log=tmp_path / "fail.log")
+
+
+def test_an_evaluate_prints_one_line_with_its_name_bleu_and_seconds(reproduce, tmp_path, monkeypatch, capsys):
+    """The whole record stays in its file (written by evaluate); the terminal gets one line."""
+    def fake_step(name, args, timings, root, log=None):
+        out, stem = Path(args[-2].removeprefix("out=")), args[-1].removeprefix("name=")
+        (out / f"{stem}.json").write_text(json.dumps({"bleu": 27.456, "chrf": 55.0, "provenance": {"argv": args}}))
+        timings[name] = 0.5
+        return 30.2
+
+    monkeypatch.setattr(reproduce, "run_step", fake_step)
+    search = {"beam": 4, "length_penalty": "gnmt", "alpha": 0.6}
+    record = reproduce.evaluate(tmp_path / "averaged.ckpt", "val", search, tmp_path, {}, tmp_path)
+    assert record["chrf"] == 55.0
+    assert capsys.readouterr().out.splitlines() == [
+        f"evaluate val_averaged_beam4_gnmt0.6: BLEU 27.46, 30 s (record: {tmp_path}/val_averaged_beam4_gnmt0.6.json)"]

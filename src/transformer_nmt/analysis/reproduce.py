@@ -12,7 +12,8 @@ length penalty's exponents to choose among on val, beside the run's own ``decode
 go to training, after ``experiment=...`` (e.g. ``data.src_lang=de data.tgt_lang=en``). The run directory is the one
 ``transformer_nmt.train`` picks, ``outputs/NAME_OF_THE_EXPERIMENT/RUN_ID`` (``run_id`` defaults to the launch
 time); running again with the same run_id resumes its training (``ckpt_path=auto``). Each step is a separate
-process, timed:
+process, timed; an evaluate prints one line (its name, BLEU, seconds), its whole record kept in ``RUN/eval/NAME.json``
+and its output in ``NAME.log`` beside it:
 
 1. train (data preparation, fit, and the recipe's own greedy test of its best checkpoint);
 2. average the checkpoints ``checkpoints/recent`` keeps (the run's ``checkpoint.recent.keep``: step-spaced, or one
@@ -81,12 +82,22 @@ def relative_strings(node, root: Path):
     return node
 
 
-def run_step(name: str, args: list[str], timings: dict, root: Path) -> float:
+def run_step(name: str, args: list[str], timings: dict, root: Path, log: Path | None = None) -> float:
     """Run ``python -m ARGS`` in ``root`` (the launch directory, whose data/ the recipe reads), fail loudly,
-    record its wall time in minutes; returns it in seconds."""
-    print(f"\n=== {name}: {' '.join(args)}", flush=True)
+    record its wall time in minutes; returns it in seconds. With ``log``, the step's standard output goes to that
+    file instead of the terminal (an evaluate's whole record: its NAME.json holds it too), and nothing is printed
+    here: the caller prints the step's one line."""
+    if log is None:
+        print(f"\n=== {name}: {' '.join(args)}", flush=True)
     started = time.perf_counter()
-    subprocess.run([sys.executable, "-m", *args], cwd=root, check=True)
+    if log is None:
+        subprocess.run([sys.executable, "-m", *args], cwd=root, check=True)
+    else:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with open(log, "w", encoding="utf-8") as out:
+            done = subprocess.run([sys.executable, "-m", *args], cwd=root, stdout=out)
+        if done.returncode != 0:
+            sys.exit(f"{name} failed (exit status {done.returncode}): python -m {' '.join(args)}; its output: {log}")
     seconds = time.perf_counter() - started
     timings[name] = round(seconds / 60, 2)
     return seconds
@@ -158,11 +169,14 @@ def evaluate(ckpt: Path, split: str, search: dict, out: Path, timings: dict, roo
     """``ckpt`` on ``split`` with ``search`` (beam, length_penalty, alpha), through ``transformer_nmt.evaluate``."""
     beam = search["beam"]
     name = f"{split}_{ckpt.stem}_beam{beam}" + (f"_{search['length_penalty']}{search['alpha']:g}" if beam > 1 else "")
-    run_step(f"evaluate {name}", ["transformer_nmt.evaluate", f"ckpt={ckpt}", f"split={split}", f"beam={beam}",
-                                  "trust_data_paths=true",  # the run this command trained, on its own data
-                                  f"length_penalty={search['length_penalty']}", f"alpha={search['alpha']}",
-                                  f"out={out}", f"name={name}"], timings, root)
-    return json.loads((out / f"{name}.json").read_text())
+    seconds = run_step(f"evaluate {name}", ["transformer_nmt.evaluate", f"ckpt={ckpt}", f"split={split}",
+                                            f"beam={beam}",
+                                            "trust_data_paths=true",  # the run this command trained, on its own data
+                                            f"length_penalty={search['length_penalty']}", f"alpha={search['alpha']}",
+                                            f"out={out}", f"name={name}"], timings, root, log=out / f"{name}.log")
+    record = json.loads((out / f"{name}.json").read_text())
+    print(f"evaluate {name}: BLEU {record['bleu']:.2f}, {seconds:.0f} s (record: {out / name}.json)", flush=True)
+    return record
 
 
 def run_search(run_config, alphas: str | None) -> tuple[dict, list[float]]:
