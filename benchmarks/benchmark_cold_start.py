@@ -9,7 +9,7 @@ temporary directory, then alternates ``--runs`` times between ``python -c "impor
 translate with PYTHONPATH at that src/, each after its own import-torch run), so that a load on the machine
 touches both alike. Prints the median seconds of each and the median of the per-pair differences (translate -
 the torch import just before it), with the CPU flags; ``--json`` writes the raw timings. The budget: translate
-at most 1 s more than importing torch. Each translate runs in an empty directory, which must stay empty, and
+at most 0.5 s more than importing torch. Each translate runs in an empty directory, which must stay empty, and
 its stdout must be the one translation line.
 """
 
@@ -37,7 +37,10 @@ from transformer_nmt.provenance import collect as collect_provenance
 
 ROOT = Path(__file__).resolve().parent.parent
 SENTENCE = "A man is riding a bike."
-BUDGET_SECONDS = 1.0  # translate may cost this much more than importing torch
+BUDGET_SECONDS = 0.5  # translate may cost this much more than importing torch (issue 53; 1 s before)
+# What caps the kernels' instruction set (docs/benchmarks/fp32_isa/: the AVX2 code path on a host with more): the
+# children inherit them; the raw file records them.
+ISA_VARIABLES = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA")
 
 
 def tiny_checkpoint(path: Path) -> Path:
@@ -112,7 +115,7 @@ def summary(timings: dict[str, list[float]]) -> dict[str, float]:
 
 def table(timings: dict[str, dict[str, list[float]]], labels: dict[str, str]) -> str:
     lines = ["| code | import torch (median s) | translate 1 sentence (median s) "
-             "| translate - torch (median of pairs, s) | the same in CPU s | within 1 s |",
+             f"| translate - torch (median of pairs, s) | the same in CPU s | within {BUDGET_SECONDS:g} s |",
              "| --- | --- | --- | --- | --- | --- |"]
     for name, runs in timings.items():
         s = summary(runs)
@@ -141,10 +144,12 @@ def main(argv: list[str] | None = None) -> dict:
         timings = measure(ckpt, variants, args.runs, args.threads)
     flags = reported_cpu_flags()
     print(table(timings, labels))
+    capped = " ".join(f"{name}={os.environ[name]}" for name in ISA_VARIABLES if name in os.environ)
     print(f"\nCPU flags: {' '.join(flags) or 'none of those reported'}; {os.cpu_count()} CPUs; "
-          f"torch {torch.__version__}")
+          f"torch {torch.__version__}" + (f"; {capped}" if capped else ""))
     result = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "runs": args.runs, "sentence": SENTENCE,
               "omp_num_threads": args.threads, "load_average": os.getloadavg(),
+              "isa_variables": {name: os.environ.get(name) for name in ISA_VARIABLES},
               "cpu_flags": flags, "cpus": os.cpu_count(), "torch": torch.__version__,
               "codes": {name: {"label": labels[name], "src": str(src)} for name, src in variants.items()},
               "timings": timings, "medians": {name: summary(runs) for name, runs in timings.items()},
