@@ -18,10 +18,10 @@ other), and so is another translation direction (``data.src_lang``/``data.tgt_la
 en->de and a de->en model may share one vocabulary). Each input is checked as ``load_checkpoint`` checks it before
 anything is summed (checkpoint.model_config_of: sizes within MODEL_LIMITS, the weights it describes held in the file;
 checkpoint.check_stored_sizes in every read: no view that repeats stored values), so the float64 sum is bounded by
-what the files hold. An average is never an input: the ``output`` is left out of the ``dir=`` window, and a checkpoint that
-is an average is refused. The ``output`` never replaces what a run needs: ``last.ckpt`` (what a run resumes from)
-is refused as an output, and so is an existing file that is not an earlier average (a training checkpoint, one
-holding optimizer state above all, or a file that is no checkpoint).
+what the files hold. An average is never an input: the ``output`` is left out of the ``dir=`` window, and a
+checkpoint that is an average is refused. The ``output`` never replaces what a run needs: ``last.ckpt`` (what a
+run resumes from) is refused as an output, and so is an existing file that is not an earlier average (a training
+checkpoint, one holding optimizer state above all, or a file that is no checkpoint).
 """
 
 from __future__ import annotations
