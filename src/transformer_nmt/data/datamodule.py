@@ -527,7 +527,9 @@ class TranslationDataModule(L.LightningDataModule):
             fallback = tuple(self._kept_ids(s, lang) for lang in (self.src_lang, self.tgt_lang))
             self._segmentation = SampledSegmentation(self.tokenizer, self.sources("train"), self.references("train"),
                                                      self.config.spm_alpha, self.seed, self.max_positions, fallback,
-                                                     source_tags=s.source_tags)
+                                                     source_tags=s.source_tags,  # the widest pair a batch holds:
+                                                     max_width=self.max_tokens // self.pad_to_multiple
+                                                     * self.pad_to_multiple)
         return self._segmentation
 
     @staticmethod
