@@ -103,3 +103,24 @@ def test_a_fine_tune_whose_parent_is_gone_and_that_has_nothing_to_resume_is_refu
     missing = tmp_path / "gone.ckpt"
     with pytest.raises(ConfigError, match=rf"init_from={missing} does not exist: give the checkpoint"):
         train(tiny_config(corpus, f"init_from={missing}", "trainer.max_steps=2", *QUIET), tmp_path / "child")
+
+
+def test_a_finished_runs_config_is_read_as_data_no_interpolation_resolved(corpus, tmp_path, monkeypatch):
+    """results.json without a fingerprint: the finished run's config.yaml is read for it. An interpolation there
+    (a run writes its config resolved, so a file holding one was not written by a run) is refused, naming the key,
+    and the environment variable it names is never read."""
+    from omegaconf import OmegaConf
+
+    from transformer_nmt.training.fingerprint import ResumeError, saved_results_fingerprint
+
+    monkeypatch.setenv("SECRET_TOKEN", "s3cret-token-value")
+    cfg = OmegaConf.to_container(tiny_config(corpus, "trainer.max_steps=2"), resolve=True)
+    cfg["train"]["note"] = "${oc.env:SECRET_TOKEN}"
+    (tmp_path / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(cfg)))
+    with pytest.raises(ResumeError, match=r"config.yaml: train.note='\$\{oc.env:SECRET_TOKEN\}' is an interpolation") \
+            as refused:
+        saved_results_fingerprint({"precision": "32-true"}, tmp_path / "config.yaml")
+    assert "s3cret" not in str(refused.value)
+    del cfg["train"]["note"]
+    (tmp_path / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(cfg)))
+    assert saved_results_fingerprint({"precision": "32-true"}, tmp_path / "config.yaml")["trainer.max_steps"] == 2

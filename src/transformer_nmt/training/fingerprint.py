@@ -397,7 +397,7 @@ def saved_results_fingerprint(results: dict, config_file: Path) -> dict[str, Any
     what the config cannot tell (the world size, hence tokens_per_step: its factors are compared instead)."""
     if isinstance(results.get(RESULTS_FINGERPRINT), dict):
         return results[RESULTS_FINGERPRINT]
-    old = OmegaConf.load(config_file)
+    old = read_written_config(config_file)
     saved = results_fingerprint(old, SimpleNamespace(world_size=1, precision=results.get("precision")))
     saved.pop(PRODUCT), saved.pop("world_size")
     if "precision" not in results:
@@ -409,6 +409,26 @@ def saved_results_fingerprint(results: dict, config_file: Path) -> dict[str, Any
 
 
 _ABSENT = object()
+
+
+def read_written_config(path: Path) -> DictConfig:
+    """A run's config.yaml (written resolved by the run: ``OmegaConf.to_yaml(cfg, resolve=True)``) as a config,
+    read as data: an interpolation in it (``${oc.env:VAR}`` would copy an environment variable into the fingerprint,
+    its messages and what is written from it) is refused, naming the file and the key, instead of resolved."""
+    import yaml
+
+    data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    stack = [("", data)]
+    while stack:
+        where, node = stack.pop()
+        if isinstance(node, dict):
+            stack.extend((f"{where}.{key}" if where else str(key), value) for key, value in node.items())
+        elif isinstance(node, list):
+            stack.extend((f"{where}[{i}]", value) for i, value in enumerate(node))
+        elif isinstance(node, str) and "${" in node:
+            raise ResumeError(f"{path}: {where}={node!r:.80} is an interpolation; a run writes its config resolved, "
+                              f"so this file was not written by one (it is not resolved: it would read what it names)")
+    return OmegaConf.create(data if isinstance(data, dict) else {})
 
 
 def check_finished_run(cfg: DictConfig, run_dir: Path, results: dict, overrides: list[str]) -> bool:
