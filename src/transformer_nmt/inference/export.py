@@ -4,6 +4,9 @@
     python -m transformer_nmt.export ckpt=RUN/averaged.ckpt output=RUN/ct2
     python -m transformer_nmt.export ckpt=RUN/averaged.ckpt output=RUN/ct2_int8 quantization=int8
 
+(The command, transformer_nmt/export.py, reads the options, ``ExportOptions``, and hands each format to its
+exporter: this module, or interchange/marian.py.)
+
 ``quantization``: ``none`` (float32 weights, the default) or one of CTranslate2's weight types (``int8``,
 ``int8_float32``, ``float16``, ...). A float32 export can also be quantized when it is loaded (the
 ``compute_type`` option of ``translate``). The directory holds CTranslate2's ``model.bin``,
@@ -65,13 +68,12 @@ from transformer_nmt.model.hooks import hooked_modules
 from transformer_nmt.model.norms import NORM_EPS
 from transformer_nmt.model.positions import ROTARY_BASE
 from transformer_nmt.model.transformer import Transformer
-from transformer_nmt.options import command_argv, option, parse_options, require_checkpoint
+from transformer_nmt.options import option
 
 EXPORT_INFO = "transformer_nmt.json"  # our configs, beside CTranslate2's files
 EXPORT_FORMAT = 2  # part of the cache key: bump when the export of a given checkpoint changes (2: files listed)
 SENTENCEPIECE_MODEL = "sentencepiece.model"
 FORBIDDEN_LOGIT_BIAS = -1e4  # on pad and bos; finite so float16 and int8 exports keep it
-USAGE = "python -m transformer_nmt.export ckpt=PATH output=DIR [quantization=int8] [format=marian] [force=true]"
 
 
 @dataclass
@@ -87,7 +89,6 @@ class ExportOptions:
                                         "(interchange/marian.py; pip install -e .[hf])")
 
 
-OPTIONS = ExportOptions
 
 
 def import_ctranslate2():
@@ -337,32 +338,11 @@ def cached_export(ckpt: str | os.PathLike) -> Path:
     return output
 
 
-def main(argv: list[str] | None = None) -> Path:
-    options = parse_options(command_argv(argv), ExportOptions, __doc__, USAGE)
-    require_checkpoint(options)
-    if not options.output:
-        raise SystemExit("missing output=DIR (the model directory to write)")
-    if options.format == "marian":
-        if options.quantization != "none":
-            raise SystemExit("quantization= is an option of format=ctranslate2 (format=marian writes float32)")
-        from transformer_nmt.interchange.marian import ConversionError, export_marian  # imports transformers
-
-        model, tokenizer, meta = load_checkpoint(options.ckpt)
-        command = "python -m transformer_nmt.export " + " ".join(command_argv(argv))
-        try:
-            output = export_marian(model, tokenizer, options.output, meta, options.force, command)
-        except ConversionError as error:
-            raise SystemExit(f"cannot export {options.ckpt} to MarianMT exactly: {error}") from None
-        print(f"exported {options.ckpt} -> {output} (MarianMT)")
-        return output
-    if options.format != "ctranslate2":
-        raise SystemExit(f"format={options.format!r}: use ctranslate2 or marian")
+def export_command(options: ExportOptions) -> Path:
+    """``python -m transformer_nmt.export format=ctranslate2`` (the command, transformer_nmt/export.py, picks the
+    format): ``options.ckpt`` exported to ``options.output``."""
     check_quantization(options.quantization)  # before the (slow) checkpoint load
     model, tokenizer, meta = load_checkpoint(options.ckpt)
     output = export_model(model, tokenizer, options.output, options.quantization, meta, options.force)
     print(f"exported {options.ckpt} -> {output} (quantization {options.quantization})")
     return output
-
-
-if __name__ == "__main__":
-    main()
