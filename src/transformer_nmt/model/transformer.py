@@ -25,9 +25,9 @@ from torch import Tensor, nn
 
 from transformer_nmt.model.attention import AttentionCache, MultiHeadAttention, causal_mask, check_attention, head_dims
 from transformer_nmt.model.dropout import Dropout
-from transformer_nmt.model.feed_forward import ACTIVATION_NAMES, feed_forward
+from transformer_nmt.model.feed_forward import ACTIVATIONS, feed_forward
 from transformer_nmt.model.norms import NORMS, norm
-from transformer_nmt.model.positions import POSITIONS, absolute_positions, rotary_positions
+from transformer_nmt.model.positions import POSITION_SCHEMES, absolute_positions, rotary_positions
 from transformer_nmt.options import Role, declares_roles, option
 
 TRAINING, MAY_CHANGE = Role.TRAINING, Role.MAY_CHANGE
@@ -75,15 +75,12 @@ class TransformerConfig:
 
     def __post_init__(self):
         check_attention(self.d_model, self.n_heads, self.attention, prefix="model.", d_k=self.d_k, d_v=self.d_v)
-        if self.positions not in POSITIONS:
-            raise ValueError(f"model.positions must be one of {POSITIONS}, got {self.positions!r}")
-        if self.activation not in ACTIVATION_NAMES:
-            raise ValueError(f"model.activation must be one of {ACTIVATION_NAMES}, got {self.activation!r}")
-        if self.norm not in NORMS:
-            raise ValueError(f"model.norm must be one of {NORMS}, got {self.norm!r}")
-        if self.positions == "rotary" and self.head_dims()[0] % 2:
-            raise ValueError(f"model.positions=rotary rotates pairs of query/key features: d_k must be even, got "
-                             f"{self.head_dims()[0]}")
+        for key, registry in (("positions", POSITION_SCHEMES), ("activation", ACTIVATIONS), ("norm", NORMS)):
+            if getattr(self, key) not in registry:
+                raise ValueError(f"model.{key} must be one of {tuple(registry)}, got {getattr(self, key)!r}")
+        if POSITION_SCHEMES[self.positions].rotary and self.head_dims()[0] % 2:
+            raise ValueError(f"model.positions={self.positions} rotates pairs of query/key features: d_k must be "
+                             f"even, got {self.head_dims()[0]}")
         if self.attention == "blocked" and self.attention_dropout > 0:
             raise ValueError("model.attention=blocked does not support model.attention_dropout > 0")
         if not 0 <= self.pad_id < self.vocab_size:
