@@ -1,5 +1,5 @@
-"""``python -m transformer_nmt.export [key=value ...]``: export a checkpoint for CTranslate2 (inference/export.py)
-or, with ``format=marian``, as a transformers MarianMT directory (interchange/marian.py).
+"""Export a checkpoint to a CTranslate2 model directory (inference/export.py: ``python -m transformer_nmt.export
+ckpt=PATH output=DIR``) or, with ``format=marian``, to a transformers MarianMT directory (interchange/marian.py).
 
 The command reads the options (``ExportOptions``; ``--help`` lists them and their defaults) and hands the
 checkpoint to the format's exporter; each exporter refuses, naming the option, a model part that has no form in
@@ -19,7 +19,7 @@ USAGE = "python -m transformer_nmt.export ckpt=PATH output=DIR [quantization=int
 
 
 def main(argv: list[str] | None = None) -> Path:
-    options = parse_options(command_argv(argv), ExportOptions, ctranslate2_export.__doc__, USAGE)
+    options = parse_options(command_argv(argv), ExportOptions, __doc__, USAGE)
     require_checkpoint(options)
     if not options.output:
         raise SystemExit("missing output=DIR (the model directory to write)")
