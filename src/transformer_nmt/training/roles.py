@@ -21,6 +21,7 @@ from typing import Any
 
 import yaml
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from transformer_nmt.conf import CONF_DIR
 from transformer_nmt.options import Role, show
@@ -192,7 +193,12 @@ def options_by_role(cfg: DictConfig) -> dict[Role, dict[str, Any]]:
 def _value(cfg: DictConfig, key: str) -> Any:
     """``key``'s value in ``cfg``, resolved (None where it cannot be resolved outside Hydra)."""
     value = OmegaConf.select(cfg, key, throw_on_missing=False, throw_on_resolution_failure=False)
-    return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+    if not OmegaConf.is_config(value):
+        return value
+    try:
+        return OmegaConf.to_container(value, resolve=True)
+    except OmegaConfBaseException:  # an interpolation inside it that only Hydra resolves: as written
+        return OmegaConf.to_container(value)
 
 
 def summary_lines(cfg: DictConfig, width: int = 12) -> list[str]:
