@@ -2,10 +2,12 @@
 results, so that a sweep run again skips only the runs that are this command's.
 
 The run fingerprint (``run_fingerprint``) is the whole resolved config, flattened to dotted keys (``model.dropout``,
-``train.lr_factor``, ``trainer.limit_train_batches``, ``callbacks.NAME._target_``), minus an explicit list of what
-does not change what trains (``NOT_TRAINING``, each entry with its reason, and the callbacks of
-conf/callbacks/default.yaml while they are those), so that a new option, a trainer setting or an added callback
-(a gradient accumulation scheduler, say) is covered without being listed here. Some values are resolved:
+``train.lr_factor``, ``trainer.limit_train_batches``, ``callbacks.NAME._target_``), minus what does not change
+what trains: ``NOT_TRAINING``, the options whose declared role (options.Role, in their schemas' field metadata)
+is not ``TRAINING`` (training/roles.py derives every list below from the roles: none is kept here), and the
+callbacks of conf/callbacks/default.yaml while they are those. A new option must declare its role (its class
+fails to import otherwise); a trainer setting or an added callback (a gradient accumulation scheduler, say)
+counts without being listed. Some values are resolved:
 ``trainer.precision`` as the run trains in it (``auto`` resolved on this machine: a requeue onto a GPU without bf16
 would switch to fp16); ``tokens_per_step``, the product ``data.max_tokens`` x ``trainer.accumulate_grad_batches``
 x ``world_size`` (processes: devices x nodes), compared instead of its factors (``FACTORS``, recorded beside it for
