@@ -65,7 +65,7 @@ from transformer_nmt.training.precision import resolve_precision, uses_cuda
 log = logging.getLogger(__name__)
 
 RESULTS_FINGERPRINT = "fingerprint"  # results.json's key: the results fingerprint of the finished run
-GROUPS = ("model", "data", "train")
+GROUPS = ("model", "data", "train")  # what a fingerprint of format 1 held (with seed): a fact of that format
 PRECISION = "trainer.precision"  # as resolved: trainer.precision=auto is bf16-mixed on one machine, 32-true on another
 PRODUCT = "tokens_per_step"  # data.max_tokens x trainer.accumulate_grad_batches x world_size
 FACTORS = ("data.max_tokens", "trainer.accumulate_grad_batches", "world_size")
