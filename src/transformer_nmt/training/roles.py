@@ -134,14 +134,12 @@ def default_callbacks() -> dict[str, str]:
     return {name: entry["_target_"] for name, entry in entries.items()}
 
 
-def _defaults(prefix: str, schema: type) -> dict[str, Any]:
-    out = {}
-    for f in dataclasses.fields(schema):
-        if f.default is not dataclasses.MISSING and f.default != "???":
-            out[f"{prefix}{f.name}"] = f.default
-        elif f.default_factory is not dataclasses.MISSING:
-            out[f"{prefix}{f.name}"] = f.default_factory()
-    return out
+def _default(field: dataclasses.Field) -> Any:
+    """A field's default (a fresh one from its factory); ``MISSING`` where it has none (OmegaConf's ``???``: a
+    value the user must give)."""
+    if field.default_factory is not dataclasses.MISSING:
+        return field.default_factory()
+    return dataclasses.MISSING if field.default == "???" else field.default
 
 
 def training_defaults() -> dict[str, Any]:
@@ -149,17 +147,14 @@ def training_defaults() -> dict[str, Any]:
     top-level option that does (seed, init_keep), but the free dicts': what a fingerprint written before an option
     existed means by its absence (a new option defaults to what every run did before it)."""
     out: dict[str, Any] = {}
-    for f in dataclasses.fields(TrainAppConfig):
-        if f.metadata["role"] is not Role.TRAINING or "keys" in f.metadata or f.name == "callbacks":
+    for field in dataclasses.fields(TrainAppConfig):
+        if field.metadata["role"] is not Role.TRAINING or str(field.type).startswith("dict"):
             continue
-        group = _group_schema(f)
-        out.update(_defaults(f"{f.name}.", group) if group is not None else _defaults("", _only(f)))
+        group = _group_schema(field)
+        members = dataclasses.fields(group) if group is not None else [field]
+        prefix = f"{field.name}." if group is not None else ""
+        out.update({prefix + f.name: default for f in members if (default := _default(f)) is not dataclasses.MISSING})
     return out
-
-
-def _only(field: dataclasses.Field) -> type:
-    """A dataclass of ``field`` alone (for ``_defaults``)."""
-    return dataclasses.make_dataclass("One", [(field.name, Any, field)])
 
 
 # ------------------------------------------------------------------------------------------------ the summary
