@@ -93,9 +93,18 @@ def test_aer_is_zero_for_the_truth_and_follows_och_and_ney():
     assert alignment_error_rate({(0, 0), (1, 1), (2, 2), (2, 1)}, sure, possible={(2, 1)}) == pytest.approx(1 - 7 / 7)
 
 
+# The bound on the default alignments' AER, set from its measured spread (docs/alignment/aer_spread.json:
+# scripts/alignment_aer_spread.py, the recipe trained over seeds at 1 thread, as this test trains, on the native and
+# the AVX2 code path): another CPU's arithmetic moves training as another seed does (the recipe's own seed gives
+# 0.006 natively, 0.054 on the AVX2 path, against the 0.05 this test held before), so the bound holds every
+# measured run with room, twice the worst (test_the_bound_holds_the_measured_spread), not one machine's number.
+AER_BOUND = 0.12
+SPREAD = REPO / "docs" / "alignment" / "aer_spread.json"
+
+
 def test_hard_alignments_recover_a_known_permutation():
     """A tiny model trained (seconds) to copy in a fixed reordering; its default alignments (mean of the last
-    decoder layer's heads, output position) must find the permutation: AER <= 0.05, each layer reported. The
+    decoder layer's heads, output position) must find the permutation: AER <= AER_BOUND, each layer reported. The
     input position, which transformer_nmt.alignment says is wrong on this task, must be clearly worse in every
     layer (AER > 0.5), or the default would have no reason to be the output position."""
     task = alignment_aer
@@ -108,7 +117,7 @@ def test_hard_alignments_recover_a_known_permutation():
     table = task.aer_table(model)
     print("\n" + task.markdown(table))
     last = model.config.n_decoder_layers - 1
-    assert table[last, "output"] <= 0.05
+    assert table[last, "output"] <= AER_BOUND
     assert all(table[layer, "input"] > 0.5 for layer in range(last + 1))
     # The docs' numbers come from docs/alignment/alignment_aer.txt (scripts/docs_tables.py). Training is deterministic
     # on one machine: on one like the file's (CPU model and flags, torch, 1 thread) the table is the file's, digit
@@ -117,6 +126,20 @@ def test_hard_alignments_recover_a_known_permutation():
     if (record["cpu_model"], record["cpu_flags"], record["versions"]["torch"], record["torch_threads"]) == (
             cpu_model(), reported_cpu_flags(), torch.__version__, 1):
         assert task.markdown(table).splitlines() == rows
+
+
+def test_the_bound_holds_the_measured_spread():
+    """Every measured run of the recipe (seeds x instruction sets, 1 thread as the test trains) is within half the
+    bound, the input position above 0.5 in each: a CPU whose arithmetic moves the training as much as the seeds do
+    stays inside. The file measures this recipe and model."""
+    spread = json.loads(SPREAD.read_text(encoding="utf-8"))
+    assert (spread["recipe"], spread["model"], tuple(spread["permutation"])) == (
+        alignment_aer.RECIPE, alignment_aer.MODEL, alignment_aer.PERMUTATION)
+    last = alignment_aer.MODEL["n_decoder_layers"] - 1
+    assert {(run["isa"], run["threads"]) for run in spread["runs"]} >= {("native", 1), ("avx2", 1)}
+    assert len({(run["isa"], run["seed"]) for run in spread["runs"] if run["threads"] == 1}) >= 14
+    assert max(run["table"][f"{last} output"] for run in spread["runs"]) <= AER_BOUND / 2
+    assert min(run["table"][f"{layer} input"] for run in spread["runs"] for layer in range(last + 1)) > 0.5
 
 
 def read_raw_alignment() -> tuple[dict, list[str]]:
