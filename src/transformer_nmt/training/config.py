@@ -89,7 +89,8 @@ class CheckpointConfig:
 
     save_top_k: int = option(3, "best-k by the monitored metric (checkpoint.monitor), plus last.ckpt")
     monitor: str = option("auto", "what best-k and early stopping rank by: val_bleu (greedy, detokenized sacreBLEU "
-                                  "over train.val_bleu_max_sentences of the first validation set) | val_loss | "
+                                  "over train.val_bleu_max_sentences of the first validation set; with data.pairs: "
+                                  "the mean of the pairs') | val_bleu/en-de (data.pairs: one pair's) | val_loss | "
                                   "auto: val_bleu, or val_loss when val BLEU is off")
     patience: int | None = option(None, "stop after this many validations without a better monitored value "
                                          "(Lightning's EarlyStopping); null: never")
