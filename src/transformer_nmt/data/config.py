@@ -60,7 +60,9 @@ class DataConfig:
     pairs: list[str] | None = option(None, "several directions in one model (data/language_tags.py), e.g. "
                                            "[en-de,en-fr,en-cs] (add de-en,... for many-to-many): each pair's "
                                            "corpora found as data.train/val/test say with its languages in place of "
-                                           "src_lang/tgt_lang, tagged as data.lang_tags says, batches mixing pairs; "
+                                           "src_lang/tgt_lang ({pair} in a location: the pair's name, for corpora of "
+                                           "their own, data/{pair}/train), tagged as data.lang_tags says, batches "
+                                           "mixing pairs; "
                                            "val BLEU logged per pair (val/bleu/en-de) and their mean (val/bleu); "
                                            "null: the one pair src_lang-tgt_lang, untagged")
     lang_tags: str = option("target", "with data.pairs: target (<2de> before the source, Johnson et al. 2017) | "
@@ -130,7 +132,12 @@ class DataConfig:
             raise ValueError(f"data.pairs reads PREFIX.{{lang}} files: data.format={self.format} is not supported "
                              f"with it; use data.format=text")
         spec = self.corpus_spec()
-        return {pair_name(s, t): replace(spec, langs=(s, t)) for s, t in tags.pairs}
+        specs = {}
+        for s, t in tags.pairs:  # a location holding {pair} is each pair's own: data/{pair}/train -> data/en-de/train
+            locations = {split: location.replace("{pair}", pair_name(s, t)) if isinstance(location, str) else location
+                         for split, location in spec.locations.items()}
+            specs[pair_name(s, t)] = replace(spec, langs=(s, t), locations=locations)
+        return specs
 
     def train_corpora(self) -> list[TrainCorpus]:
         """The training corpora (``data.train`` as one location or a list), each with its upsampling factor and

@@ -1,0 +1,311 @@
+"""Many languages in one model (data.pairs): the tags' rule, temperature sampling, the multilingual splits, and a
+tiny model trained here to write each target language in its own alphabet, translated by direction.
+
+The toy languages: English words over the letters a-f; German, French and Czech spell each English sentence letter
+for letter in their own six letters (g-l, m-r, s-x). A model that has learnt the tags writes French in m-r and
+Czech in s-x for the same English input: the output's language is read off its letters.
+"""
+
+import json
+import random
+import subprocess
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from tensorboard_events import read_events
+
+from transformer_nmt.data.config import DataConfig
+from transformer_nmt.data.datamodule import TranslationDataModule
+from transformer_nmt.data.language_tags import LanguageTags, parse_pairs
+from transformer_nmt.data.pair_sampling import epoch_counts, epoch_rows, temperature_shares
+from transformer_nmt.inference.translate import main as translate_main
+
+ALPHABETS = {"en": "abcdef", "de": "ghijkl", "fr": "mnopqr", "cs": "stuvwx"}
+PAIRS = ["en-de", "en-fr", "en-cs"]
+
+
+def write_toy_languages(directory: Path, n_train: int = 400, n_eval: int = 12, sizes: dict | None = None) -> Path:
+    """PREFIX.{en,de,fr,cs} for train, val and test, line-aligned; ``sizes`` ({pair: n}): instead, each pair's own
+    corpora under directory/PAIR/ (PREFIX.{src,tgt}), its training split n lines; returns ``directory``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(0)
+    for split, count in (("train", n_train), ("val", n_eval), ("test", n_eval)):
+        english = [" ".join("".join(rng.choice(ALPHABETS["en"]) for _ in range(rng.randint(2, 3)))
+                            for _ in range(rng.randint(2, 5))) for _ in range(count)]
+        lines = {lang: [s.translate(str.maketrans(ALPHABETS["en"], letters)) for s in english]
+                 for lang, letters in ALPHABETS.items()}
+        for pair in (sizes or [None]):
+            where = directory / pair if pair else directory
+            where.mkdir(exist_ok=True)
+            for lang in pair.split("-") if pair else ALPHABETS:
+                n = sizes[pair] if pair and split == "train" else count
+                (where / f"{split}.{lang}").write_text("".join(line + "\n" for line in lines[lang][:n]))
+    return directory
+
+
+def toy_config(corpus: Path, **changes) -> DataConfig:
+    return DataConfig(**{"train": str(corpus / "train"), "val": str(corpus / "val"), "test": str(corpus / "test"),
+                         "pairs": PAIRS, "cache_dir": str(corpus / "cache"), "vocab_size": 60, "num_proc": 1,
+                         "max_tokens": 1024, **changes})
+
+
+def letters_of(text: str) -> str:
+    return "".join(c for c in text if c.isalpha())
+
+
+# --- the rule -------------------------------------------------------------------------------------------------
+
+
+def test_the_rule_spells_each_style_and_refuses_what_it_cannot_mean():
+    pairs = tuple(parse_pairs(["en-de", "en-fr", "de-en"]))
+    assert LanguageTags(pairs).pieces() == ["<2de>", "<2en>", "<2fr>"]
+    assert LanguageTags(pairs, "decoder").pieces() == ["<de>", "<en>", "<fr>"]
+    decoder = LanguageTags(pairs, "decoder")
+    assert (decoder.source_piece("de", "en"), decoder.decoder_piece("en")) == ("<de>", "<en>")
+    assert LanguageTags((("de", "en"), ("fr", "en")), "source").pieces() == ["<de>", "<fr>"]
+    with pytest.raises(ValueError, match="one target language only|several target languages"):
+        LanguageTags(pairs, "source")
+    for bad in (["en-en"], ["en_de"], "en-de", ["en-de", "en-de"], ["src-de"]):
+        with pytest.raises(ValueError, match="data.pairs"):
+            parse_pairs(bad)
+    assert LanguageTags.of({"src_lang": "en", "tgt_lang": "de"}) is None  # one pair, as every older checkpoint
+
+
+def test_a_direction_is_chosen_refused_or_allowed_zero_shot():
+    tags = LanguageTags(tuple(parse_pairs(["en-de", "en-fr", "de-en"])))
+    assert tags.direction(None, "fr").name == "en-fr"
+    assert tags.direction("de", None).name == "de-en"
+    with pytest.raises(ValueError, match=r"not trained on de-fr; it knows en-de, en-fr, de-en"):
+        tags.direction("de", "fr")
+    zero = tags.direction("de", "fr", zero_shot=True)
+    assert zero.zero_shot and zero.record() == {"src_lang": "de", "tgt_lang": "fr", "zero_shot": True}
+    with pytest.raises(ValueError, match="no tag for cs"):
+        tags.direction("en", "cs", zero_shot=True)
+    with pytest.raises(ValueError, match="give tgt_lang= .one of de, fr."):
+        tags.direction("en", None)
+
+
+# --- temperature sampling -------------------------------------------------------------------------------------
+
+
+def test_temperature_one_is_proportional_and_five_flattens():
+    sizes = [9000, 900, 100]
+    assert epoch_counts(sizes, 1.0) == sizes
+    counts = epoch_counts(sizes, 5.0)
+    assert sum(counts) == sum(sizes)
+    shares = np.array(sizes, dtype=float) ** 0.2 / (np.array(sizes, dtype=float) ** 0.2).sum()
+    np.testing.assert_allclose(temperature_shares(sizes, 5.0), shares, rtol=1e-12)
+    assert all(abs(c - s * sum(sizes)) <= 1 for c, s in zip(counts, shares))  # largest remainders: within 1
+    assert counts[2] > 10 * 100 and counts[0] < 9000  # the small pair repeated, the large one subsampled
+    assert epoch_counts([500, 500, 500], 5.0) == [500, 500, 500]  # equal sizes: uniform at any temperature
+    rows = epoch_rows(100, 1234, seed=3, pair_index=2)
+    assert len(rows) == 1234 and np.bincount(rows, minlength=100).min() == 12  # 12 whole copies, 34 drawn once more
+    assert (np.bincount(rows, minlength=100) == 13).sum() == 34
+    np.testing.assert_array_equal(rows, epoch_rows(100, 1234, seed=3, pair_index=2))
+    with pytest.raises(ValueError, match="pair_temperature"):
+        temperature_shares(sizes, 0)
+
+
+def test_the_multilingual_splits_tag_mix_and_sample_pairs(tmp_path):
+    corpus = write_toy_languages(tmp_path / "toy", n_train=200, sizes={"en-de": 200, "en-fr": 200, "en-cs": 50})
+    corpus_of_pairs = {split: str(corpus / "{pair}" / split) for split in ("train", "val", "test")}
+    dm = TranslationDataModule(toy_config(corpus, pair_temperature=5.0, **corpus_of_pairs))
+    dm.setup()
+    tok = dm.tokenizer
+    tags = {t: tok.piece_id(f"<2{t}>") for t in ("de", "fr", "cs")}
+    assert all(i is not None for i in tags.values())
+    train = dm.splits["train"]
+    counts = np.bincount(train.pair_of, minlength=3)
+    assert counts.tolist() == epoch_counts([200, 200, 50], 5.0) and counts.sum() == 450
+    # every source is led by its pair's tag; every target spelled in its language's letters
+    for pair, group in dm.pair_indices("val").items():
+        tgt = pair.split("-")[1]
+        for i in group[:3].tolist():
+            row = dm.dataloader("val").dataset.__getitem__(i)
+            assert row["src"][0] == tags[tgt] and tags[tgt] not in row["src"][1:]
+            assert set(letters_of(dm.references("val")[i])) <= set(ALPHABETS[tgt])
+    batch_pairs = [set(train.pair_of[b.tolist()]) for b in map(torch.as_tensor, dm.batch_sampler("train"))]
+    assert any(len(p) > 1 for p in batch_pairs)  # batches mix pairs
+    # T=1: each kept pair exactly once, as the corpora concatenated
+    dm1 = TranslationDataModule(toy_config(corpus, **corpus_of_pairs))
+    dm1.setup()
+    assert np.bincount(dm1.splits["train"].pair_of).tolist() == [200, 200, 50]
+    assert sorted(dm1.splits["train"].keep.tolist()) == sorted(set(dm1.splits["train"].keep.tolist()))
+
+
+def test_options_that_do_not_fit_data_pairs_are_refused(tmp_path):
+    corpus = write_toy_languages(tmp_path / "toy", n_train=20)
+    for changes, message in (({"train": [str(corpus / "train")] * 2}, "one data.train"),
+                             ({"pair_temperature": 0.0}, "pair_temperature"),
+                             ({"lang_tags": "both"}, "data.lang_tags"),
+                             ({"format": "tsv"}, "data.format=tsv")):
+        with pytest.raises(ValueError, match=message):
+            TranslationDataModule(toy_config(corpus, **changes))
+    with pytest.raises(Exception, match="train.it"):  # a pair's files are found as one pair's: missing, named
+        TranslationDataModule(toy_config(corpus, pairs=["en-it"])).setup()
+
+
+# --- a tiny model that learns the tags -------------------------------------------------------------------------
+
+
+def train_toy_model(corpus: Path, path: Path, steps: int = 150, **changes) -> None:
+    """A tiny Transformer trained on the toy languages' batches (a plain loop: seconds), saved as a checkpoint with
+    the tokenizer and data config a training run records."""
+    from tiny_checkpoint import write_checkpoint
+
+    from transformer_nmt.checkpoint import CKPT_DATA_CONFIG
+
+    config = toy_config(corpus, **changes)
+    dm = TranslationDataModule(config)
+    dm.setup()
+    torch.manual_seed(0)
+    model = write_checkpoint(path, dm.tokenizer, d_model=32, n_heads=2, d_ff=64, n_encoder_layers=2,
+                             n_decoder_layers=2, max_positions=64)
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    step = 0
+    model.train()
+    while step < steps:
+        for batch in dm.train_dataloader():
+            logits = model(batch["src"], batch["tgt"][:, :-1])
+            loss = F.cross_entropy(logits.flatten(0, 1), batch["tgt"][:, 1:].flatten(), ignore_index=0)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            step += 1
+            if step == steps:
+                break
+    checkpoint = torch.load(path, weights_only=True)
+    checkpoint["state_dict"] = {f"model.{k}": v for k, v in model.state_dict().items()}
+    checkpoint[CKPT_DATA_CONFIG] = asdict(config)
+    torch.save(checkpoint, path)
+
+
+@pytest.fixture(scope="module")
+def toy_model(tmp_path_factory) -> tuple[Path, Path]:
+    """(checkpoint, corpus) of a tiny model for en -> de, fr, cs, tagged <2de> ... (data.lang_tags=target)."""
+    root = tmp_path_factory.mktemp("multilingual")
+    corpus = write_toy_languages(root / "toy")
+    train_toy_model(corpus, root / "toy.ckpt")
+    return root / "toy.ckpt", corpus
+
+
+def translate(tmp_path, ckpt, *options, lines=None) -> list[str]:
+    source = tmp_path / "in.en"
+    source.write_text("".join(line + "\n" for line in lines))
+    out = tmp_path / "out.txt"
+    translate_main([f"ckpt={ckpt}", f"input={source}", f"output={out}", "beam=2", *options])
+    return out.read_text().splitlines()
+
+
+def test_translate_writes_the_language_tgt_lang_names(tmp_path, toy_model):
+    ckpt, corpus = toy_model
+    lines = (corpus / "test.en").read_text().splitlines()[:8]
+    for tgt in ("fr", "cs", "de"):
+        outputs = translate(tmp_path, ckpt, f"tgt_lang={tgt}", lines=lines)
+        letters = "".join(letters_of(o) for o in outputs)
+        assert len(outputs) == len(lines) and len(letters) >= 20, outputs
+        inside = sum(c in ALPHABETS[tgt] for c in letters) / len(letters)
+        assert inside >= 0.95, (tgt, outputs)  # its own letters, not English's nor another target's
+
+
+def test_a_direction_the_model_does_not_know_is_refused_naming_those_it_knows(tmp_path, toy_model):
+    ckpt, _ = toy_model
+    with pytest.raises(SystemExit, match="not trained on en-it; it knows en-de, en-fr, en-cs"):
+        translate(tmp_path, ckpt, "tgt_lang=it", lines=["abc"])
+    with pytest.raises(SystemExit, match="not trained on de-fr; it knows en-de, en-fr, en-cs"):
+        translate(tmp_path, ckpt, "src_lang=de", "tgt_lang=fr", lines=["ghi"])
+    with pytest.raises(SystemExit, match="give tgt_lang= .one of cs, de, fr."):
+        translate(tmp_path, ckpt, lines=["abc"])
+
+
+def test_zero_shot_is_allowed_on_request_and_labelled(tmp_path, toy_model, capsys):
+    ckpt, corpus = toy_model
+    outputs = translate(tmp_path, ckpt, "src_lang=de", "tgt_lang=fr", "zero_shot=true", lines=["ghi jk"])
+    assert len(outputs) == 1
+    assert "de-fr is a zero-shot direction" in capsys.readouterr().err
+    from transformer_nmt.inference.evaluate import main as evaluate_main
+
+    (tmp_path / "src.de").write_text("ghi jk\n")
+    (tmp_path / "ref.fr").write_text("mno pq\n")
+    result = evaluate_main([f"ckpt={ckpt}", f"src={tmp_path / 'src.de'}", f"ref={tmp_path / 'ref.fr'}",
+                            "src_lang=de", "tgt_lang=fr", "zero_shot=true", f"out={tmp_path / 'ev'}"])
+    assert result["direction"] == {"src_lang": "de", "tgt_lang": "fr", "zero_shot": True}
+
+
+def test_evaluate_scores_each_pair_in_one_call(tmp_path, toy_model):
+    ckpt, corpus = toy_model
+    from transformer_nmt.inference.evaluate import main as evaluate_main
+
+    summary = evaluate_main([f"ckpt={ckpt}", "split=test", "trust_data_paths=true", f"out={tmp_path}", "beam=1"])
+    assert list(summary["pairs"]) == PAIRS
+    assert summary["bleu_mean"] == pytest.approx(sum(p["bleu"] for p in summary["pairs"].values()) / 3, abs=1e-3)
+    for pair in PAIRS:
+        tgt = pair.split("-")[1]
+        record = json.loads((tmp_path / f"test.{pair}.json").read_text())
+        assert record["direction"]["tgt_lang"] == tgt and record["sentences"] == 12
+        references = (tmp_path / f"test.{pair}.ref").read_text().splitlines()
+        assert references == (corpus / f"test.{tgt}").read_text().splitlines()
+
+
+def test_decoder_side_tags_are_forced_and_stripped(tmp_path_factory, tmp_path):
+    """data.lang_tags=decoder (as mBART/NLLB): <en> before the source, <fr> forced as the first target token; the
+    output holds no tag and is in the language asked for."""
+    root = tmp_path_factory.mktemp("decoder")
+    corpus = write_toy_languages(root / "toy")
+    train_toy_model(corpus, root / "toy.ckpt", lang_tags="decoder")
+    lines = (corpus / "test.en").read_text().splitlines()[:8]
+    for tgt in ("fr", "cs"):
+        outputs = translate(tmp_path, root / "toy.ckpt", f"tgt_lang={tgt}", lines=lines)
+        assert not any("<" in o for o in outputs), outputs
+        letters = "".join(letters_of(o) for o in outputs)
+        assert sum(c in ALPHABETS[tgt] for c in letters) / max(len(letters), 1) >= 0.95, (tgt, outputs)
+
+
+def test_a_one_pair_checkpoint_refuses_another_direction(tmp_path):
+    from tiny_checkpoint import tiny_tokenizer, write_checkpoint
+
+    from transformer_nmt.checkpoint import CKPT_DATA_CONFIG
+
+    path = tmp_path / "one.ckpt"
+    write_checkpoint(path, tiny_tokenizer())
+    assert translate(tmp_path, path, lines=["A dog."])  # no data config (older checkpoints): as ever
+    checkpoint = torch.load(path, weights_only=True)
+    checkpoint[CKPT_DATA_CONFIG] = {"src_lang": "en", "tgt_lang": "de", "train": "x", "val": "y", "test": None}
+    torch.save(checkpoint, path)
+    assert translate(tmp_path, path, "tgt_lang=de", lines=["A dog."])
+    with pytest.raises(SystemExit, match="trained on one pair, en-de"):
+        translate(tmp_path, path, "tgt_lang=fr", lines=["A dog."])
+
+
+def test_the_experiment_trains_one_model_for_three_targets(tmp_path):
+    """``python -m transformer_nmt.train experiment=multi30k_multilingual`` at tiny sizes on the toy languages: the
+    checkpoint records its pairs; validation logs BLEU per pair and their mean."""
+    corpus = write_toy_languages(tmp_path / "toy", n_train=60, n_eval=6)
+    run_dir = tmp_path / "run"
+    result = subprocess.run(
+        [sys.executable, "-m", "transformer_nmt.train", "experiment=multi30k_multilingual", "model=tiny",
+         f"data.train={corpus}/train", f"data.val={corpus}/val", f"data.test={corpus}/test",
+         f"data.cache_dir={corpus}/cache", "data.vocab_size=60", "data.max_tokens=512", "data.num_proc=1",
+         "trainer.precision=32-true", "trainer.max_steps=2", "trainer.max_time=null", "trainer.log_every_n_steps=1",
+         "trainer.val_check_interval=1",
+         "trainer.enable_progress_bar=false", "train.val_bleu_max_sentences=2", "run_test=false",
+         "attention_maps.every_n_validations=0", f"hydra.run.dir={run_dir}"],
+        cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True, map_location="cpu")
+    assert checkpoint["data_config"]["pairs"] == PAIRS
+    log = (run_dir / "train.log").read_text()
+    assert "en-de, en-fr, en-cs pairs after filtering" in log, log[-2000:]
+    events = read_events(run_dir / "tensorboard")
+    tags = set(events.Tags()["scalars"])
+    assert {"val/bleu/en-de", "val/bleu/en-fr", "val/bleu/en-cs", "val/bleu"} <= tags, sorted(tags)
+    per_pair = [[e.value for e in events.Scalars(f"val/bleu/{pair}")] for pair in PAIRS]
+    means = [e.value for e in events.Scalars("val/bleu")]
+    assert len(means) >= 1 and all(len(values) == len(means) for values in per_pair)
+    for mean, *values in zip(means, *per_pair):
+        assert mean == pytest.approx(sum(values) / 3, abs=1e-4)
