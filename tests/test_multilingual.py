@@ -198,7 +198,7 @@ def translate(tmp_path, ckpt, *options, lines=None) -> list[str]:
     source = tmp_path / "in.en"
     source.write_text("".join(line + "\n" for line in lines))
     out = tmp_path / "out.txt"
-    translate_main([f"ckpt={ckpt}", f"input={source}", f"output={out}", "beam=2", *options])
+    translate_main([f"ckpt={ckpt}", f"input={source}", f"output={out}", *options])
     return out.read_text().splitlines()
 
 
@@ -309,3 +309,23 @@ def test_the_experiment_trains_one_model_for_three_targets(tmp_path):
     assert len(means) >= 1 and all(len(values) == len(means) for values in per_pair)
     for mean, *values in zip(means, *per_pair):
         assert mean == pytest.approx(sum(values) / 3, abs=1e-4)
+
+
+def test_a_tagged_models_ctranslate2_export_decodes_equal_to_ours(tmp_path, monkeypatch, toy_model,
+                                                                  tmp_path_factory):
+    """The export records the model's pairs, so engine=ctranslate2 tags the source by the same rule (and, style
+    decoder, passes the target tag as CTranslate2's target_prefix): greedy outputs equal ours line for line."""
+    pytest.importorskip("ctranslate2")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    ckpt, corpus = toy_model
+    decoder_root = tmp_path_factory.mktemp("decoder_ct2")
+    train_toy_model(write_toy_languages(decoder_root / "toy"), decoder_root / "toy.ckpt", steps=60,
+                    lang_tags="decoder")
+    lines = (corpus / "test.en").read_text().splitlines()
+    for path in (ckpt, decoder_root / "toy.ckpt"):
+        for tgt in ("de", "fr", "cs"):
+            native = translate(tmp_path, path, f"tgt_lang={tgt}", "beam=1", lines=lines)
+            ct2 = translate(tmp_path, path, f"tgt_lang={tgt}", "beam=1", "engine=ctranslate2", lines=lines)
+            assert ct2 == native and any(native), (path, tgt)
+    with pytest.raises(SystemExit, match="not trained on en-it"):
+        translate(tmp_path, ckpt, "tgt_lang=it", "engine=ctranslate2", lines=["abc"])
