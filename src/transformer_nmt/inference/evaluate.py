@@ -263,7 +263,7 @@ def evaluate_direction(options: EvaluateOptions, model, tokenizer, meta: dict, d
     and .json, and return what NAME.json holds."""
     ckpt = options.ckpt or options.model_dir
     first = ckpt[0] if isinstance(ckpt, list) else ckpt
-    pair = direction.name if direction is not None and options.split and not options.name else None
+    pair = direction.name if direction is not None and options.split else None  # its part of the split
     sources, references, default_name = evaluation_pairs(options, meta, pair)
     name = options.name or default_name
     out_dir = Path(options.out) if options.out else default_out_dir(first)
