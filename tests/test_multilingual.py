@@ -221,7 +221,9 @@ def test_evaluate_scores_each_pair_in_one_call(tmp_path, toy_model):
 
     summary = evaluate_main([f"ckpt={ckpt}", "split=test", "trust_data_paths=true", f"out={tmp_path}", "beam=1"])
     assert list(summary["pairs"]) == PAIRS
-    assert summary["bleu_mean"] == pytest.approx(sum(p["bleu"] for p in summary["pairs"].values()) / 3, abs=1e-3)
+    for key in ("bleu", "chrf", "bleu_multi30k"):  # each score's mean over the pairs, under its own name
+        assert summary[key] == pytest.approx(sum(p[key] for p in summary["pairs"].values()) / 3, abs=1e-3)
+    assert summary["sentences"] == 36 and json.loads((tmp_path / "test.json").read_text())["bleu"] == summary["bleu"]
     for pair in PAIRS:
         tgt = pair.split("-")[1]
         record = json.loads((tmp_path / f"test.{pair}.json").read_text())

@@ -251,21 +251,22 @@ def main(argv: list[str] | None = None) -> dict:
                          f"translate's and synthesize's")
     model, tokenizer, meta = load_model(options)
     tags = LanguageTags.of(meta.get("data_config"))
-    if tags is not None and options.split and not (options.src_lang or options.tgt_lang or options.name):
+    if tags is not None and options.split and not (options.src_lang or options.tgt_lang):
         return evaluate_pairs(options, model, tokenizer, meta, tags)  # every direction of the model, one call
     direction = model_direction(meta.get("data_config"), options.src_lang, options.tgt_lang, options.zero_shot,
                                 meta.get("source") or f"checkpoint {meta.get('path')}")
     return evaluate_direction(options, model, tokenizer, meta, direction)
 
 
-def evaluate_direction(options: EvaluateOptions, model, tokenizer, meta: dict, direction: Direction | None) -> dict:
+def evaluate_direction(options: EvaluateOptions, model, tokenizer, meta: dict, direction: Direction | None,
+                       name: str | None = None) -> dict:
     """Translate and score one direction (the model's only one where ``direction`` is None), write NAME.hyp, .ref
-    and .json, and return what NAME.json holds."""
+    and .json (``name``: in place of name= or the default), and return what NAME.json holds."""
     ckpt = options.ckpt or options.model_dir
     first = ckpt[0] if isinstance(ckpt, list) else ckpt
     pair = direction.name if direction is not None and options.split else None  # its part of the split
     sources, references, default_name = evaluation_pairs(options, meta, pair)
-    name = options.name or default_name
+    name = name or options.name or default_name
     out_dir = Path(options.out) if options.out else default_out_dir(first)
     check_outputs(options, out_dir, name)  # before decoding: nothing it reads is written over
 
@@ -300,23 +301,27 @@ def evaluate_direction(options: EvaluateOptions, model, tokenizer, meta: dict, d
     return result
 
 
-PAIR_SUMMARY = ("sentences", "bleu", "bleu_multi30k", "chrf")  # what evaluate_pairs' summary shows of each pair
+PAIR_SUMMARY = ("sentences", "bleu", "bleu_lowercase", "bleu_multi30k", "chrf", "length_ratio", "bp")
 
 
 def evaluate_pairs(options: EvaluateOptions, model, tokenizer, meta: dict, tags: LanguageTags) -> dict:
-    """``split=`` of a model of several pairs: each direction scored as one (SPLIT.en-de.hyp, .ref, .json), and
-    SPLIT.json summing them up: each pair's scores and the mean BLEU over the pairs."""
-    results = {}
+    """``split=`` of a model of several pairs: each direction scored as one (NAME.en-de.hyp, .ref, .json; NAME:
+    name= or the split), and NAME.json summing them up: each pair's scores and, under the scores' own names, their
+    means over the pairs (what a reader of one pair's NAME.json, reproduce, ranks by)."""
+    results, base = {}, options.name or options.split
     for src, tgt in tags.pairs:
-        result = evaluate_direction(options, model, tokenizer, meta, tags.direction(src, tgt))
+        result = evaluate_direction(options, model, tokenizer, meta, tags.direction(src, tgt), f"{base}.{src}-{tgt}")
         results[f"{src}-{tgt}"] = {key: result[key] for key in PAIR_SUMMARY if key in result}
     ckpt = options.ckpt or options.model_dir
     first = ckpt[0] if isinstance(ckpt, list) else ckpt
     out_dir = Path(options.out) if options.out else default_out_dir(first)
+    means = {key: round(sum(r[key] for r in results.values()) / len(results), 4) for key in PAIR_SUMMARY[1:]
+             if all(isinstance(r.get(key), (int, float)) for r in results.values())}
     summary = {"checkpoint": ckpt if isinstance(ckpt, list) else str(ckpt), "split": options.split,
-               "pairs": results, "bleu_mean": round(sum(r["bleu"] for r in results.values()) / len(results), 4),
+               "pairs": results, "mean_over_pairs": True, **means,
+               "sentences": sum(r["sentences"] for r in results.values()), "beam": options.beam,
                PROVENANCE_KEY: collect_provenance(config={"options": asdict(options)})}
-    write_text(out_dir / f"{options.split}.json", json.dumps(summary, indent=2) + "\n")
+    write_text(out_dir / f"{base}.json", json.dumps(summary, indent=2) + "\n")
     print(json.dumps({k: v for k, v in summary.items() if k != PROVENANCE_KEY}, indent=2))
     return summary
 
