@@ -330,3 +330,40 @@ def test_a_one_pair_runs_data_is_mains(tmp_path, monkeypatch):
     dm.setup()
     assert sorted(p.name for p in (tmp_path / "cache").iterdir() if p.is_dir()) == MAIN_SMOKE_CACHE
     assert dm.splits["train"].pair_of is None and dm.pair_indices("val") is None
+
+
+def test_a_multilingual_epoch_resumes_mid_way_in_a_new_process_and_the_fingerprint_reads_every_pair(tmp_path):
+    """A datamodule built anew (as a resumed run builds it) deals the same temperature-sampled epoch, and a loader
+    restored from the state after three batches yields the rest of it; the training files' digest covers each pair's
+    files: a line appended to the Czech side makes another run."""
+    from omegaconf import OmegaConf
+
+    from transformer_nmt.training.fingerprint import _train_data_digest
+
+    corpus = write_toy_languages(tmp_path / "toy", n_train=200, sizes={"en-de": 200, "en-fr": 120, "en-cs": 40})
+    locations = {split: str(corpus / "{pair}" / split) for split in ("train", "val", "test")}
+    config = toy_config(corpus, pair_temperature=3.0, max_tokens=256, **locations)
+    reference = TranslationDataModule(config)
+    reference.setup()
+    loader = reference.train_dataloader()
+    loader.batch_sampler.set_epoch(1)
+    full = [b["index"].tolist() for b in loader]
+    again = TranslationDataModule(config)
+    again.setup()
+    np.testing.assert_array_equal(again.splits["train"].keep, reference.splits["train"].keep)
+    loader = again.train_dataloader()
+    loader.batch_sampler.set_epoch(1)
+    it = iter(loader)
+    first = [next(it)["index"].tolist() for _ in range(3)]
+    resumed = again.train_dataloader()
+    resumed.load_state_dict(loader.state_dict())
+    resumed.batch_sampler.set_epoch(1)
+    assert first + [b["index"].tolist() for b in resumed] == full and len(full) > 3
+
+    cfg = OmegaConf.create({"data": {**asdict(config)}})
+    before = _train_data_digest(cfg)
+    assert before is not None
+    with open(corpus / "en-cs" / "train.cs", "a") as f_cs, open(corpus / "en-cs" / "train.en", "a") as f_en:
+        f_cs.write("stu\n")
+        f_en.write("abc\n")
+    assert _train_data_digest(cfg) != before
