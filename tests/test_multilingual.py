@@ -367,3 +367,16 @@ def test_a_multilingual_epoch_resumes_mid_way_in_a_new_process_and_the_fingerpri
         f_cs.write("stu\n")
         f_en.write("abc\n")
     assert _train_data_digest(cfg) != before
+
+
+def test_sampled_segmentations_keep_each_pairs_tag_in_front(tmp_path):
+    """data.spm_alpha with data.pairs: each epoch's sampled source ids start with their pair's tag, never sampled."""
+    corpus = write_toy_languages(tmp_path / "toy", n_train=60)
+    dm = TranslationDataModule(toy_config(corpus, spm_alpha=0.3, seed=1))
+    dm.setup()
+    tags = [dm.tokenizer.piece_id(f"<2{pair.split('-')[1]}>") for pair in PAIRS]
+    train = dm.splits["train"]
+    for batch in dm.train_dataloader():
+        expected = torch.tensor([tags[p] for p in train.pair_of[batch["index"].tolist()]])
+        assert torch.equal(batch["src"][:, 0], expected)
+        assert not any(t in row for row in batch["src"][:, 1:].tolist() for t in tags)
