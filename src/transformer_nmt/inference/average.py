@@ -23,7 +23,7 @@ holding optimizer state above all, or a file that is no checkpoint).
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import List, Optional
 
@@ -39,7 +39,8 @@ from transformer_nmt.checkpoint import (
     read_checkpoint,
     vocabulary_entries,
 )
-from transformer_nmt.options import command_argv, option, parse_options
+from transformer_nmt.model.transformer import TransformerConfig
+from transformer_nmt.options import Role, command_argv, option, parse_options
 
 AVERAGED_FROM = "averaged_from"  # the key an averaged checkpoint records its inputs under
 MIXED_FIX = ("average the checkpoints of one run (move the other run's files out of the directory, or list the "
@@ -52,9 +53,9 @@ def _differences(first: dict, other: dict) -> str:
     return shown + (f", and {len(keys) - 6} more" if len(keys) > 6 else "")
 
 
-# Model config fields that choose how the same arithmetic is computed, not the weights (a run may resume under
-# another attention kernel: training/fingerprint.py's MAY_CHANGE)
-SAME_ARITHMETIC = ("attention", "attention_block_size")
+# Model config fields that choose how the same arithmetic is computed, not the weights: those whose role is
+# Role.MAY_CHANGE (a run may resume under another attention kernel)
+SAME_ARITHMETIC = tuple(f.name for f in fields(TransformerConfig) if f.metadata["role"] is Role.MAY_CHANGE)
 
 
 def _groups(checkpoints: dict[Path, dict], value) -> list[tuple[object, list[Path]]]:

@@ -49,6 +49,7 @@ from transformer_nmt.model.attention import auto_kernel, check_attention
 from transformer_nmt.model.transformer import TransformerConfig
 from transformer_nmt.provenance import PROVENANCE_KEY
 from transformer_nmt.provenance import collect as collect_provenance
+from transformer_nmt.training import roles
 from transformer_nmt.training.callbacks import LastCheckpoint, StepBoundaryTimer, early_stopping
 from transformer_nmt.training.checkpoint_io import AtomicCheckpointIO
 from transformer_nmt.training.config import schema_error
@@ -322,6 +323,7 @@ def summary(cfg: DictConfig, datamodule, module: TranslationModule, trainer: pl.
           if cfg.train.get("ema_decay") is not None else []),
         f"run dir     {trainer.default_root_dir}",
         f"resume      {resume}",
+        *roles.summary_lines(cfg),  # the options set away from their defaults, by role: which a resume must keep
     ]
     if cfg.get("init_from"):
         keep = list(cfg.get("init_keep") or [])

@@ -2,10 +2,12 @@
 results, so that a sweep run again skips only the runs that are this command's.
 
 The run fingerprint (``run_fingerprint``) is the whole resolved config, flattened to dotted keys (``model.dropout``,
-``train.lr_factor``, ``trainer.limit_train_batches``, ``callbacks.NAME._target_``), minus an explicit list of what
-does not change what trains (``NOT_TRAINING``, each entry with its reason, and the callbacks of
-conf/callbacks/default.yaml while they are those), so that a new option, a trainer setting or an added callback
-(a gradient accumulation scheduler, say) is covered without being listed here. Some values are resolved:
+``train.lr_factor``, ``trainer.limit_train_batches``, ``callbacks.NAME._target_``), minus what does not change
+what trains: ``NOT_TRAINING``, the options whose declared role (options.Role, in their schemas' field metadata)
+is not ``TRAINING`` (training/roles.py derives every list below from the roles: none is kept here), and the
+callbacks of conf/callbacks/default.yaml while they are those. A new option must declare its role (its class
+fails to import otherwise); a trainer setting or an added callback (a gradient accumulation scheduler, say)
+counts without being listed. Some values are resolved:
 ``trainer.precision`` as the run trains in it (``auto`` resolved on this machine: a requeue onto a GPU without bf16
 would switch to fp16); ``tokens_per_step``, the product ``data.max_tokens`` x ``trainer.accumulate_grad_batches``
 x ``world_size`` (processes: devices x nodes), compared instead of its factors (``FACTORS``, recorded beside it for
@@ -56,90 +58,49 @@ from transformer_nmt.checkpoint import CKPT_FINGERPRINT, CKPT_MODEL_CONFIG, CKPT
 from transformer_nmt.data.config import DataConfig
 from transformer_nmt.data.corpus import CorpusError, file_fingerprint, split_inputs
 from transformer_nmt.file_digest import content_digest
-from transformer_nmt.model.transformer import TransformerConfig
-from transformer_nmt.training.config import TrainConfig
+from transformer_nmt.options import Role
+from transformer_nmt.training import roles
 from transformer_nmt.training.precision import resolve_precision, uses_cuda
 
 log = logging.getLogger(__name__)
 
 RESULTS_FINGERPRINT = "fingerprint"  # results.json's key: the results fingerprint of the finished run
-GROUPS = ("model", "data", "train")
+GROUPS = ("model", "data", "train")  # what a fingerprint of format 1 held (with seed): a fact of that format
 PRECISION = "trainer.precision"  # as resolved: trainer.precision=auto is bf16-mixed on one machine, 32-true on another
 PRODUCT = "tokens_per_step"  # data.max_tokens x trainer.accumulate_grad_batches x world_size
 FACTORS = ("data.max_tokens", "trainer.accumulate_grad_batches", "world_size")
 ADDED = (PRODUCT, "world_size", PRECISION)  # keys of 2026-12 (issue 28): a fingerprint written before lacks them
-EVALUATION = ("data.val", "data.test", "data.eval_max_tokens", "train.val_bleu_max_sentences",
-              "train.test_bleu_max_sentences")
-MAY_CHANGE = ("data.num_workers", "data.num_proc", "data.cache_dir",  # how many processes load the data, caches
-              *EVALUATION,
-              "model.attention", "model.attention_block_size", "train.fused_adam")  # kernels: the same arithmetic
-# Keys that older runs recorded but that define nothing: data._target_ (the datamodule's class, in the data config
-# until the structured configs of 2026-12; one path before the package's layout, another after). Ignored on both
-# sides, so that such a run resumes and a finished one is skipped.
-RETIRED = ("data._target_",)
-# The trainer settings that leave a finished run's results alone, or that the run fingerprint already holds in
-# resolved form (precision; devices, nodes and accumulation in tokens_per_step). Every other trainer key counts.
-TRAINER_NOT_RESULTS = ("accelerator", "devices", "num_nodes", "strategy", "precision", "accumulate_grad_batches",
-                       "log_every_n_steps", "enable_progress_bar", "enable_model_summary", "num_sanity_val_steps",
-                       "enable_checkpointing", "default_root_dir", "profiler", "logger")
-RESULT_KEYS = ("run_test", "validate_at_end",  # options outside the groups that change what results.json reports
-               "checkpoint.monitor", "checkpoint.patience")  # which checkpoint is tested; early stopping
-EXTENDS = ("trainer.max_steps", "trainer.max_epochs", "trainer.max_time")  # a larger value trains longer
+# The classification, derived from the roles the options declare in their schemas (training/roles.py): no option
+# is listed here. EVALUATION: the evaluation-only options of the groups that define training; MAY_CHANGE: those and
+# the options that compute the same training otherwise (kernels, processes, caches); RETIRED: keys older configs
+# held that define nothing (data._target_, the datamodule's class until 2026-12), ignored on both sides.
+EVALUATION, MAY_CHANGE, RETIRED = roles.evaluation(), roles.may_change(), roles.retired()
+# The trainer settings that leave a finished run's results alone (run management), or that the run fingerprint
+# already holds in resolved form (precision; accumulation in tokens_per_step). Every other trainer key counts.
+TRAINER_NOT_RESULTS = roles.trainer_keys(Role.RUN, Role.MAY_CHANGE) + tuple(
+    key.removeprefix("trainer.") for key in (PRECISION, FACTORS[1]))
+RESULT_KEYS = roles.result_keys()  # the evaluation-only options outside those groups: run_test, checkpoint.monitor...
+EXTENDS = roles.extends()  # Role.LENGTH: a larger value trains longer
 FORMAT, FINGERPRINT_FORMAT = "fingerprint_format", 2  # 2 (2026-12-03): the whole config minus NOT_TRAINING
 TRAIN_DIGEST = "data.train_sha256"  # the training files' contents (_train_data_digest)
 INIT_DIGEST = "init_from.sha256"  # init_from's checkpoint (its bytes), in place of its path
-# The settings that a fine-tune (init_from) takes from the command rather than from its checkpoint (app.build_module)
-INIT_RUN_SETTINGS = ("dropout", "attention_dropout", "attention", "attention_block_size")
+# The settings that a fine-tune (init_from) takes from the command rather than from its checkpoint (app.build_module):
+# the model fields declared run_setting
+INIT_RUN_SETTINGS = roles.run_settings()
 # What a resumed run may change without training something else: the keys (and the groups below them) left out of
-# the run fingerprint. Every other key of the resolved config counts, a new option or an added callback included.
-NOT_TRAINING = (
-    # names, directories, and how a launch finds, waits for and resumes its run
-    "name", "run_id", "sweep_id", "run_dir", "ckpt_path", "force_resume", "wait_for_run_dir", "init_from",
-    # after or beside training: the test, the last validation, checkpoints, the search, the logger, attention maps,
-    # the ablation study's labels
-    "run_test", "validate_at_end", "checkpoint", "decode", "logger", "attention_maps", "ablation",
-    # resolved instead: trainer.precision as it trains, devices and nodes in world_size (tokens_per_step)
-    "trainer.accelerator", "trainer.devices", "trainer.num_nodes", "trainer.strategy",
-    # how long, and how often it validates or logs: the results fingerprint compares what shapes results
-    "trainer.max_epochs", "trainer.max_steps", "trainer.max_time", "trainer.min_epochs", "trainer.min_steps",
-    "trainer.val_check_interval",
-    "trainer.check_val_every_n_epoch", "trainer.limit_val_batches", "trainer.limit_test_batches",
-    "trainer.num_sanity_val_steps", "trainer.log_every_n_steps", "trainer.enable_progress_bar",
-    "trainer.enable_model_summary", "trainer.enable_checkpointing", "trainer.default_root_dir", "trainer.profiler",
-    "trainer.logger",
-    *MAY_CHANGE, *RETIRED)
-# The callbacks of conf/callbacks/default.yaml: they observe, save, log or stop (their settings are checkpoint.* and
-# attention_maps.* options). One of these names with another class, or any other entry, counts.
-DEFAULT_CALLBACKS = {
-    "time_budget": "transformer_nmt.training.time_budget.TimeBudget",
-    "best_checkpoint": "transformer_nmt.training.callbacks.best_checkpoint",
-    "early_stopping": "transformer_nmt.training.callbacks.early_stopping",
-    "recent_checkpoints": "transformer_nmt.training.callbacks.recent_checkpoints",
-    "last_checkpoint": "transformer_nmt.training.callbacks.LastCheckpoint",
-    "attention_maps": "transformer_nmt.training.callbacks.attention_maps",
-    "progress_bar": "transformer_nmt.training.callbacks.progress_bar",
-    "slurm_requeue": "transformer_nmt.training.launch.SlurmRequeue",
-}
-
-
-def schema_defaults(prefix: str, schema) -> dict[str, Any]:
-    """``{prefix.FIELD: default}`` of every field of dataclass ``schema`` that has a default (not OmegaConf's
-    ``???``: a value the user must give)."""
-    out = {}
-    for f in dataclasses.fields(schema):
-        if f.default is not dataclasses.MISSING and f.default != "???":
-            out[f"{prefix}.{f.name}"] = f.default
-        elif f.default_factory is not dataclasses.MISSING:
-            out[f"{prefix}.{f.name}"] = f.default_factory()
-    return out
+# the run fingerprint, each declared with a role other than Role.TRAINING. Every other key of the resolved config
+# counts, a new option (which must declare its role), a Trainer argument or an added callback included.
+NOT_TRAINING = roles.not_training()
+# The callbacks of conf/callbacks/default.yaml, read from it: they observe, save, log or stop (their settings are
+# checkpoint.* and attention_maps.* options). One of these names with another class, or any other entry, counts.
+DEFAULT_CALLBACKS = roles.default_callbacks()
 
 
 # What a fingerprint written before an option existed means by its absence: the option's default, read from the
 # schemas (a new option defaults to what every run did before it, so a run that lacks one ran with it, and adding a
-# field to TransformerConfig, TrainConfig or DataConfig needs no edit here).
-DEFAULTED = {**schema_defaults("model", TransformerConfig), **schema_defaults("train", TrainConfig),
-             **schema_defaults("data", DataConfig), "init_keep": []}  # (the run's own fields: init_keep alone trains)
-
+# field to TransformerConfig, TrainConfig or DataConfig needs no edit here): every field of the groups that define
+# training and the run's own options that do (seed, init_keep).
+DEFAULTED = roles.training_defaults()
 
 class ResumeError(ValueError):
     """A checkpoint that this command must not resume; the message names each differing key and the fix."""
