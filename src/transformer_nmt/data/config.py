@@ -8,6 +8,7 @@ split of a checkpoint's data through ``DataConfig.from_record(...).corpus_spec()
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import PurePath
@@ -177,6 +178,10 @@ class DataConfig:
             if tag is not None and (not isinstance(tag, str) or not TAG.fullmatch(tag)):
                 raise ValueError(f"data.train_tags={tags}: a tag is null or a token of 1 to 32 characters without "
                                  f"spaces or control characters (e.g. <BT>), not {tag!r:.40}")
+            if tag is not None and unicodedata.normalize("NFKC", tag) != tag:  # as SentencePiece reads text
+                raise ValueError(f"data.train_tags={tags}: {tag!r} changes under NFKC normalization (to "
+                                 f"{unicodedata.normalize('NFKC', tag)!r}), which SentencePiece applies to the text "
+                                 f"before it matches a piece: give the tag in its normalized form")
         return [TrainCorpus(location, factor, tag) for location, factor, tag in zip(locations, upsample, tags)]
 
     def val_locations(self) -> list[str]:

@@ -177,13 +177,22 @@ def _train_data_digest(cfg: DictConfig) -> str | None:
     return hashlib.sha256(json.dumps([[size, digest] for _, size, digest in listed]).encode()).hexdigest()
 
 
-def _init_settings(cfg: DictConfig, found: dict[str, Any]) -> None:
+def _init_settings(cfg: DictConfig, found: dict[str, Any], recorded_run: dict[str, Any] | None = None) -> None:
     """With ``init_from``: its checkpoint's identity (the sha256 of its bytes) in place of its path, and, in place
     of the command's ``model.*``, the architecture that trains: the checkpoint's own (``model.*`` but
-    ``INIT_RUN_SETTINGS``, which the command sets)."""
+    ``INIT_RUN_SETTINGS``, which the command sets). Where init_from's file is gone (the parent's ``recent/``
+    window removed it) and ``recorded_run`` is given (the fingerprint the run's own checkpoint or results.json
+    recorded: a resume, a sweep run again), the parent as that record names it (``recorded_init``): the run's own
+    checkpoint holds all it needs."""
     path = Path(str(cfg.init_from))
     if not path.is_file():
-        found[INIT_DIGEST] = "missing"  # the run's set-up refuses it, naming the file
+        inherited = recorded_init(recorded_run)
+        if inherited:
+            for key in [k for k in found if k.startswith("model.") and k[len("model."):] not in INIT_RUN_SETTINGS]:
+                del found[key]
+            found.update({k: v for k, v in inherited.items() if k[len("model."):] not in INIT_RUN_SETTINGS})
+        else:
+            found[INIT_DIGEST] = "missing"  # the run's set-up refuses it, naming the file
         return
     found[INIT_DIGEST] = content_digest(path)
     recorded = read_checkpoint(path, mmap=True).get(CKPT_MODEL_CONFIG)
@@ -195,12 +204,21 @@ def _init_settings(cfg: DictConfig, found: dict[str, Any]) -> None:
                 found[f"model.{key}"] = value
 
 
-def run_fingerprint(cfg: DictConfig, trainer=None) -> dict[str, Any]:
+def recorded_init(fingerprint: dict[str, Any] | None) -> dict[str, Any]:
+    """What a recorded run fingerprint says of its parent (``init_from``): its digest and the architecture it held
+    (``model.*``); {} where it records none (not a fine-tune, or its parent was missing already)."""
+    if not isinstance(fingerprint, dict) or fingerprint.get(INIT_DIGEST) in (None, "missing"):
+        return {}
+    return {key: value for key, value in fingerprint.items() if key == INIT_DIGEST or key.startswith("model.")}
+
+
+def run_fingerprint(cfg: DictConfig, trainer=None, recorded_run: dict[str, Any] | None = None) -> dict[str, Any]:
     """{dotted key: resolved value} of what defines the run (see the module doc): every key of the resolved config
     but ``NOT_TRAINING`` and the default callbacks, with the precision, the world size and the tokens per step
     resolved, the training files' contents and init_from's checkpoint by their digests. ``trainer``: the run's
     Trainer (or what has its ``world_size`` and ``precision``), whose values are the truth; without one they come
-    from ``cfg`` and the environment."""
+    from ``cfg`` and the environment. ``recorded_run``: the fingerprint this run recorded (its checkpoint's, its
+    results.json's), which stands for init_from's checkpoint where that file is gone (``_init_settings``)."""
     world_size = trainer.world_size if trainer is not None else configured_world_size(cfg)
     precision = str(trainer.precision) if trainer is not None else resolved_precision(cfg)[0]
     accumulate = OmegaConf.select(cfg, "trainer.accumulate_grad_batches", default=1)
@@ -215,15 +233,15 @@ def run_fingerprint(cfg: DictConfig, trainer=None) -> dict[str, Any]:
                   "trainer.accumulate_grad_batches": accumulate})
     found[TRAIN_DIGEST] = _train_data_digest(cfg)
     if cfg.get("init_from"):
-        _init_settings(cfg, found)
+        _init_settings(cfg, found, recorded_run)
     found[PRODUCT] = found["data.max_tokens"] * accumulate * world_size
     return {key: value for key, value in sorted(found.items())
             if key in (PRECISION, "trainer.accumulate_grad_batches", INIT_DIGEST) or not _not_training(key)}
 
 
-def results_fingerprint(cfg: DictConfig, trainer=None) -> dict[str, Any]:
+def results_fingerprint(cfg: DictConfig, trainer=None, recorded_run: dict[str, Any] | None = None) -> dict[str, Any]:
     """``run_fingerprint`` and what else shapes a finished run's results (module doc): results.json keeps it."""
-    found = run_fingerprint(cfg, trainer)
+    found = run_fingerprint(cfg, trainer, recorded_run)
     trainer_group = OmegaConf.to_container(cfg.get("trainer") or {}, resolve=True)
     found.update({f"trainer.{key}": value for key, value in trainer_group.items() if key not in TRAINER_NOT_RESULTS})
     for key in EVALUATION + RESULT_KEYS:
@@ -245,9 +263,10 @@ class RecordFingerprint(Callback):
     def __init__(self, cfg: DictConfig, overrides: list[str]):
         self.cfg, self.overrides = cfg, overrides
         self.fingerprint = None
+        self.recorded_run = None  # the resumed checkpoint's fingerprint, where init_from's file is gone (app sets it)
 
     def setup(self, trainer, pl_module, stage: str) -> None:
-        self.fingerprint = run_fingerprint(self.cfg, trainer)
+        self.fingerprint = run_fingerprint(self.cfg, trainer, self.recorded_run)
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
         checkpoint[CKPT_FINGERPRINT] = self.fingerprint if self.fingerprint is not None else run_fingerprint(
@@ -340,7 +359,7 @@ def saved_results_fingerprint(results: dict, config_file: Path) -> dict[str, Any
     what the config cannot tell (the world size, hence tokens_per_step: its factors are compared instead)."""
     if isinstance(results.get(RESULTS_FINGERPRINT), dict):
         return results[RESULTS_FINGERPRINT]
-    old = OmegaConf.load(config_file)
+    old = read_written_config(config_file)
     saved = results_fingerprint(old, SimpleNamespace(world_size=1, precision=results.get("precision")))
     saved.pop(PRODUCT), saved.pop("world_size")
     if "precision" not in results:
@@ -354,6 +373,26 @@ def saved_results_fingerprint(results: dict, config_file: Path) -> dict[str, Any
 _ABSENT = object()
 
 
+def read_written_config(path: Path) -> DictConfig:
+    """A run's config.yaml (written resolved by the run: ``OmegaConf.to_yaml(cfg, resolve=True)``) as a config,
+    read as data: an interpolation in it (``${oc.env:VAR}`` would copy an environment variable into the fingerprint,
+    its messages and what is written from it) is refused, naming the file and the key, instead of resolved."""
+    import yaml
+
+    data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    stack = [("", data)]
+    while stack:
+        where, node = stack.pop()
+        if isinstance(node, dict):
+            stack.extend((f"{where}.{key}" if where else str(key), value) for key, value in node.items())
+        elif isinstance(node, list):
+            stack.extend((f"{where}[{i}]", value) for i, value in enumerate(node))
+        elif isinstance(node, str) and "${" in node:
+            raise ResumeError(f"{path}: {where}={node!r:.80} is an interpolation; a run writes its config resolved, "
+                              f"so this file was not written by one (it is not resolved: it would read what it names)")
+    return OmegaConf.create(data if isinstance(data, dict) else {})
+
+
 def check_finished_run(cfg: DictConfig, run_dir: Path, results: dict, overrides: list[str]) -> bool:
     """A sweep's finished run (``run_dir``: its results.json holds ``results``) found by this job (``cfg``,
     ``overrides``): False where it ran with this command's settings (skip it); True where this command only
@@ -363,7 +402,7 @@ def check_finished_run(cfg: DictConfig, run_dir: Path, results: dict, overrides:
     check_same_job(results.get("overrides"), overrides, f"the sweep's run in {run_dir} finished; it",
                    f"delete {run_dir / 'results.json'} to train this job")
     saved = saved_results_fingerprint(results, run_dir / "config.yaml")
-    current = results_fingerprint(cfg)
+    current = results_fingerprint(cfg, recorded_run=saved)
     changed = differences(saved, current)
     if not changed:
         return False
@@ -398,7 +437,7 @@ def check_same_job(saved: list[str] | None, overrides: list[str], found: str, fi
 
 def check_same_run(cfg: DictConfig, saved: dict[str, Any], found: str, consequence: str, trainer=None) -> None:
     """Raise ``ResumeError`` when ``saved`` differs from ``cfg``'s fingerprint: one line per key, and the fixes."""
-    current = run_fingerprint(cfg, trainer)
+    current = run_fingerprint(cfg, trainer, recorded_run=saved)
     changed = differences(saved, current)
     if not changed or cfg.get("force_resume"):
         return
