@@ -380,3 +380,19 @@ def test_sampled_segmentations_keep_each_pairs_tag_in_front(tmp_path):
         expected = torch.tensor([tags[p] for p in train.pair_of[batch["index"].tolist()]])
         assert torch.equal(batch["src"][:, 0], expected)
         assert not any(t in row for row in batch["src"][:, 1:].tolist() for t in tags)
+
+
+def test_an_ensemble_of_models_of_other_pairs_is_refused(tmp_path, toy_model):
+    """checkpoint.translation_languages holds data.pairs and data.lang_tags: models over other directions, or tagged
+    otherwise, are no ensemble (nor an average); a one-pair model's languages read as before."""
+    from transformer_nmt.checkpoint import CKPT_DATA_CONFIG, translation_languages
+
+    ckpt, _ = toy_model
+    other = tmp_path / "other.ckpt"
+    checkpoint = torch.load(ckpt, weights_only=True)
+    checkpoint[CKPT_DATA_CONFIG] = {**checkpoint[CKPT_DATA_CONFIG], "pairs": ["en-de", "en-fr"]}
+    torch.save(checkpoint, other)
+    with pytest.raises(SystemExit, match="ensemble: checkpoint .* translates .*data.pairs=.'en-de', 'en-fr'."):
+        translate(tmp_path, f"[{ckpt},{other}]", "tgt_lang=fr", lines=["abc"])
+    assert translate(tmp_path, f"[{ckpt},{ckpt}]", "tgt_lang=fr", lines=["abc"])
+    assert translation_languages({"src_lang": "en", "tgt_lang": "de"}) == (("src_lang", "en"), ("tgt_lang", "de"))

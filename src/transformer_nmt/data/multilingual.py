@@ -63,15 +63,18 @@ class MultilingualSplits:
             (log.warning if report.utf8_replaced_lines or report.control_replaced_sentences else log.info)(str(report))
 
     def _check_language_tags_absent(self, tags: LanguageTags, train: dict) -> None:
-        """A tag is a token no training sentence holds (as for data.train_tags)."""
+        """A tag is a token no training sentence holds (as for data.train_tags: the text compared after NFKC
+        normalization, as SentencePiece matches pieces)."""
         import pyarrow.compute as pc
 
         for name, (raw, _, _) in train.items():
             for lang in self.pair_specs[name].langs:
+                text = pc.utf8_normalize(raw.data.column(lang), form="NFKC")
                 for piece in tags.pieces():
-                    if pc.any(pc.match_substring(raw.data.column(lang), piece)).as_py():
+                    if pc.any(pc.match_substring(text, piece)).as_py():
                         raise ValueError(f"data.pairs: the language tag {piece!r} occurs in the {lang} text of "
-                                         f"data.train ({name}): a tag must be a token no sentence holds")
+                                         f"data.train ({name}): a tag must be a token no sentence holds (compared "
+                                         f"after NFKC normalization, as SentencePiece reads it)")
 
     def _pairs_split(self, split: str, tags: LanguageTags, raws: dict):
         tokens_parts, raw_parts, rows, reports, tokenized_now, offset = [], [], [], [], False, 0
