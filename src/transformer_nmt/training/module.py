@@ -34,13 +34,14 @@ from transformer_nmt.checkpoint import (
 from transformer_nmt.data.config import DataConfig
 from transformer_nmt.data.tokenizer import Tokenizer
 from transformer_nmt.generation.config import DecodeConfig
-from transformer_nmt.generation.search import greedy_decode
+from transformer_nmt.generation.strategies import SearchBatch, generate
 from transformer_nmt.model.transformer import Transformer, TransformerConfig
 from transformer_nmt.training.config import TrainConfig
 from transformer_nmt.training.ema import WeightEMA, check_decay, take_average
 from transformer_nmt.training.freezing import freeze
 from transformer_nmt.training.lightning_adapter import is_logging_step
 
+VALIDATION_DECODE = DecodeConfig(strategy="greedy", beam=1)  # validation BLEU: greedy, through generation/
 LOSS_SCALE_TOKENS = 1000.0  # backward runs on (summed token loss) / this; see training_step
 
 
@@ -474,10 +475,10 @@ class TranslationModule(pl.LightningModule):
             rows = (batch["index"] < limit).nonzero().squeeze(1)  # (b,)
         if len(rows):
             tok = self.tokenizer
-            hypotheses = greedy_decode(self.model, src[rows], bos_id=tok.bos_id, eos_id=tok.eos_id,
-                                       max_len_offset=DecodeConfig().max_len_offset)
-            for index, ids in zip(batch["index"][rows].tolist(), hypotheses):
-                state["hypotheses"][index] = tok.decode(ids)
+            indices = batch["index"][rows].tolist()
+            search = SearchBatch(src[rows], tok.bos_id, tok.eos_id, indices)
+            for index, hyps in zip(indices, generate(self.model, search, VALIDATION_DECODE)):
+                state["hypotheses"][index] = tok.decode(hyps[0].tokens)
 
     def _log_evaluation(self, split: str) -> None:
         sums = self.trainer.strategy.reduce(self._eval[split]["sums"].to(self.device), reduce_op="sum")
