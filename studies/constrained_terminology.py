@@ -1,7 +1,7 @@
 """Terminology by lexical constraints on Multi30k test_2016_flickr (en->de): BLEU without and with constraints
 drawn from the reference, the share of constraints met, and the speed cost of the constrained beam.
 
-    python studies/constrained_terminology.py ckpt=RUN/checkpoints/last.ckpt out=docs/evaluation/constrained_terminology.json
+    python studies/constrained_terminology.py ckpt=CKPT out=docs/evaluation/constrained_terminology.json
 
 The terminology rule (a stand-in for a term base: words the translation should contain and the model misses):
 for each sentence, the reference's words (split on spaces, leading and trailing punctuation stripped) of at least

@@ -123,13 +123,15 @@ def dba_search(model, src: Tensor, constraints: list[list[list[int]]], *, bos_id
                beam_size: int, alpha: float, max_len_offset: int, n_best: int = 1, penalty: str = "gnmt",
                prefix: Tensor | None = None, processors=()) -> list[list[Hypothesis]]:
     """src (B, S), per sentence its phrases (token id lists, at least one) -> per sentence its ``n_best``
-    hypotheses, best first, those that contain every phrase before any that does not."""
+    hypotheses that contain every phrase, best first; where the length limit allowed none, the best of those
+    that ran out of length."""
     k, device, B = beam_size, src.device, src.shape[0]
     limits = prefix_limits(max_output_lengths(model, src, max_len_offset), prefix, model.config.max_positions).tolist()
     memory = model.encode(src)  # (B, S, d_model)
     cache = model.new_cache()
     beams = {i: [Live([], 0.0, Progress.start(constraints[i]), i)] for i in range(B)}
-    finished: dict[int, list[tuple[float, list[int], bool]]] = {i: [] for i in range(B)}  # (score, tokens, met)
+    finished: dict[int, list[tuple[float, list[int]]]] = {i: [] for i in range(B)}  # (score, tokens), met all
+    unmet_at_limit: dict[int, list[tuple[float, list[int]]]] = {i: [] for i in range(B)}  # the length ran out
     results: dict[int, list[Hypothesis]] = {}
     last = torch.full((B, 1), bos_id, dtype=torch.long, device=device)
     sentence_of = torch.arange(B, device=device)  # (rows,) each row's sentence
@@ -163,19 +165,20 @@ def dba_search(model, src: Tensor, constraints: list[list[list[int]]], *, bos_id
                 progress = hyps[j].progress.advance(t) if t != eos_id else hyps[j].progress
                 if t == eos_id or at_limit:  # |Y|: the tokens and the eos; at the limit, the tokens
                     tokens = hyps[j].tokens + ([] if t == eos_id else [t])
-                    finished[i].append((value / length_penalty(step + 1, alpha, penalty), tokens, progress.done))
+                    ends = finished if t == eos_id or progress.done else unmet_at_limit  # eos: only once all met
+                    ends[i].append((value / length_penalty(step + 1, alpha, penalty), tokens))
                     continue
                 banks.setdefault(progress.produced, []).append((value, j, t, progress))
-            finished[i] = sorted(finished[i], key=lambda f: (not f[2], -f[0]))[:k]
-            best_met = [f for f in finished[i] if f[2]]
+            finished[i] = sorted(finished[i], key=lambda f: -f[0])[:k]
             n_banks = sum(len(p) for p in hyps[0].progress.phrases) + 1  # 0 to C constraint tokens produced
             chosen = allocate(banks, k, n_banks) if banks else []
             reachable = max((value for value, *_ in chosen), default=float("-inf"))
             bound = reachable / length_penalty(limits[i], alpha, penalty)
-            if at_limit or not chosen or (len(best_met) >= n_best and best_met[n_best - 1][0] >= bound):
+            if at_limit or not chosen or (len(finished[i]) >= n_best and finished[i][n_best - 1][0] >= bound):
+                ends = finished[i] or sorted(unmet_at_limit[i], key=lambda f: -f[0])  # the length allowed none
                 results[i] = [Hypothesis(tokens, score, score * length_penalty(
                     len(tokens) if len(tokens) >= limits[i] else len(tokens) + 1, alpha, penalty))
-                    for score, tokens, _ in finished[i]][:n_best]
+                    for score, tokens in ends[:n_best]]
                 continue
             new_beams[i] = []
             for value, j, t, progress in chosen:
