@@ -700,7 +700,8 @@ def constrained_terminology(root: Path) -> str:
             + f"\n\n{data['sentences']} sentences of {data['split']}, {data['constrained_sentences']} with "
               f"constraints ({data['rule']}); the {data['unconstrained_lines']} without: "
               f"{data['unconstrained_lines_unchanged']} outputs identical to the unconstrained decode. "
-              f"{data['decoding']}. `python studies/constrained_terminology.py {command}` ({measured_on(data['provenance'])}; raw file: "
+              f"{data['decoding']}. `python studies/constrained_terminology.py {command}` "
+              f"({measured_on(data['provenance'])}; raw file: "
               f"[constrained_terminology.json](evaluation/constrained_terminology.json)).")
 
 

@@ -166,3 +166,34 @@ def test_bad_constraint_files_are_refused_naming_file_and_line(checkpoint, tmp_p
 def test_translate_refuses_constraints_with_greedy_naming_the_option(checkpoint, tmp_path):
     with pytest.raises(SystemExit, match="constraints need a beam"):
         run_translate(checkpoint, tmp_path, ["a man"], ["Hund"], "beam=1")
+
+
+def test_the_study_draws_missing_reference_words_longest_first():
+    """studies/constrained_terminology.py's rule: reference words of >= min_chars characters, punctuation
+    stripped, that the output lacks (case-sensitive), longest first, ties in reference order, at most ``words``."""
+    from study_scripts import load_study
+
+    study = load_study("constrained_terminology")
+    assert study.words_of("„Ein Mann“, der (lacht).") == ["Ein", "Mann", "der", "lacht"]
+    reference = "Ein Mann mit Hut fährt Fahrrad, und eine Frau lacht."
+    assert study.terminology(reference, "Ein Mann fährt Rad.", 2, 4) == ["Fahrrad", "lacht"]
+    assert study.terminology(reference, "Ein Mann fährt Fahrrad.", 3, 4) == ["lacht", "eine", "Frau"]
+    assert study.terminology(reference, reference, 2, 4) == []
+    assert study.terminology("Der Hund", "der hund", 1, 3) == ["Hund"]
+
+
+def test_a_phrase_ends_where_a_word_ends():
+    """Token 6 continues a word (``word_continuations``) and is what the model says after 7; the phrase [7] must
+    not be followed by it, though the search without the mask says "7 6"."""
+    V = 8
+    probs = [[0.0] * V for _ in range(V)]
+    probs[2][7], probs[2][3] = 0.6, 0.4  # bos -> 7 | eos
+    probs[7][6], probs[7][3], probs[7][4] = 0.8, 0.15, 0.05  # 7 -> 6 (continues the word) | eos | 4
+    probs[6][3], probs[4][3] = 1.0, 1.0
+    model, src = MarkovTable(probs), torch.tensor([[4, 4, 3]])
+    continuations = torch.zeros(V, dtype=torch.bool)
+    continuations[6] = True
+    assert dba_search(model, src, [[[7]]], beam_size=3, alpha=0.6, max_len_offset=5, **IDS)[0][0].tokens == [7, 6]
+    (hyps,) = dba_search(model, src, [[[7]]], beam_size=3, alpha=0.6, max_len_offset=5,
+                         word_continuations=continuations, **IDS)
+    assert hyps[0].tokens == [7]

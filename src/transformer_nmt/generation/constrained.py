@@ -1,16 +1,17 @@
 """Lexically constrained decoding: every given phrase appears in the output (``translate constraints=FILE``).
 
-The search is Post & Vilar's (2018, "Fast Lexically Constrained Decoding with Dynamic Beam Allocation", NAACL):
-a beam of k hypotheses whose slots are shared out by constraint progress. Each step, every live hypothesis
-proposes (a) the k best continuations of the whole beam, (b) its own best token and (c) the tokens that advance
-its constraints (the next token of the phrase it is inside, else the first token of each phrase it has not
-produced). The candidates are put in banks by how many constraint tokens they have produced (0 to C, the
-phrases' total length) and the k slots are divided evenly among the banks (the remainder to the banks furthest
-on); a bank with too few candidates hands its slots on, furthest banks first. So a hypothesis that has just
-paid for a constraint token with a low score is not crowded out by unconstrained ones, and one that has met
-every constraint competes on score alone. A hypothesis may end (eos) only once it has produced every phrase:
-until then eos has probability 0. At the length limit every hypothesis ends; one that has not met its
-constraints is returned only if none has (the length did not allow them).
+The search is Post & Vilar's (2018, "Fast Lexically Constrained Decoding with Dynamic Beam Allocation", NAACL): a
+beam of k hypotheses whose slots are shared out by constraint progress. Each step, every live hypothesis proposes
+(a) the k best continuations of the whole beam, (b) its own best token and (c) the tokens that advance its
+constraints (the next token of the phrase it is inside, else the first token of each phrase it has not produced). A
+phrase is whole words: once its last token is out, a token that would continue that word is forbidden
+(``word_continuations``), so "Fahrrad" is not met by "Fahrrades". The candidates are put in banks by how many
+constraint tokens they have produced (0 to C, the phrases' total length) and the k slots are divided evenly among
+the banks (the remainder to the banks furthest on); a bank with too few candidates hands its slots on, furthest
+banks first. So a hypothesis that has just paid for a constraint token with a low score is not crowded out by
+unconstrained ones, and one that has met every constraint competes on score alone. A hypothesis may end (eos) only
+once it has produced every phrase: until then eos has probability 0. At the length limit every hypothesis ends; one
+that has not met its constraints is returned only if none has (the length did not allow them).
 
 Why DBA and not Hu et al.'s (2019) vectorised DBA with a trie: Hu et al. make the same allocation run as tensor
 operations on a GPU for large batches; here the bookkeeping is a few candidates per sentence per step on the
@@ -52,6 +53,7 @@ class Progress:
     phrases: tuple[tuple[int, ...], ...]
     met: tuple[bool, ...]
     active: tuple[int, int] | None = None
+    closing: bool = False  # its last token ended a phrase: the next may not continue that word
 
     @classmethod
     def start(cls, phrases: list[list[int]]) -> Progress:
@@ -82,13 +84,13 @@ class Progress:
         for phrase, (tokens, met) in enumerate(zip(self.phrases, self.met)):
             if not met and tokens[0] == token:
                 return self._produced(phrase, 1)
-        return Progress(self.phrases, self.met) if self.active is not None else self
+        return Progress(self.phrases, self.met) if self.active is not None or self.closing else self
 
     def _produced(self, phrase: int, pos: int) -> Progress:
         if pos < len(self.phrases[phrase]):
             return Progress(self.phrases, self.met, (phrase, pos))
         met = self.met[:phrase] + (True,) + self.met[phrase + 1:]
-        return Progress(self.phrases, met)
+        return Progress(self.phrases, met, closing=True)
 
 
 def allocate(banks: dict[int, list], k: int, n_banks: int) -> list:
@@ -121,10 +123,12 @@ class Live:
 @torch.no_grad()
 def dba_search(model, src: Tensor, constraints: list[list[list[int]]], *, bos_id: int, eos_id: int,
                beam_size: int, alpha: float, max_len_offset: int, n_best: int = 1, penalty: str = "gnmt",
-               prefix: Tensor | None = None, processors=()) -> list[list[Hypothesis]]:
+               prefix: Tensor | None = None, processors=(), word_continuations: Tensor | None = None
+               ) -> list[list[Hypothesis]]:
     """src (B, S), per sentence its phrases (token id lists, at least one) -> per sentence its ``n_best``
     hypotheses that contain every phrase, best first; where the length limit allowed none, the best of those
-    that ran out of length."""
+    that ran out of length. ``word_continuations`` (V,): the tokens that continue a word (``word_continuations``);
+    given, none of them may follow a phrase's last token, so each phrase ends where a word ends."""
     k, device, B = beam_size, src.device, src.shape[0]
     limits = prefix_limits(max_output_lengths(model, src, max_len_offset), prefix, model.config.max_positions).tolist()
     memory = model.encode(src)  # (B, S, d_model)
@@ -145,6 +149,9 @@ def dba_search(model, src: Tensor, constraints: list[list[list[int]]], *, bos_id
             log_probs = force_tokens(log_probs, prefix[sentence_of, step], model_log_probs)
         unmet = torch.tensor([not h.progress.done for h in live], device=device)
         log_probs[:, eos_id] = log_probs[:, eos_id].masked_fill(unmet, float("-inf"))  # eos once every phrase is in
+        if word_continuations is not None:  # a phrase just ended: its word ends with it
+            closing = torch.tensor([h.progress.closing for h in live], device=device).unsqueeze(1)  # (rows, 1)
+            log_probs = log_probs.masked_fill(closing & word_continuations.to(device), float("-inf"))
         new_beams, origins, next_tokens = {}, [], []
         for i in sorted(beams):
             hyps = beams[i]
@@ -215,10 +222,16 @@ def constrained_beam(model, batch, decode, plain) -> list[list[Hypothesis]]:
     found = dba_search(model, sub.src, [constraints[i] for i in have], bos_id=batch.bos_id, eos_id=batch.eos_id,
                        beam_size=decode.beam, alpha=decode.alpha, max_len_offset=decode.max_len_offset,
                        n_best=decode.n_best, penalty=decode.length_penalty, prefix=sub.prefix,
-                       processors=active_processors(decode))
+                       processors=active_processors(decode), word_continuations=batch.word_continuations)
     for i, hyps in zip(have, found):
         results[i] = hyps
     return results
+
+
+def word_continuations(tokenizer) -> Tensor:
+    """(V,) bool: the pieces that continue the word before them (SentencePiece: no word-boundary mark, and a letter
+    or digit first), which may not follow a phrase's last token; punctuation and new words may."""
+    return torch.tensor([piece[:1].isalnum() for piece in map(tokenizer.id_to_piece, range(tokenizer.vocab_size))])
 
 
 def read_constraints(path: str, lines: list[str], tokenizer, n_lines: int, max_tokens: int) -> list[list[list[int]]]:

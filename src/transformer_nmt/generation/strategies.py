@@ -32,7 +32,8 @@ class SearchBatch:
     """One batch to decode: ``src`` (B, S) right-padded source ids; ``prefix`` (B, P) forced first tokens (-1: free)
     or None; the tokenizer's ``bos_id`` and ``eos_id``; ``line_ids`` (B,): each row's line in the whole input
     (what seeds a sample, so that it does not depend on the batching); ``constraints``: per row the phrases (token
-    id lists) its output must contain ([]: none), or None."""
+    id lists) its output must contain ([]: none), or None; ``word_continuations`` (V,) the tokens that continue a
+    word, which may not follow a phrase (constrained.py), or None."""
 
     src: Tensor
     bos_id: int
@@ -40,6 +41,7 @@ class SearchBatch:
     line_ids: list[int]
     prefix: Tensor | None = None
     constraints: list[list[list[int]]] | None = None
+    word_continuations: Tensor | None = None
 
 
 def greedy(model, batch: SearchBatch, decode: DecodeConfig) -> list[list[Hypothesis]]:

@@ -61,7 +61,7 @@ import torch
 
 from transformer_nmt.data.tokenizer import Tokenizer
 from transformer_nmt.generation.config import DecodeConfig, decode_settings
-from transformer_nmt.generation.constrained import read_constraints
+from transformer_nmt.generation.constrained import read_constraints, word_continuations
 from transformer_nmt.generation.ensemble import Ensemble
 from transformer_nmt.generation.processors import active_processors
 from transformer_nmt.generation.sampling import check_sampling
@@ -217,6 +217,7 @@ def translate_hypotheses(model: Transformer | Ensemble | CTranslate2Model, token
         raise ValueError(f"{len(constraints)} lines of constraints for {len(lines)} input lines")
     results: list[list[Hypothesis]] = [[Hypothesis([], 0.0)] * decode.n_best for _ in lines]
     todo = [i for i, ids in enumerate(sources) if ids is not None]
+    continuations = word_continuations(tokenizer) if constraints is not None and any(constraints) else None
     if engine_searches_itself(model):  # batches and searches on its own, refusing what it cannot honour
         model.check_request(decode, has_constraints=constraints is not None and any(constraints))
         outputs = model.translate_hypotheses([sources[i] for i in todo], decode,
@@ -239,7 +240,7 @@ def translate_hypotheses(model: Transformer | Ensemble | CTranslate2Model, token
                 prefix[r, : len(forced[i])] = torch.tensor(forced[i], dtype=torch.long)
             prefix = prefix.to(device)
         batch = SearchBatch(src, tokenizer.bos_id, tokenizer.eos_id, [first_line + i for i in rows], prefix,
-                            None if constraints is None else [constraints[i] for i in rows])
+                            None if constraints is None else [constraints[i] for i in rows], continuations)
         outputs = generate(model, batch, decode)
         for i, hyps in zip(rows, outputs):
             results[i] = hyps
