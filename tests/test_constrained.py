@@ -197,3 +197,16 @@ def test_a_phrase_ends_where_a_word_ends():
     (hyps,) = dba_search(model, src, [[[7]]], beam_size=3, alpha=0.6, max_len_offset=5,
                          word_continuations=continuations, **IDS)
     assert hyps[0].tokens == [7]
+
+
+def test_word_continuations_are_pieces_without_a_boundary_that_start_a_letter_digit_or_hyphen():
+    class Pieces:
+        pieces = ["<pad>", "\u2581Hund", "es", "-", ".", "\u2581ein", "9", "\u2010", ",", "\u2581"]
+        vocab_size = len(pieces)
+
+        def id_to_piece(self, i):
+            return self.pieces[i]
+
+    from transformer_nmt.generation.constrained import word_continuations
+
+    assert word_continuations(Pieces()).tolist() == [False, False, True, True, False, False, True, True, False, False]

@@ -229,9 +229,14 @@ def constrained_beam(model, batch, decode, plain) -> list[list[Hypothesis]]:
 
 
 def word_continuations(tokenizer) -> Tensor:
-    """(V,) bool: the pieces that continue the word before them (SentencePiece: no word-boundary mark, and a letter
-    or digit first), which may not follow a phrase's last token; punctuation and new words may."""
-    return torch.tensor([piece[:1].isalnum() for piece in map(tokenizer.id_to_piece, range(tokenizer.vocab_size))])
+    """(V,) bool: the pieces that continue the word before them (SentencePiece: no word-boundary mark, and a letter,
+    a digit or a hyphen first: a hyphen makes a compound, one word), which may not follow a phrase's last token;
+    other punctuation and new words may."""
+    return torch.tensor([piece[:1].isalnum() or piece[:1] in WORD_JOINERS
+                         for piece in map(tokenizer.id_to_piece, range(tokenizer.vocab_size))])
+
+
+WORD_JOINERS = "-\u2010\u2011"  # hyphen-minus, hyphen, non-breaking hyphen
 
 
 def read_constraints(path: str, lines: list[str], tokenizer, n_lines: int, max_tokens: int) -> list[list[list[int]]]:
