@@ -698,9 +698,12 @@ def constrained_terminology(root: Path) -> str:
     command = " ".join(data["provenance"]["argv"][1:])
     return (table(["decode", "BLEU", "constraints met", "seconds", "x time"], rows)
             + f"\n\n{data['sentences']} sentences of {data['split']}, {data['constrained_sentences']} with "
-              f"constraints ({data['rule']}); the {data['unconstrained_lines']} without: "
-              f"{data['unconstrained_lines_unchanged']} outputs identical to the unconstrained decode. "
-              f"{data['decoding']}. `python studies/constrained_terminology.py {command}` "
+              f"constraints ({data['rule']})"
+            + (f"; the {data['unconstrained_lines']} without: {data['unconstrained_lines_unchanged']} outputs "
+               f"identical to the unconstrained decode" if data["unconstrained_lines"] else "")
+            + f". Decoding: {data['decoding']}; seconds: each whole `translate` run, median of "
+              f"{len(data['seconds_all']['constrained'])} round(s). "
+              f"`python studies/constrained_terminology.py {command}` "
               f"({measured_on(data['provenance'])}; raw file: "
               f"[constrained_terminology.json](evaluation/constrained_terminology.json)).")
 
