@@ -75,7 +75,9 @@ def test_batches_hold_the_token_bound_of_the_epochs_lengths_and_every_pair_once(
 def test_validation_is_never_sampled(corpus):
     sampled, plain = datamodule(corpus), datamodule(corpus, spm_alpha=0.0)
     assert plain.segmentation() is None
-    for a, b in zip(sampled.dataloader("val"), plain.dataloader("val")):
+    a_batches, b_batches = list(sampled.dataloader("val")), list(plain.dataloader("val"))
+    assert len(a_batches) == len(b_batches) > 0  # zip() alone would pass a loader that stops early
+    for a, b in zip(a_batches, b_batches):
         assert all(a[k].equal(b[k]) for k in ("src", "tgt", "index"))
 
 
@@ -89,6 +91,7 @@ def test_a_run_resumed_mid_epoch_reads_what_an_uninterrupted_one_reads(corpus):
     resumed_loader = datamodule(corpus).train_dataloader()  # a new process: nothing cached
     resumed_loader.load_state_dict(state)
     resumed = [b for _, b in zip(range(7), iter(resumed_loader))]
+    assert len(uninterrupted) == 12 and len(resumed) == 7  # the corpus holds more than 12 batches an epoch
     for a, b in zip(uninterrupted[5:], resumed):
         assert all(a[k].equal(b[k]) for k in ("src", "tgt", "index"))
 
@@ -112,3 +115,19 @@ def test_bad_options_are_refused_naming_them(corpus):
         datamodule(corpus, num_workers=1).segmentation()
     with pytest.raises(ValueError, match=r"data.spm_alpha=0.1: .*data.spm_model_type=bpe"):
         datamodule(corpus, spm_model_type="unigram", cache_dir=str(corpus / "cache_unigram")).segmentation()
+
+
+def test_a_sample_wider_than_the_token_bound_keeps_the_deterministic_ids(corpus):
+    """data.max_tokens just the widest deterministic pair (below max_positions + 1): a sampled segmentation is longer,
+    and an epoch would hold a pair wider than a batch may be (the run stopped mid-run); such a pair keeps its
+    deterministic ids, every epoch's widths stay within the bound, and every batch holds it."""
+    plain = datamodule(corpus, spm_alpha=0.0)
+    src, tgt = (np.diff(plain._kept_ids(plain.splits["train"], lang)[1]) for lang in ("en", "de"))
+    widest = int(np.maximum(src + 1, tgt + 2).max())
+    assert widest + 1 < plain.max_positions
+    dm = datamodule(corpus, max_tokens=widest)
+    for epoch in (0, 1, 2):
+        assert int(dm.segmentation().widths(epoch).max()) <= widest
+        assert dm.segmentation().fallbacks[epoch] > 0
+    for batch in dm.train_dataloader():
+        assert batch["src"].numel() <= widest and batch["tgt"].numel() <= widest

@@ -23,12 +23,15 @@ The input is cut into shards of ``shard_lines`` lines, each written (atomically:
 written first. A run killed in the middle and started again with the same command translates only the shards not
 written: no line is translated twice or lost, and a sampled line draws the same sample (its seed is its line
 number in the whole input). Another command over the same ``PREFIX.shards/`` (another input, model or search) is
-refused, naming what differs. Once every shard is there, the outputs are written (atomically) and the shards
+refused, naming what differs; each shard records the plan that made it (``plan_sha256``) and is taken only by
+that plan, so shards left without ``plan.json`` (two launches racing on the final cleanup) are translated again,
+never taken into another synthesis. Once every shard is there, the outputs are written (atomically) and the shards
 removed; the command run again then reports the corpus complete and translates nothing.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -40,9 +43,11 @@ from pathlib import Path
 from typing import Optional
 
 from transformer_nmt.data.corpus import CorpusError, check_lang
+from transformer_nmt.data.language_tags import LanguageTags
 from transformer_nmt.durable import atomic_write
 from transformer_nmt.file_digest import content_digest
 from transformer_nmt.generation.config import DecodeConfig
+from transformer_nmt.inference.directions import model_direction
 from transformer_nmt.inference.ensemble import checkpoint_paths
 from transformer_nmt.inference.translate import (
     ModelOptions,
@@ -112,15 +117,23 @@ def languages(options: SynthesizeOptions, meta: dict) -> tuple[str, str]:
     return chosen[0], chosen[1]
 
 
-def read_shard(path: Path, first_line: int, count: int) -> dict | None:
-    """A written shard, or None where it is missing or not the shard expected (then translated again)."""
+def plan_digest(plan: dict) -> str:
+    """The sha256 of ``plan`` (its JSON, keys sorted): what each shard records of the plan that made it."""
+    return hashlib.sha256(json.dumps(plan, sort_keys=True).encode("utf-8")).hexdigest()
+
+
+def read_shard(path: Path, first_line: int, count: int, digest: str) -> dict | None:
+    """A written shard, or None where it is missing or not the shard expected (then translated again): its lines,
+    and the plan that made it (``plan_sha256`` equal to ``digest``). A shard names its own plan, so that one left
+    without ``plan.json`` (two launches racing on the final cleanup: one removes the directory while the other still
+    writes a shard into it) is never taken into another synthesis."""
     try:
         shard = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
     ok = (isinstance(shard, dict) and shard.get("first_line") == first_line and isinstance(shard.get("src"), list)
           and isinstance(shard.get("tgt"), list) and len(shard["src"]) == len(shard["tgt"])
-          and shard.get("input_lines") == count)
+          and shard.get("input_lines") == count and shard.get("plan_sha256") == digest)
     return shard if ok else None
 
 
@@ -166,6 +179,11 @@ def main(argv: list[str] | None = None) -> dict:
     started = time.perf_counter()
     prefix = Path(options.output)
     model, tokenizer, meta = load_model(options)
+    direction = None  # a model of several pairs (data.pairs): the direction src_lang= / tgt_lang= choose
+    if LanguageTags.of(meta.get("data_config")) is not None:
+        direction = model_direction(meta.get("data_config"), options.src_lang, options.tgt_lang, options.zero_shot,
+                                    meta.get("source") or f"checkpoint {meta.get('path')}")
+        options.src_lang, options.tgt_lang = direction.src, direction.tgt
     src_lang, tgt_lang = languages(options, meta)
     outputs = {"src": prefix.with_name(f"{prefix.name}.{src_lang}"),
                "tgt": prefix.with_name(f"{prefix.name}.{tgt_lang}")}
@@ -181,7 +199,8 @@ def main(argv: list[str] | None = None) -> dict:
             "input_sha256": content_digest(options.input), "input_lines": len(lines),
             "models": model_identities(options), "engine": options.engine,
             "decode": {k: v for k, v in asdict(decode).items() if k not in SPEED_ONLY},
-            "src_lang": src_lang, "tgt_lang": tgt_lang, "shard_lines": options.shard_lines}
+            "src_lang": src_lang, "tgt_lang": tgt_lang, "shard_lines": options.shard_lines,
+            **({"direction": direction.record()} if direction is not None else {})}
     if record.is_file():
         try:
             done = json.loads(record.read_text(encoding="utf-8"))
@@ -198,23 +217,25 @@ def main(argv: list[str] | None = None) -> dict:
                          f"prefix, or delete them")
     work.mkdir(parents=True, exist_ok=True)
     check_plan(work, plan)
+    digest = plan_digest(plan)
     launch = f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{uuid.uuid4().hex[:8]}"
     starts = list(range(0, len(lines), options.shard_lines))
     shards, written_now = [], []
     for number, first in enumerate(starts):
         count = min(options.shard_lines, len(lines) - first)
         path = work / f"{number:06d}.json"
-        shard = read_shard(path, first, count)
+        shard = read_shard(path, first, count, digest)
         if shard is None:
             shard_started = time.perf_counter()
             part = lines[first:first + count]
-            _, results = translate_hypotheses(model, tokenizer, part, decode, first_line=first)
+            _, results = translate_hypotheses(model, tokenizer, part, decode, first_line=first, direction=direction)
             src, tgt = [], []
             for line, hyps in zip(part, results):
                 for h in hyps:
                     src.append(line)
                     tgt.append(plain_line(tokenizer.decode(h.tokens)))
-            shard = {"first_line": first, "input_lines": count, "src": src, "tgt": tgt, "launch": launch,
+            shard = {"first_line": first, "input_lines": count, "plan_sha256": digest, "src": src, "tgt": tgt,
+                     "launch": launch,
                      "seconds": round(time.perf_counter() - shard_started, 3)}
             text = json.dumps(shard, ensure_ascii=False).encode("utf-8")
             atomic_write(path, lambda f, text=text: f.write(text))

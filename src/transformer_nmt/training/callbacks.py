@@ -2,7 +2,7 @@
 checkpoints and early stopping on the monitored metric (val BLEU or loss), and a progress bar with tokens/s and ETA.
 
 (Atomic checkpoint writing is a CheckpointIO plugin, in checkpoint_io.py; the maps themselves are drawn by
-analysis/attention_maps.py.)
+inference/attention_maps.py.)
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from tensorboard.compat.proto.tensor_shape_pb2 import TensorShapeProto
 from tensorboard.plugins.image import metadata as image_metadata
 
 from transformer_nmt import run_files
-from transformer_nmt.analysis.attention_maps import ATTENTION_KINDS, attention_entropy, render_heatmaps
+from transformer_nmt.inference.attention_maps import ATTENTION_KINDS, attention_entropy, render_heatmaps
 from transformer_nmt.training.time_budget import BackgroundWork, TimeBudget, timed
 
 log = logging.getLogger(__name__)
@@ -344,8 +344,12 @@ MONITORS = ("auto", "val_bleu", "val_loss")
 def monitored(monitor: str, val_bleu_max_sentences: int | None) -> tuple[str, str]:
     """(logged metric, mode) that ``checkpoint.monitor`` names: val_bleu -> ("val/bleu", "max"), val_loss ->
     ("val/loss", "min"), auto -> val_bleu unless val BLEU is off (``val_bleu_max_sentences`` 0)."""
+    if monitor.startswith("val_bleu/") and len(monitor) > len("val_bleu/"):  # data.pairs: one direction's BLEU
+        if val_bleu_max_sentences == 0:
+            raise ValueError(f"checkpoint.monitor={monitor} needs val BLEU: train.val_bleu_max_sentences is 0")
+        return f"val/bleu/{monitor.removeprefix('val_bleu/')}", "max"
     if monitor not in MONITORS:
-        raise ValueError(f"checkpoint.monitor={monitor!r}: use one of {MONITORS}")
+        raise ValueError(f"checkpoint.monitor={monitor!r}: use one of {MONITORS}, or val_bleu/PAIR (data.pairs)")
     if monitor == "val_bleu" and val_bleu_max_sentences == 0:
         raise ValueError("checkpoint.monitor=val_bleu needs val BLEU: train.val_bleu_max_sentences is 0 (set N, or "
                          "null for the whole validation set)")

@@ -10,6 +10,7 @@ tokens; validation adds greedy-decoded corpus BLEU (sacreBLEU) over the first
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 import uuid
@@ -32,17 +33,20 @@ from transformer_nmt.checkpoint import (
     tokenizer_entries,
 )
 from transformer_nmt.data.config import DataConfig
+from transformer_nmt.data.language_tags import LanguageTags
 from transformer_nmt.data.tokenizer import Tokenizer
 from transformer_nmt.generation.config import DecodeConfig
 from transformer_nmt.generation.strategies import SearchBatch, generate
 from transformer_nmt.model.transformer import Transformer, TransformerConfig
 from transformer_nmt.training.config import TrainConfig
-from transformer_nmt.training.ema import WeightEMA, check_decay, take_average
+from transformer_nmt.training.ema import WeightEMA, check_decay, take_average, take_trained
 from transformer_nmt.training.freezing import freeze
 from transformer_nmt.training.lightning_adapter import is_logging_step
 
 VALIDATION_DECODE = DecodeConfig(strategy="greedy", beam=1)  # validation BLEU: greedy, through generation/
 LOSS_SCALE_TOKENS = 1000.0  # backward runs on (summed token loss) / this; see training_step
+
+log = logging.getLogger(__name__)
 
 
 # Logits per chunk of the loss, so that its fp32 temporaries stay the same size whatever the batch. On a GPU, 128 MiB
@@ -263,6 +267,8 @@ class TranslationModule(pl.LightningModule):
         # The validation sets' names, in the order of the datamodule's loaders (dataloader_idx).
         self.val_splits = (DataConfig.from_record(data_config, "data config").val_splits()
                            if data_config and data_config.get("val") else ["val"])
+        tags = LanguageTags.of(data_config)
+        self._decoder_tags = tags is not None and tags.style == "decoder"  # validation forces each target's tag
         self._step_sums = None  # (4,) float64 on the device: source tokens, target tokens, loss sum, nll sum
         self._first_bad_step = None  # () int64 on the device: the first optimizer step not finite (-1: none yet)
         self._step_started = None  # time.perf_counter() at the last optimizer step
@@ -472,13 +478,27 @@ class TranslationModule(pl.LightningModule):
             return
         rows = torch.arange(len(src), device=src.device)
         if limit is not None:
-            rows = (batch["index"] < limit).nonzero().squeeze(1)  # (b,)
+            rows = (self._eval_positions(split, batch["index"]) < limit).nonzero().squeeze(1)  # (b,)
         if len(rows):
             tok = self.tokenizer
             indices = batch["index"][rows].tolist()
-            search = SearchBatch(src[rows], tok.bos_id, tok.eos_id, indices)
+            # data.lang_tags=decoder: each target starts with its language's tag, forced, then dropped
+            prefix = tgt[rows, 1:2] if self._decoder_tags else None
+            search = SearchBatch(src[rows], tok.bos_id, tok.eos_id, indices, prefix)
             for index, hyps in zip(indices, generate(self.model, search, VALIDATION_DECODE)):
-                state["hypotheses"][index] = tok.decode(hyps[0].tokens)
+                state["hypotheses"][index] = tok.decode(hyps[0].tokens[1:] if self._decoder_tags else hyps[0].tokens)
+
+    def _eval_positions(self, split: str, index: Tensor) -> Tensor:
+        """(b,) each pair's position in its split; with data.pairs, in its direction's part (so that a limit on
+        BLEU sentences takes each direction's first ones)."""
+        datamodule = getattr(self.trainer, "datamodule", None)
+        groups = datamodule.pair_indices(split) if hasattr(datamodule, "pair_indices") else None
+        if groups is None:
+            return index
+        positions = torch.zeros(sum(len(g) for g in groups.values()), dtype=torch.long)
+        for group in groups.values():
+            positions[torch.as_tensor(group)] = torch.arange(len(group))
+        return positions.to(index.device)[index]
 
     def _log_evaluation(self, split: str) -> None:
         sums = self.trainer.strategy.reduce(self._eval[split]["sums"].to(self.device), reduce_op="sum")
@@ -488,13 +508,16 @@ class TranslationModule(pl.LightningModule):
         if bleu is not None:  # NCCL reduces device tensors only
             metrics[f"{split}/bleu"] = torch.tensor(bleu[0], device=self.device)
             metrics[f"{split}/bleu_sentences"] = torch.tensor(float(bleu[1]), device=self.device)
+            for pair, score in bleu[2].items():  # data.pairs: each direction's (split/bleu: their mean)
+                metrics[f"{split}/bleu/{pair}"] = torch.tensor(score, device=self.device)
         # Every rank holds the same values already; sync_dist only keeps Lightning's bookkeeping uniform.
         self.log_dict(metrics, prog_bar=split in ("val", "test"), sync_dist=True, add_dataloader_idx=False)
         self._eval[split] = {}
 
-    def _corpus_bleu(self, split: str) -> tuple[float, int] | None:
-        """(sacreBLEU, number of sentences) over the hypotheses of all ranks against the datamodule's raw
-        references; None when BLEU is off (limit 0, or no tokenizer or references to decode against)."""
+    def _corpus_bleu(self, split: str) -> tuple[float, int, dict[str, float]] | None:
+        """(sacreBLEU, number of sentences, {pair: sacreBLEU}) over the hypotheses of all ranks against the
+        datamodule's raw references; None when BLEU is off (limit 0, or no tokenizer or references to decode
+        against). With data.pairs each direction is scored alone and the first number is their mean; else {}."""
         datamodule = getattr(self.trainer, "datamodule", None)
         if self._bleu_limit(split) == 0 or self.tokenizer is None or not hasattr(datamodule, "references"):
             return None
@@ -504,12 +527,21 @@ class TranslationModule(pl.LightningModule):
             torch.distributed.all_gather_object(gathered, hypotheses)
             hypotheses = {k: v for part in gathered for k, v in part.items()}
         if not hypotheses:  # e.g. limit_val_batches left out every sentence below the limit
-            return 0.0, 0
+            return 0.0, 0, {}
         references = datamodule.references(split)
         indices = sorted(hypotheses)
         self.hypotheses[split] = {i: hypotheses[i] for i in indices}  # kept for significance tests (train.py)
-        bleu = sacrebleu.corpus_bleu([hypotheses[i] for i in indices], [[references[i] for i in indices]])
-        return bleu.score, len(indices)
+        groups = datamodule.pair_indices(split) if hasattr(datamodule, "pair_indices") else None
+        if groups is None:
+            return self._corpus_score(hypotheses, references, indices), len(indices), {}
+        per_pair = {pair: self._corpus_score(hypotheses, references, [i for i in group.tolist() if i in hypotheses])
+                    for pair, group in groups.items() if any(i in hypotheses for i in group.tolist())}
+        return sum(per_pair.values()) / len(per_pair), len(indices), per_pair
+
+    @staticmethod
+    def _corpus_score(hypotheses: dict[int, str], references: list[str], indices: list[int]) -> float:
+        """The corpus metric (sacreBLEU) of the hypotheses at ``indices`` against their references."""
+        return sacrebleu.corpus_bleu([hypotheses[i] for i in indices], [[references[i] for i in indices]]).score
 
     def _bleu_limit(self, split: str) -> int | None:
         """train.val_bleu_max_sentences for every validation set, train.test_bleu_max_sentences for test."""
@@ -560,6 +592,10 @@ class TranslationModule(pl.LightningModule):
         resuming = self.attached_to_trainer() and "optimizer_states" in checkpoint
         if resuming and self.optim["ema_decay"] is not None and self.trainer.state.fn == "fit":
             self._ema_resumed = take_average(checkpoint, "the checkpoint being resumed")  # trained weights load
+        elif resuming and self.trainer.state.fn == "fit" and take_trained(checkpoint):  # an EMA run's, by path
+            log.warning("the checkpoint being resumed was written by a run with train.ema_decay and this run has "
+                        "none: it continues the trained weights (which its optimizer state belongs to), not the "
+                        "moving average, which is dropped")
         if self.data_config is None:
             self.data_config = checkpoint.get(CKPT_DATA_CONFIG)
         if isinstance(checkpoint.get(CKPT_RUN), str):  # the run this one continues (absent in older checkpoints)
