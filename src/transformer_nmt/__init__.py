@@ -12,8 +12,9 @@ table, with no exception):
     records.py                  settings dataclasses rebuilt from what a checkpoint or export records (checked)
     provenance.py               what made a results file (commit, versions, machine, command, config)
     model/                      attention, positions, feed-forwards, norms, the Transformer, dropout (plain torch)
-    generation/                 decoding settings, greedy and beam search, sampling, ensembles, the strategy
-                                registry (plain torch; the special ids passed in)
+    generation/                 decoding settings, greedy and beam search, sampling, ensembles, per-step
+                                processors (n-gram blocking), constrained beam, the strategy registry (plain
+                                torch; the special ids passed in)
     data/                       corpus, tokenizer, batching, the datamodule
     checkpoint.py               the checkpoint format: atomic writes, reading one into a model and tokenizer
     inference/                  translate, evaluate, average, export, CTranslate2, alignment, attention weights

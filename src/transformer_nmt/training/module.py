@@ -36,13 +36,14 @@ from transformer_nmt.data.config import DataConfig
 from transformer_nmt.data.language_tags import LanguageTags
 from transformer_nmt.data.tokenizer import Tokenizer
 from transformer_nmt.generation.config import DecodeConfig
-from transformer_nmt.generation.search import greedy_decode, greedy_search
+from transformer_nmt.generation.strategies import SearchBatch, generate
 from transformer_nmt.model.transformer import Transformer, TransformerConfig
 from transformer_nmt.training.config import TrainConfig
 from transformer_nmt.training.ema import WeightEMA, check_decay, take_average, take_trained
 from transformer_nmt.training.freezing import freeze
 from transformer_nmt.training.lightning_adapter import is_logging_step
 
+VALIDATION_DECODE = DecodeConfig(strategy="greedy", beam=1)  # validation BLEU: greedy, through generation/
 LOSS_SCALE_TOKENS = 1000.0  # backward runs on (summed token loss) / this; see training_step
 
 log = logging.getLogger(__name__)
@@ -480,15 +481,12 @@ class TranslationModule(pl.LightningModule):
             rows = (self._eval_positions(split, batch["index"]) < limit).nonzero().squeeze(1)  # (b,)
         if len(rows):
             tok = self.tokenizer
-            if self._decoder_tags:  # data.lang_tags=decoder: each target starts with its language's tag, forced
-                hypotheses = [h.tokens[1:] for h in greedy_search(
-                    self.model, src[rows], bos_id=tok.bos_id, eos_id=tok.eos_id,
-                    max_len_offset=DecodeConfig().max_len_offset, prefix=tgt[rows, 1:2])]
-            else:
-                hypotheses = greedy_decode(self.model, src[rows], bos_id=tok.bos_id, eos_id=tok.eos_id,
-                                           max_len_offset=DecodeConfig().max_len_offset)
-            for index, ids in zip(batch["index"][rows].tolist(), hypotheses):
-                state["hypotheses"][index] = tok.decode(ids)
+            indices = batch["index"][rows].tolist()
+            # data.lang_tags=decoder: each target starts with its language's tag, forced, then dropped
+            prefix = tgt[rows, 1:2] if self._decoder_tags else None
+            search = SearchBatch(src[rows], tok.bos_id, tok.eos_id, indices, prefix)
+            for index, hyps in zip(indices, generate(self.model, search, VALIDATION_DECODE)):
+                state["hypotheses"][index] = tok.decode(hyps[0].tokens[1:] if self._decoder_tags else hyps[0].tokens)
 
     def _eval_positions(self, split: str, index: Tensor) -> Tensor:
         """(b,) each pair's position in its split; with data.pairs, in its direction's part (so that a limit on
