@@ -7,6 +7,7 @@ Also run as a script by the one-off comparison with unbabel-comet (docs/raw/come
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -33,6 +34,10 @@ def write_tiny_comet(directory: Path, seed: int = 0, layer_norm: bool = True, po
     shutil.copy(directory / "spm.model", encoder / "sentencepiece.bpe.model")
     tokenizer = XLMRobertaTokenizer.from_pretrained(encoder, local_files_only=True)
     tokenizer.save_pretrained(encoder)
+    settings = json.loads((encoder / "tokenizer_config.json").read_text(encoding="utf-8"))
+    if not settings.get("extra_special_tokens"):  # transformers 5 writes [], which transformers 4 cannot read
+        settings.pop("extra_special_tokens", None)
+        (encoder / "tokenizer_config.json").write_text(json.dumps(settings, indent=2), encoding="utf-8")
     config = XLMRobertaConfig(vocab_size=len(tokenizer), hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
                               intermediate_size=32, max_position_embeddings=24, pad_token_id=tokenizer.pad_token_id,
                               bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
@@ -42,6 +47,9 @@ def write_tiny_comet(directory: Path, seed: int = 0, layer_norm: bool = True, po
     torch.manual_seed(seed)
     model = XLMRobertaModel(config, add_pooling_layer=False)
     state = {f"encoder.model.{k}": v.detach().clone() for k, v in model.state_dict().items()}
+    for key in state:  # initialized norms (weight 1, bias 0) would make COMET's per-sentence layer norm a no-op
+        if "LayerNorm" in key:
+            state[key] += 0.5 * torch.randn(state[key].shape, generator=generator)
     for i in range(config.num_hidden_layers + 1):
         state[f"layerwise_attention.scalar_parameters.{i}"] = torch.randn(1, generator=generator)
     state["layerwise_attention.gamma"] = 1 + 0.5 * torch.rand(1, generator=generator)
