@@ -39,6 +39,7 @@ class Metric(ABC):
     higher_is_better: ClassVar[bool]
     needs_sources: ClassVar[bool] = False
     Options: ClassVar[Optional[type]] = None  # a dataclass of its settings: metric.NAME.KEY=VALUE
+    digits: ClassVar[int] = 2  # decimals of the value in a best checkpoint's file name (step0001000-bleu27.31)
 
     def __init__(self, options=None, tgt_lang: Optional[str] = None):
         self.options = options if options is not None or self.Options is None else self.Options()

@@ -51,6 +51,14 @@ def _options_spec() -> type:
 MetricOptions = _options_spec()
 
 
+def read_options(values) -> "MetricOptions":
+    """A ``MetricOptions`` from plain values (a dict or an OmegaConf node of ``metric.*``; None: the defaults),
+    typed and checked by OmegaConf (an unknown key is an error naming it)."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(MetricOptions), values or {}))
+
+
 def build(name: str, options=None, tgt_lang: Optional[str] = None, option: str = "metrics") -> Metric:
     """The metric ``name`` made with its part of ``options`` (a ``MetricOptions``, or None: the defaults), for
     hypotheses in ``tgt_lang``."""

@@ -248,6 +248,7 @@ class Comet(Metric):
     """COMET from a local model directory (module docstring); the mean of the sentences' values, higher better."""
 
     name, higher_is_better, needs_sources, Options = "comet", True, True, CometOptions
+    digits = 4  # values near 0..1
 
     def __init__(self, options=None, tgt_lang: Optional[str] = None):
         super().__init__(options, tgt_lang)

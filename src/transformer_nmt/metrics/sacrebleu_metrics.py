@@ -3,6 +3,7 @@ each with sacreBLEU's own signature, so that ``sacrebleu REF -i HYP -m ...`` rep
 
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 from sacrebleu.metrics import BLEU, CHRF, TER
@@ -19,9 +20,6 @@ class SacreBLEUMetric(Metric):
     def compute(self, hypotheses: list[str], references: list[str],
                 sources: Optional[list[str]] = None) -> MetricResult:
         self.check_inputs(hypotheses, references, sources)
-        if not any(reference.strip() for reference in references):  # sacreBLEU would divide by 0 reference tokens
-            raise ValueError(f"every reference line is blank ({len(references)} lines): there is nothing to score "
-                             f"against")
         metric = self.make()
         result = metric.corpus_score(hypotheses, [references])
         return MetricResult(result.score, str(metric.get_signature()), self.details(result))
@@ -41,7 +39,8 @@ class Bleu(SacreBLEUMetric):
         return BLEU()
 
     def details(self, result) -> dict:
-        return {"length_ratio": result.sys_len / result.ref_len, "bp": result.bp}
+        ratio = result.sys_len / result.ref_len if result.ref_len else math.nan  # every reference blank: undefined
+        return {"length_ratio": ratio, "bp": result.bp}
 
 
 @register

@@ -24,6 +24,7 @@ from omegaconf.errors import OmegaConfBaseException
 from transformer_nmt.conf import CONF_DIR
 from transformer_nmt.data.config import DataConfig
 from transformer_nmt.generation.config import DecodeConfig
+from transformer_nmt.metrics.catalog import MetricOptions
 from transformer_nmt.model.transformer import TransformerConfig
 from transformer_nmt.options import option, show
 
@@ -67,9 +68,12 @@ class TrainConfig:
     ema_warmup: bool = option(True, "the average's decay ramps up as min(ema_decay, (1 + t) / (10 + t)) at "
                                     "optimizer step t; false: ema_decay from the first step")
     compile: bool = option(False, "torch.compile the model's forward (batch widths then a multiple of 8)")
-    val_bleu_max_sentences: int | None = option(500, "greedy BLEU on the validation split's first N sentences; "
-                                                      "0: no BLEU, null: all")
+    val_bleu_max_sentences: int | None = option(500, "greedy BLEU (and train.val_metrics) on the validation split's "
+                                                      "first N sentences; 0: none, null: all")
     test_bleu_max_sentences: int | None = option(None, "the same for the test split")
+    val_metrics: list[str] = option(["bleu"], "the registered metrics (metrics/: bleu, chrf, ter, comet, ...) "
+                                              "computed on those greedy translations, logged as val/NAME and "
+                                              "test/NAME; checkpoint.monitor's metric is added")
 
 
 @dataclass
@@ -88,9 +92,11 @@ class CheckpointConfig:
     """What checkpoints/ keeps (``checkpoint.*``)."""
 
     save_top_k: int = option(3, "best-k by the monitored metric (checkpoint.monitor), plus last.ckpt")
-    monitor: str = option("auto", "what best-k and early stopping rank by: val_bleu (greedy, detokenized sacreBLEU "
-                                  "over train.val_bleu_max_sentences of the first validation set) | val_loss | "
-                                  "auto: val_bleu, or val_loss when val BLEU is off")
+    monitor: str = option("auto", "what best-k and early stopping rank by: val_NAME for any registered metric "
+                                  "(val_bleu: greedy, detokenized sacreBLEU over train.val_bleu_max_sentences of the "
+                                  "first validation set; val_comet, val_chrf, val_ter ...: in the metric's "
+                                  "direction) | val_loss | auto: val_bleu, or val_loss when validation metrics are "
+                                  "off")
     patience: int | None = option(None, "stop after this many validations without a better monitored value "
                                          "(Lightning's EarlyStopping); null: never")
     every_n_train_steps: int | None = option(None, "last.ckpt after every validation, and also every N optimizer "
@@ -160,6 +166,8 @@ class TrainAppConfig:
                                        "BLEU is greedy", factory=DecodeConfig)
     ablation: dict[str, Any] = option(help="free knobs an experiment interpolates into other settings "
                                             "(ablation.n_layers)", factory=dict)
+    metric: MetricOptions = option(help="each metric's settings (metric.comet.model=DIR ...): metrics/",
+                                   factory=MetricOptions)
 
 
 @dataclass

@@ -69,7 +69,7 @@ PRODUCT = "tokens_per_step"  # data.max_tokens x trainer.accumulate_grad_batches
 FACTORS = ("data.max_tokens", "trainer.accumulate_grad_batches", "world_size")
 ADDED = (PRODUCT, "world_size", PRECISION)  # keys of 2026-12 (issue 28): a fingerprint written before lacks them
 EVALUATION = ("data.val", "data.test", "data.eval_max_tokens", "train.val_bleu_max_sentences",
-              "train.test_bleu_max_sentences")
+              "train.test_bleu_max_sentences", "train.val_metrics")
 MAY_CHANGE = ("data.num_workers", "data.num_proc", "data.cache_dir",  # how many processes load the data, caches
               *EVALUATION,
               "model.attention", "model.attention_block_size", "train.fused_adam")  # kernels: the same arithmetic
@@ -98,6 +98,8 @@ NOT_TRAINING = (
     # after or beside training: the test, the last validation, checkpoints, the search, the logger, attention maps,
     # the ablation study's labels
     "run_test", "validate_at_end", "checkpoint", "decode", "logger", "attention_maps", "ablation",
+    # the metrics' settings (metric.comet.model: a directory on the machine that evaluates)
+    "metric",
     # resolved instead: trainer.precision as it trains, devices and nodes in world_size (tokens_per_step)
     "trainer.accelerator", "trainer.devices", "trainer.num_nodes", "trainer.strategy",
     # how long, and how often it validates or logs: the results fingerprint compares what shapes results
