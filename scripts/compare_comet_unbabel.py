@@ -14,9 +14,9 @@ the other venv on the same directory, and writes both sentence lists, their larg
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
@@ -63,4 +63,8 @@ def main(other_python: str, out: str) -> dict:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:3])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("other_python", help="the python of a venv with unbabel-comet")
+    parser.add_argument("out", help="the JSON file to write")
+    arguments = parser.parse_args()
+    main(arguments.other_python, arguments.out)
