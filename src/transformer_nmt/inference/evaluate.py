@@ -1,4 +1,5 @@
-"""Score a checkpoint with sacreBLEU: detokenized hypotheses to a file, BLEU and chrF to JSON beside it.
+"""Evaluate a checkpoint: detokenized hypotheses to a file, its metrics (sacreBLEU's BLEU and chrF by default) to JSON
+beside it.
 
     python -m transformer_nmt.evaluate ckpt=RUN/averaged.ckpt split=test
     python -m transformer_nmt.evaluate ckpt=model.ckpt src=newstest2014.en ref=newstest2014.de
@@ -179,8 +180,8 @@ def evaluation_pairs(options, meta: dict) -> tuple[list[str], list[str], str]:
     return sources, references, name
 
 
-def score(hypotheses: list[str], references: list[str], lang: str | None = None, metrics=REPORTED,
-          sources: list[str] | None = None, options=None) -> dict:
+def metric_record(hypotheses: list[str], references: list[str], lang: str | None = None, metrics=REPORTED,
+                  sources: list[str] | None = None, options=None) -> dict:
     """Each of ``metrics`` (registered names; metrics/catalog.py) over the corpus, rounded to 4 decimals, with its
     signature under NAME_signature and its details beside it (the cased BLEU's length ratio, hypothesis / reference
     tokens, and brevity penalty). ``lang``: the target language (``bleu_multi30k``'s Moses tokenizer);
@@ -196,11 +197,14 @@ def score(hypotheses: list[str], references: list[str], lang: str | None = None,
     return written
 
 
+score = metric_record  # its older name (studies and benchmarks import it); "scores" are log-probabilities now
+
+
 def metric_values(hypotheses, references, sources, lang, options: EvaluateOptions) -> dict:
-    """``score`` with evaluate's options; a metric's refusal (a COMET directory that is not one) is a SystemExit
+    """``metric_record`` with evaluate's options; a metric's refusal (a COMET directory that is not one) is a SystemExit
     naming it."""
     try:
-        return score(hypotheses, references, lang, options.metrics, sources, options.metric)
+        return metric_record(hypotheses, references, lang, options.metrics, sources, options.metric)
     except ValueError as error:
         raise SystemExit(str(error)) from None
 
