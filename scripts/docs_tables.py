@@ -380,7 +380,7 @@ def table3_readme(root: Path) -> str:
             f"[the study](docs/ablations.md#results), with plots and which of the paper's conclusions hold at this "
             f"scale). Dev BLEU, mean ± std (n), p from the paired bootstrap against the base:\n\n"
             + table(["row", "change", "BLEU (dev)", "ΔBLEU", "p"], body)
-            + f"\n\nSignificant at this scale (✓, p < 0.05 under every seed): {', '.join(chosen)}. The base's own "
+            + f"\n\nSignificant at this scale (✓, p < 0.05 under every seed): {'; '.join(chosen)}. The base's own "
               f"noise is ±{float(base['bleu_std']):.2f} BLEU over its {base['n']} seeds.")
 
 

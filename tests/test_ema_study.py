@@ -48,9 +48,20 @@ def test_the_four_models_are_the_trained_and_averaged_weights_alone_and_averaged
         torch.testing.assert_close(decoded["moving averages averaged over 3"][key].double(), mean(average))
     assert any(not torch.equal(decoded["newest trained weights"][k], decoded["newest moving average"][k])
                for k in decoded["newest moving average"])
-    best = max(rows, key=lambda r: r["val"]["bleu"])["name"]
-    assert result["chosen"] == {"weights": best}
+    # A 7-step model's rows may tie on val: the choice is the first row with the highest val BLEU (the rule itself
+    # is tested with distinct and tied scores below).
+    top = max(r["val"]["bleu"] for r in rows)
+    assert result["chosen"] == {"weights": next(r["name"] for r in rows if r["val"]["bleu"] == top)}
     written = json.loads((tmp_path / "study.json").read_text())
     assert written["ema"] == {"decay": 0.9, "warmup": True, "updates": 6}  # the newest checkpoint: step 6
     assert len(written["groups"]["weights"]) == 4
     assert all(set(r["val"]) >= {"bleu", "bleu_multi30k", "chrf", "length_ratio"} for r in written["groups"]["weights"])
+
+
+def test_the_choice_is_the_row_with_the_best_val_bleu_never_test():
+    choose = load_study("ensemble_study").choose_on_val  # ema_study chooses with it
+    rows = [{"name": name, "val": {"bleu": v}, "test": {"bleu": t}}
+            for name, v, t in (("a", 10.0, 50.0), ("b", 12.5, 1.0), ("c", 12.0, 60.0), ("d", 12.5, 0.0))]
+    assert choose(rows, "val") == "b"  # the highest val; on a tie with d, the first; test's 60 ignored
+    assert choose(rows[2:], "val") == "d"
+    assert choose([], "val") is None

@@ -34,19 +34,47 @@ def test_the_record_has_every_field_and_the_values_of_this_process():
     assert provenance.versions(("no-such-distribution-xyz",))["no-such-distribution-xyz"] is None
     assert len(record["load_average"]) == 3 and json.loads(json.dumps(record)) == record  # plain JSON
     if (REPO / ".git").exists():  # a checkout (a worktree's .git is a file): git's own answers
-        assert record["git"] == {"commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain")),
-                                 "error": None}
+        assert record["git"]["commit"] == git("rev-parse", "HEAD") and record["git"]["error"] is None
+        assert record["git"]["dirty"] == bool(git("status", "--porcelain"))
+
+
+def test_a_dirty_tree_records_its_changed_paths_and_the_digest_of_its_diff(tmp_path):
+    repo = tmp_path / "checkout"
+    package = repo / "src" / "transformer_nmt"
+    package.mkdir(parents=True)
+    (package / "model.py").write_text("d_model = 512\n")
+    run = {"cwd": repo, "check": True, "capture_output": True}
+    subprocess.run(["git", "init", "-q"], **run)
+    subprocess.run(["git", "add", "."], **run)
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "one"], **run)
+    clean = provenance.git_state(package)
+    assert clean["dirty"] is False and clean["changed"] == [] and clean["diff_sha256"] is None
+    (package / "model.py").write_text("d_model = 256\n")
+    (repo / "notes.txt").write_text("untracked\n")
+    first = provenance.git_state(package)
+    assert first["dirty"] is True and sorted(first["changed"]) == ["notes.txt", "src/transformer_nmt/model.py"]
+    assert len(first["diff_sha256"]) == 64
+    (package / "model.py").write_text("d_model = 128\n")  # another change: another digest
+    assert provenance.git_state(package)["diff_sha256"] != first["diff_sha256"]
+    (package / "model.py").write_text("d_model = 256\n")  # the same change again: the same digest
+    assert provenance.git_state(package)["diff_sha256"] == first["diff_sha256"]
+    (package / "model.py").write_text("d_model = 512\n")  # only an untracked file: dirty, no tracked diff
+    only_untracked = provenance.git_state(package)
+    assert only_untracked["dirty"] is True and only_untracked["changed"] == ["notes.txt"]
+    assert only_untracked["diff_sha256"] is None
 
 
 def test_git_falls_back_outside_a_checkout_and_without_git(tmp_path, monkeypatch):
     outside = provenance.git_state(tmp_path)
-    assert outside["commit"] is None and outside["dirty"] is None and outside["error"].startswith("not a git checkout")
+    assert outside["commit"] is None and outside["dirty"] is None and outside["changed"] is None
+    assert outside["diff_sha256"] is None and outside["error"].startswith("not a git checkout")
     other = tmp_path / "other_repo"  # an installed package inside some other repository is not its checkout
     (other / "site" / "transformer_nmt").mkdir(parents=True)
     subprocess.run(["git", "init", "-q", str(other)], check=True)
     assert "is not this project's checkout" in provenance.git_state(other / "site" / "transformer_nmt")["error"]
     monkeypatch.setenv("PATH", str(tmp_path))  # no git on the PATH
-    assert provenance.git_state() == {"commit": None, "dirty": None, "error": "git not found"}
+    assert provenance.git_state() == {"commit": None, "dirty": None, "changed": None, "diff_sha256": None,
+                                      "error": "git not found"}
 
 
 def test_cpu_model_reads_the_model_name_line(tmp_path):

@@ -75,7 +75,9 @@ def test_batches_hold_the_token_bound_of_the_epochs_lengths_and_every_pair_once(
 def test_validation_is_never_sampled(corpus):
     sampled, plain = datamodule(corpus), datamodule(corpus, spm_alpha=0.0)
     assert plain.segmentation() is None
-    for a, b in zip(sampled.dataloader("val"), plain.dataloader("val")):
+    a_batches, b_batches = list(sampled.dataloader("val")), list(plain.dataloader("val"))
+    assert len(a_batches) == len(b_batches) > 0  # zip() alone would pass a loader that stops early
+    for a, b in zip(a_batches, b_batches):
         assert all(a[k].equal(b[k]) for k in ("src", "tgt", "index"))
 
 
@@ -89,6 +91,7 @@ def test_a_run_resumed_mid_epoch_reads_what_an_uninterrupted_one_reads(corpus):
     resumed_loader = datamodule(corpus).train_dataloader()  # a new process: nothing cached
     resumed_loader.load_state_dict(state)
     resumed = [b for _, b in zip(range(7), iter(resumed_loader))]
+    assert len(uninterrupted) == 12 and len(resumed) == 7  # the corpus holds more than 12 batches an epoch
     for a, b in zip(uninterrupted[5:], resumed):
         assert all(a[k].equal(b[k]) for k in ("src", "tgt", "index"))
 

@@ -10,6 +10,7 @@ be known (no git checkout, git missing, no /proc) its value is None and ``git.er
 from __future__ import annotations
 
 import datetime
+import hashlib
 import importlib.metadata
 import json
 import os
@@ -26,24 +27,39 @@ PACKAGES = ("transformer_nmt", "torch", "lightning", "hydra-core", "sacrebleu", 
 PACKAGE_DIR = Path(__file__).resolve().parent  # src/transformer_nmt in a checkout
 
 
+MAX_CHANGED_LISTED = 200  # a dirty tree's changed paths recorded (the digest covers every tracked change)
+
+
 def git_state(package_dir: Path = PACKAGE_DIR) -> dict:
-    """``{"commit", "dirty", "error"}`` of the checkout this package runs from: ``git rev-parse HEAD`` and whether
-    ``git status --porcelain`` lists anything (tracked changes or untracked files that are not ignored). Not a
-    checkout (an installed wheel, an archive), or no git: commit and dirty None, ``error`` says which."""
+    """``{"commit", "dirty", "changed", "diff_sha256", "error"}`` of the checkout this package runs from: ``git
+    rev-parse HEAD``; whether ``git status --porcelain`` lists anything (tracked changes or untracked files that are
+    not ignored); the paths it lists (at most MAX_CHANGED_LISTED); and the SHA-256 of ``git diff HEAD --binary``
+    (None when no tracked file differs), so that a result made on a dirty tree names what it ran beyond the commit.
+    Not a checkout (an installed wheel, an archive), or no git: all but ``error`` None, ``error`` says which."""
     def git(*args: str) -> str:
         return subprocess.run(["git", *args], cwd=package_dir, capture_output=True, text=True, check=True,
-                              timeout=30).stdout.strip()
+                              timeout=30).stdout
+
+    def unknown(error: str) -> dict:
+        return {"commit": None, "dirty": None, "changed": None, "diff_sha256": None, "error": error}
 
     try:
-        top = Path(git("rev-parse", "--show-toplevel")).resolve()
+        top = Path(git("rev-parse", "--show-toplevel").strip()).resolve()
         if top / "src" / "transformer_nmt" != package_dir:  # a wheel inside some other repository
-            return {"commit": None, "dirty": None, "error": f"{package_dir} is not this project's checkout"}
-        return {"commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain")), "error": None}
+            return unknown(f"{package_dir} is not this project's checkout")
+        status = git("-c", "core.quotePath=false", "status", "--porcelain", "--untracked-files=all")
+        changed = [line[3:] for line in status.splitlines() if line.strip()]
+        diff = subprocess.run(["git", "diff", "HEAD", "--binary"], cwd=top, capture_output=True, check=True,
+                              timeout=60).stdout
+        digest = hashlib.sha256(diff).hexdigest() if diff else None
+        return {"commit": git("rev-parse", "HEAD").strip(), "dirty": bool(changed),
+                "changed": changed[:MAX_CHANGED_LISTED], "diff_sha256": digest, "error": None}
     except FileNotFoundError:
-        return {"commit": None, "dirty": None, "error": "git not found"}
+        return unknown("git not found")
     except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError) as error:
         message = getattr(error, "stderr", None) or str(error)
-        return {"commit": None, "dirty": None, "error": f"not a git checkout ({message.strip()})"}
+        message = message.decode(errors="replace") if isinstance(message, bytes) else message
+        return unknown(f"not a git checkout ({message.strip()})")
 
 
 def versions(packages=PACKAGES) -> dict:
