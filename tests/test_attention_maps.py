@@ -14,9 +14,9 @@ from tensorboard_events import decode, image_samples, read_events
 from tiny_corpus import tiny_config, write_tiny_corpus
 from torch.utils.tensorboard import SummaryWriter
 
-from transformer_nmt.analysis.attention_maps import attention_entropy, render_heatmaps
 from transformer_nmt.data.config import DataConfig
 from transformer_nmt.data.datamodule import TranslationDataModule
+from transformer_nmt.inference.attention_maps import attention_entropy, render_heatmaps
 from transformer_nmt.model.transformer import Transformer, TransformerConfig
 from transformer_nmt.training.app import train
 from transformer_nmt.training.callbacks import AttentionMaps

@@ -12,12 +12,12 @@ from tiny_checkpoint import multi30k_lines, tiny_tokenizer, write_checkpoint
 
 from transformer_nmt.checkpoint import load_checkpoint
 from transformer_nmt.data.tokenizer import BOS_ID, EOS_ID
+from transformer_nmt.export import main as export_main
 from transformer_nmt.generation.config import DecodeConfig
 from transformer_nmt.generation.search import beam_search, greedy_decode, max_output_lengths
 from transformer_nmt.inference.batches import token_batches
 from transformer_nmt.inference.evaluate import main as evaluate_main
 from transformer_nmt.inference.export import EXPORT_INFO, cached_export, export_model
-from transformer_nmt.inference.export import main as export_main
 from transformer_nmt.inference.translate import encode_sources, translate_lines
 from transformer_nmt.inference.translate import main as translate_main
 from transformer_nmt.model.transformer import Transformer, TransformerConfig

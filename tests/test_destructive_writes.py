@@ -12,10 +12,10 @@ import torch
 from tiny_checkpoint import tiny_tokenizer, write_checkpoint
 
 from transformer_nmt.checkpoint import atomic_torch_save
+from transformer_nmt.export import main as export_main
 from transformer_nmt.inference.average import AVERAGED_FROM
 from transformer_nmt.inference.average import main as average_main
 from transformer_nmt.inference.evaluate import main as evaluate_main
-from transformer_nmt.inference.export import main as export_main
 from transformer_nmt.inference.translate import main as translate_main
 
 FORMATS = ["ctranslate2", "marian"]

@@ -16,9 +16,9 @@ import torch
 from tiny_checkpoint import tiny_tokenizer, write_checkpoint
 
 from transformer_nmt.analysis import explore
-from transformer_nmt.analysis.attention_maps import attention_entropy
 from transformer_nmt.analysis.heads import all_heads
 from transformer_nmt.checkpoint import load_checkpoint
+from transformer_nmt.inference.attention_maps import attention_entropy
 from transformer_nmt.model.transformer import Transformer, TransformerConfig
 
 SENTENCES = ["A dog runs on the beach.", "Two men talk </script> <!-- here."]

@@ -18,17 +18,6 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "transformer_nmt"
 
-# Imports that run up the layers today, each kept out of this test's way with its reason; (importer, imported).
-# An entry that no longer occurs fails the test, so the list only shrinks.
-UPWARD_EXCEPTIONS = {
-    ("transformer_nmt.inference.export", "transformer_nmt.interchange.marian"):
-        "export's format=marian hands over to the Marian converter, inside the function (it imports "
-        "transformers)",
-    ("transformer_nmt.training.callbacks", "transformer_nmt.analysis.attention_maps"):
-        "the AttentionMaps callback draws with analysis/'s heatmaps and entropies during training",
-}
-
-
 def module_name(path: Path, root: Path = PACKAGE) -> str:
     """The dotted name of the module at ``path`` in the package at ``root`` (a package's: its ``__init__``'s)."""
     parts = path.relative_to(root.parent).with_suffix("").parts
@@ -199,9 +188,6 @@ def test_every_import_points_down_the_layers():
     graph, layer = import_graph(), layers()
     upward = {(importer, imported) for importer, targets in graph.items() for imported in targets
               if layer[imported] > layer[importer]}
-    unexplained = sorted(upward - UPWARD_EXCEPTIONS.keys())
-    assert not unexplained, "imports up the layers of transformer_nmt/__init__.py's table:\n" + "\n".join(
+    assert not upward, "imports up the layers of transformer_nmt/__init__.py's table:\n" + "\n".join(
         f"{importer} ({entry_of(importer)}) imports {imported} ({entry_of(imported)})"
-        for importer, imported in unexplained)
-    stale = sorted(UPWARD_EXCEPTIONS.keys() - upward)
-    assert not stale, f"listed as exceptions but no longer importing up: remove them from the list: {stale}"
+        for importer, imported in sorted(upward))

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from transformer_nmt import export  # the command: its options, and format=marian handed to interchange/
 from transformer_nmt.analysis import explore, heads
 from transformer_nmt.generation.config import DecodeConfig
-from transformer_nmt.inference import average, evaluate, export, translate
+from transformer_nmt.inference import average, evaluate, translate
 from transformer_nmt.inference.alignment import AlignmentOptions
 from transformer_nmt.options import default_of, option_rows, parse_options, show
 

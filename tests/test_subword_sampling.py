@@ -115,3 +115,19 @@ def test_bad_options_are_refused_naming_them(corpus):
         datamodule(corpus, num_workers=1).segmentation()
     with pytest.raises(ValueError, match=r"data.spm_alpha=0.1: .*data.spm_model_type=bpe"):
         datamodule(corpus, spm_model_type="unigram", cache_dir=str(corpus / "cache_unigram")).segmentation()
+
+
+def test_a_sample_wider_than_the_token_bound_keeps_the_deterministic_ids(corpus):
+    """data.max_tokens just the widest deterministic pair (below max_positions + 1): a sampled segmentation is longer,
+    and an epoch would hold a pair wider than a batch may be (the run stopped mid-run); such a pair keeps its
+    deterministic ids, every epoch's widths stay within the bound, and every batch holds it."""
+    plain = datamodule(corpus, spm_alpha=0.0)
+    src, tgt = (np.diff(plain._kept_ids(plain.splits["train"], lang)[1]) for lang in ("en", "de"))
+    widest = int(np.maximum(src + 1, tgt + 2).max())
+    assert widest + 1 < plain.max_positions
+    dm = datamodule(corpus, max_tokens=widest)
+    for epoch in (0, 1, 2):
+        assert int(dm.segmentation().widths(epoch).max()) <= widest
+        assert dm.segmentation().fallbacks[epoch] > 0
+    for batch in dm.train_dataloader():
+        assert batch["src"].numel() <= widest and batch["tgt"].numel() <= widest

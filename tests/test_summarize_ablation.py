@@ -158,3 +158,51 @@ def test_the_csv_names_the_fields_since_the_paper_where_a_configuration_sets_one
     assert [r["other"] for r in rows] == ["", "norm=rmsnorm"]
     summarize_ablation.write_csv(records[:1], {}, tmp_path / "without.csv")
     assert "other" not in next(csv.DictReader(open(tmp_path / "without.csv")))
+
+
+def with_fingerprint(directory: Path, **settings) -> Path:
+    """``directory``'s results.json with a results fingerprint (training/fingerprint.py's keys) whose training
+    settings are the plain recipe's, updated by ``settings``; the architecture and seed from the run itself."""
+    results = json.loads((directory / "results.json").read_text())
+    fingerprint = {"seed": results["seed"], "model.n_heads": results["n_heads"], "model.d_model": results["d_model"],
+                   "train.label_smoothing": results["label_smoothing"], "train.ema_decay": None,
+                   "data.spm_alpha": 0.0, "data.train_sha256": "aaaa", "trainer.max_steps": 700,
+                   "trainer.precision": "bf16-mixed", **settings}
+    (directory / "results.json").write_text(json.dumps({**results, "fingerprint": fingerprint}))
+    return directory
+
+
+def test_runs_with_other_training_settings_are_refused_naming_what_differs(tmp_path):
+    """The issue's pool: plain, EMA, BPE-dropout and distilled-data runs of one architecture and four seeds would be
+    one row of n=4; each setting is named with its values."""
+    with_fingerprint(write_run(tmp_path / "plain", 1, 30.0, REFERENCES))
+    with_fingerprint(write_run(tmp_path / "ema", 2, 31.0, REFERENCES), **{"train.ema_decay": 0.999})
+    with_fingerprint(write_run(tmp_path / "bpe_dropout", 3, 29.0, REFERENCES), **{"data.spm_alpha": 0.1})
+    with_fingerprint(write_run(tmp_path / "distilled", 4, 32.0, REFERENCES), **{"data.train_sha256": "bbbb"})
+    with pytest.raises(SystemExit, match="different settings outside Table 3's columns") as refused:
+        summarize_ablation.load_runs([tmp_path])
+    lines = {line.split(":")[0].strip(): line for line in str(refused.value).splitlines()[1:-1]}
+    assert sorted(lines) == ["data.spm_alpha", "data.train_sha256", "train.ema_decay"]
+    assert f"0.1 (1 runs, e.g. {tmp_path / 'bpe_dropout'})" in lines["data.spm_alpha"] and "0.0 (3 runs" in \
+        lines["data.spm_alpha"]
+    assert f'"bbbb" (1 runs, e.g. {tmp_path / "distilled"})' in lines["data.train_sha256"]
+    assert f"0.999 (1 runs, e.g. {tmp_path / 'ema'})" in lines["train.ema_decay"] and "null (3 runs" in \
+        lines["train.ema_decay"]
+    assert len(summarize_ablation.load_runs([tmp_path / "plain"])) == 1
+
+
+def test_an_init_from_run_of_the_same_seed_is_refused_not_dropped(tmp_path):
+    """A fine-tune of the same architecture and seed was dropped with only a warning (kept: the first met); its
+    parent's digest names it now."""
+    with_fingerprint(write_run(tmp_path / "a", 1, 30.0, REFERENCES))
+    with_fingerprint(write_run(tmp_path / "b", 1, 33.0, REFERENCES), **{"init_from.sha256": "cafe"})
+    with pytest.raises(SystemExit, match=r"init_from.sha256: \"absent\" \(1 runs, e.g. .*a\); \"cafe\" \(1 runs"):
+        summarize_ablation.load_runs([tmp_path])
+
+
+def test_runs_that_differ_only_in_the_columns_and_seed_are_summarized(tmp_path):
+    with_fingerprint(write_run(tmp_path / "a", 1, 30.0, REFERENCES))
+    with_fingerprint(write_run(tmp_path / "b", 2, 31.0, REFERENCES))
+    with_fingerprint(write_run(tmp_path / "c", 1, 28.0, REFERENCES, n_heads=8, label_smoothing=0.0))
+    runs = summarize_ablation.load_runs([tmp_path])
+    assert len(runs) == 3 and len({run["config"] for run in runs}) == 2

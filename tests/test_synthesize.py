@@ -130,3 +130,21 @@ def test_another_command_over_the_same_shards_or_outputs_is_refused(model, tmp_p
     with pytest.raises(SystemExit, match=r"src_lang='../x' is not a language code"):
         synthesize_main([f"ckpt={ckpt}", f"input={source}", f"output={tmp_path / 'x'}", "src_lang=../x",
                          "tgt_lang=de", *FAST])
+
+
+def test_shards_left_without_their_plan_are_never_taken_into_another_synthesis(model, tmp_path):
+    """Two launches racing on the final cleanup can leave PREFIX.shards/ holding a shard but no plan.json (one
+    removes the directory while the other writes a shard into it). Another command then publishes its own plan
+    there: the stale shard (first line and count as this command's) is translated again, not taken."""
+    ckpt, source, lines = model
+    prefix = tmp_path / "out" / "train"
+    work = prefix.with_name("train.shards")
+    work.mkdir(parents=True)
+    stale = {"first_line": 0, "input_lines": 30, "src": ["STALE"] * 30, "tgt": ["STALE"] * 30, "launch": "other",
+             "seconds": 0.0, "plan_sha256": "0" * 64}
+    (work / "000000.json").write_text(json.dumps(stale))
+    synthesize_main([f"ckpt={ckpt}", f"input={source}", f"output={prefix}", "shard_lines=30", "src_lang=en",
+                     "tgt_lang=de", "beam=1", *FAST])
+    target = prefix.with_name("train.de").read_text(encoding="utf-8").split("\n")[:-1]
+    assert len(target) == LINES and "STALE" not in target
+    assert target == translated(ckpt, source, tmp_path, "beam=1")

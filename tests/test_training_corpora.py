@@ -144,3 +144,19 @@ def test_the_fingerprint_reads_every_corpus(corpus, tmp_path):
         f_en.write("One more.\n")
         f_de.write("Noch einer.\n")
     assert _train_data_digest(cfg) != before
+
+
+def test_a_tag_is_matched_in_the_text_as_sentencepiece_reads_it(corpus, tmp_path):
+    """SentencePiece normalizes text with NFKC before it matches a piece: a fullwidth ＜BT＞ in a sentence is the tag
+    <BT> there, so it is refused as occurring in the text; a tag that NFKC changes is refused naming its form."""
+    for lang in ("en", "de"):
+        lines = (corpus / f"b.{lang}").read_text().splitlines()[:50]
+        if lang == "en":
+            lines[7] = "A sign reads ＜BT＞ in fullwidth letters."
+        (tmp_path / f"c.{lang}").write_text("\n".join(lines) + "\n")
+    with pytest.raises(ValueError, match=r"'<BT>' occurs in the en text of data.train corpus .*/c: .*compared after "
+                                         r"NFKC normalization"):
+        datamodule(corpus, train=[str(corpus / "a"), str(tmp_path / "c")], train_tags=[None, "<BT>"],
+                   cache_dir=str(tmp_path / "cache"))
+    with pytest.raises(ValueError, match=r"'＜BT＞' changes under NFKC normalization \(to '<BT>'\)"):
+        datamodule(corpus, train_tags=[None, "＜BT＞"])

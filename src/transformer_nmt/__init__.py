@@ -2,7 +2,7 @@
 
 The layers, bottom up: a module imports only from its own layer or those below, and no modules import each other
 in a circle, at the top or inside functions (tests/test_imports.py reads every import and holds the package to this
-table; the few imports that still run up are listed there, each with its reason):
+table, with no exception):
 
     __init__.py, conf/          the version; the Hydra configs (train.yaml, prepare.yaml and their groups)
     hardware.py, options.py     the machine's CPU flags and cores; key=value options over a dataclass
@@ -18,12 +18,12 @@ table; the few imports that still run up are listed there, each with its reason)
                                 registry (plain torch; the special ids passed in)
     data/                       corpus, tokenizer, batching, the datamodule
     checkpoint.py               the checkpoint format: atomic writes, reading one into a model and tokenizer
-    inference/                  translate, evaluate, average, export, CTranslate2, alignment, attention weights,
-                                ensembles, scoring, synthesize (no Lightning)
+    inference/                  translate, evaluate, average, export, CTranslate2, alignment, attention weights
+                                and maps, ensembles, scoring, synthesize (no Lightning)
     interchange/                MarianMT (transformers) directories to and from our checkpoints (no Lightning;
                                 transformers imported inside its functions)
     training/                   Lightning: the module, callbacks, launch, fingerprints, precision, the run
-    analysis/                   attention maps, head gates and importance, the explorer, alignment AER; the studies
+    analysis/                   head gates and importance, the explorer, alignment AER; the studies
                                 (Table 3's summary and plan, the Multi30k reproduction)
     train.py, prepare.py, translate.py, evaluate.py, average.py, export.py, import_marian.py, analyze_heads.py,
     explore.py, reproduce.py, table3.py, summarize_ablation.py, alignment_aer.py, synthesize.py

@@ -24,11 +24,13 @@ from __future__ import annotations
 
 import os
 import re
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from transformer_nmt.data.config import DataConfig
 from transformer_nmt.data.tokenizer import Tokenizer
 from transformer_nmt.durable import atomic_write
 from transformer_nmt.model.transformer import Transformer, TransformerConfig
@@ -83,6 +85,7 @@ def read_checkpoint(path: str | os.PathLike, mmap: bool = False, training_state:
                               f"corrupt or not a checkpoint ({type(error).__name__}: {str(error)[:200]})") from error
     if not isinstance(checkpoint, dict):
         raise CheckpointError(f"checkpoint {path} holds a {type(checkpoint).__name__}, not a checkpoint dict")
+    check_stored_sizes(checkpoint, f"checkpoint {path}")  # before any reader (migrate_checkpoint first) copies one
     missing = [key for key in ("state_dict", CKPT_MODEL_CONFIG, CKPT_TOKENIZER) if key not in checkpoint]
     if missing:
         raise CheckpointError(f"checkpoint {path} is not a transformer_nmt training checkpoint: it lacks {missing} "
@@ -92,6 +95,63 @@ def read_checkpoint(path: str | os.PathLike, mmap: bool = False, training_state:
             raise CheckpointError(f"checkpoint {path}: {key} is a {type(checkpoint[key]).__name__}, not a "
                                   f"{kind.__name__}: the file is damaged or was not written by transformer_nmt")
     return migrate_checkpoint(checkpoint, f"checkpoint {path}", training_state)
+
+
+# The most tensors of a checkpoint may describe, against the values it stores (each storage once): a checkpoint this
+# project writes describes at most about 3x (a tied embedding read under its source, target and output names, in the
+# weights and again in an EMA run's trained weights, each pair of dicts its own storages). A file that describes more
+# is crafted: copying its tensors (averaging, stacking, casting Adam's state) would allocate what it does not hold.
+VIEWS_PER_VALUE = 4
+
+
+def tensors_of(node) -> list[torch.Tensor]:
+    """Every tensor inside ``node`` (a checkpoint: dicts, lists, tuples at any depth)."""
+    found, stack = [], [node]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, torch.Tensor):
+            found.append(item)
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+    return found
+
+
+def check_stored_sizes(checkpoint: dict, source: str) -> None:
+    """``CheckpointError`` (naming ``source`` and the tensor) unless what the checkpoint's tensors describe is bounded
+    by what the file stores: no tensor holds more values than its storage (a stride-0 or overlapping view,
+    ``torch.zeros(1).expand(n)``, would be materialized by any copy: averaging's float64 sum, stacking an old layout,
+    Adam's state cast to its parameter's dtype), and all of them together no more than ``VIEWS_PER_VALUE`` times the
+    values stored (many views of one storage). Every reader of a checkpoint runs it (``read_checkpoint``), before
+    anything is copied; it reads no tensor's data (memory-mapped files stay unread)."""
+    tensors = tensors_of(checkpoint)
+    for tensor in tensors:
+        values = tensor.untyped_storage().nbytes() // max(tensor.element_size(), 1)
+        if tensor.numel() > values:
+            name = _tensor_name(checkpoint, tensor)
+            raise CheckpointError(f"{source}: {name} has shape {tuple(tensor.shape)} ({tensor.numel():,} values) but "
+                                  f"its storage holds {values:,} (a view that repeats stored values): the file is "
+                                  f"damaged or crafted; refusing to read it")
+    described, held = sum(tensor.numel() for tensor in tensors), stored_values(tensors)
+    if described > VIEWS_PER_VALUE * held:
+        raise CheckpointError(f"{source}: its tensors describe {described:,} values but the file stores {held:,} "
+                              f"(more than {VIEWS_PER_VALUE} views of each stored value): the file is damaged or "
+                              f"crafted; refusing to read it")
+
+
+def _tensor_name(checkpoint: dict, tensor: torch.Tensor) -> str:
+    """Where ``tensor`` lies in ``checkpoint`` (``state_dict/model.x``), for an error; ``a tensor`` if not found."""
+    stack = [("", checkpoint)]
+    while stack:
+        where, item = stack.pop()
+        if item is tensor:
+            return where or "a tensor"
+        if isinstance(item, dict):
+            stack.extend((f"{where}/{key}" if where else str(key), value) for key, value in item.items())
+        elif isinstance(item, (list, tuple)):
+            stack.extend((f"{where}[{i}]", value) for i, value in enumerate(item))
+    return "a tensor"
 
 
 _SEPARATE_QKV = re.compile(r"(.*)\.q_proj\.(weight|bias)")
@@ -161,6 +221,29 @@ def vocabulary_entries(checkpoint: dict) -> tuple | None:
     pieces = checkpoint.get(CKPT_TOKENIZER_PIECES)
     return (checkpoint[CKPT_TOKENIZER], checkpoint.get(CKPT_TARGET_TOKENIZER),
             None if pieces is None else tuple(pieces))
+
+
+# The data options that say what a model translates: from which language into which. A multilingual data config
+# adds its language sets here; models that differ in any of them are never one ensemble or one average.
+LANGUAGE_FIELDS = ("src_lang", "tgt_lang")
+
+
+def translation_languages(data_config) -> tuple | None:
+    """((option, value), ...) of ``LANGUAGE_FIELDS`` in ``data_config``, a checkpoint's data record
+    (``CKPT_DATA_CONFIG``; a field it lacks has DataConfig's default, as ``DataConfig.from_record`` reads it; a list
+    as a tuple); None where the checkpoint records no data config (an imported model)."""
+    if not isinstance(data_config, dict):
+        return None
+    defaults = {f.name: f.default for f in fields(DataConfig)}
+    values = ((name, data_config.get(name, defaults.get(name))) for name in LANGUAGE_FIELDS)
+    return tuple((name, tuple(value) if isinstance(value, list) else value) for name, value in values)
+
+
+def describe_languages(languages: tuple | None) -> str:
+    """``data.src_lang=en data.tgt_lang=de`` (``translation_languages``), or that none is recorded."""
+    if languages is None:
+        return "no data config (its languages unknown)"
+    return " ".join(f"data.{name}={value!r}" for name, value in languages)
 
 
 def model_config_of(checkpoint: dict, source: str) -> TransformerConfig:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import enum
 import sys
 import textwrap
 from typing import Any
@@ -28,21 +29,53 @@ HELP_WIDTH = 120
 HELP_KEY_WIDTH = 36  # the key=default column; a longer one gets a line of its own
 
 
-def option(default: Any = MISSING, help: str = "", factory: Any = None) -> Any:
+class Role(enum.Enum):
+    """What an option of the training app is to a run, declared in its field's metadata (``option(..., role=)``):
+    training/roles.py derives from it what the run fingerprint holds (a resume refuses another value), what a
+    finished run's results fingerprint adds, and the start-up summary. Two fingerprints, so four behaviours;
+    ``MAY_CHANGE`` and ``RUN`` behave alike and say why."""
+
+    TRAINING = "defines training"  # the run fingerprint holds it: a resume with another value is refused
+    EVALUATION = "evaluation-only"  # what a finished run reports, not what trains: the results fingerprint alone
+    LENGTH = "run length"  # how long it trains: the results fingerprint; a larger value extends a finished run
+    MAY_CHANGE = "may change on resume"  # the same training computed otherwise (kernels, workers, caches): neither
+    RUN = "run management"  # names, directories, devices, logging, checkpoints, the search: neither
+
+
+def option(default: Any = MISSING, help: str = "", factory: Any = None, role: Role | None = None,
+           **metadata: Any) -> Any:
     """A dataclass field with its default and help text (what ``--help`` prints); ``factory`` makes the default
-    of a nested dataclass or a free dict; no default: required (OmegaConf's ``???``)."""
+    of a nested dataclass or a free dict; no default: required (OmegaConf's ``???``). ``role``: what the option
+    is to a training run (``Role``; the training app's schemas must give one: ``declares_roles``); ``metadata``:
+    more of the field's metadata (training/roles.py reads ``keys``, ``retired``, ``run_setting``)."""
+    metadata = {"help": help, **({"role": role} if role is not None else {}), **metadata}
     if factory is not None:
-        return dataclasses.field(default_factory=factory, metadata={"help": help})
+        return dataclasses.field(default_factory=factory, metadata=metadata)
     if isinstance(default, (list, dict)):  # a mutable default: each instance gets its own copy
-        return dataclasses.field(default_factory=lambda: type(default)(default), metadata={"help": help})
-    return dataclasses.field(default=default, metadata={"help": help})
+        return dataclasses.field(default_factory=lambda: type(default)(default), metadata=metadata)
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+def declares_roles(schema: type) -> type:
+    """Class decorator of the training app's schemas: every field of dataclass ``schema`` must declare its
+    ``Role`` (``metadata["role"]``), so that a new option is an error where it is written, at import, rather
+    than a silent "defines training". Returns ``schema``; a TypeError names each field without one."""
+    missing = [f.name for f in dataclasses.fields(schema) if not isinstance(f.metadata.get("role"), Role)]
+    if missing:
+        raise TypeError(f"{schema.__module__}.{schema.__qualname__}: the option(s) {', '.join(missing)} declare no "
+                        f"role: give each role=Role.X (options.Role: {', '.join(r.name for r in Role)}), which says "
+                        f"whether a resume may change it and what a finished run's results depend on "
+                        f"(docs/training.md, 'Options declare their role')")
+    schema.__declares_roles__ = True
+    return schema
 
 
 def option_of(source: type, name: str, **change: Any) -> Any:
     """A field copied from dataclass ``source`` (its default and help, which live there alone); ``change``:
     ``default=`` or ``help=`` for this command."""
     field = source.__dataclass_fields__[name]
-    return option(change.get("default", default_of(field)), change.get("help", field.metadata.get("help", "")))
+    return option(change.get("default", default_of(field)), change.get("help", field.metadata.get("help", "")),
+                  role=field.metadata.get("role"))
 
 
 def values_of(target: type, options: Any) -> Any:

@@ -72,23 +72,58 @@ ROW_ORDER = ["base", *ROWS, "other"]
 
 def load_runs(directories: list[Path]) -> list[dict]:
     """Every results.json under ``directories`` (any depth) with ``path`` (its directory) added; the seed
-    from results.json (older files: null). A (configuration, seed) met twice keeps the first, with a warning."""
-    runs, seen = [], {}
+    from results.json (older files: null). Runs trained otherwise than by the settings Table 3 varies are refused
+    (``check_one_precision``, ``check_one_training``); a (configuration, seed) met twice then keeps the first, with
+    a warning (the same run in two directories)."""
+    found = []
     for directory in directories:
         for path in sorted(directory.rglob(RESULTS)):
             run = {**json.loads(path.read_text()), "path": path.parent}
             run["config"] = config_key(run)
-            key = (run["config"], run.get("seed"))
-            if run.get("seed") is not None and key in seen:
-                warnings.warn(f"{path.parent}: same configuration and seed as {seen[key]}; kept that one")
-                continue
-            seen[key] = path.parent
-            runs.append(run)
-    if not runs:
+            found.append(run)
+    if not found:
         raise SystemExit(f"no {RESULTS} under {', '.join(map(str, directories))}: pass sweep directories "
                          f"(multirun/NAME/RUN) or docs/table3, whose subdirectories hold the runs")
-    check_one_precision(runs)
+    check_one_precision(found)
+    check_one_training(found)
+    runs, seen = [], {}
+    for run in found:
+        key = (run["config"], run.get("seed"))
+        if run.get("seed") is not None and key in seen:
+            warnings.warn(f"{run['path']}: same configuration and seed as {seen[key]}; kept that one")
+            continue
+        seen[key] = run["path"]
+        runs.append(run)
     return runs
+
+
+# The keys of a run's results fingerprint (results.json's ``fingerprint``: training/fingerprint.py) that a row of
+# the table varies: its columns (the architecture's model.* fields, label smoothing) and the seed (a row's n). Every
+# other key is a training setting all runs of one table share.
+VARIED = {"seed", "data.seed", "train.label_smoothing",
+          *(f"model.{name}" for name in {*IN_COLUMNS, *EXTRA, "n_decoder_layers"})}
+
+
+def check_one_training(runs: list[dict]) -> None:
+    """Runs whose results fingerprints differ in a key outside ``VARIED`` (an EMA, BPE-dropout, distilled-data,
+    init_from or longer run beside plain ones) are not one experiment: a row would pool them into one mean over
+    "seeds". A SystemExit names each differing key with its values, how many runs hold each and one of them. Older
+    files without a fingerprint pass (as in ``check_one_precision``)."""
+    values: dict[str, dict[str, list]] = defaultdict(lambda: defaultdict(list))
+    fingerprinted = [run for run in runs if isinstance(run.get("fingerprint"), dict)]
+    keys = {key for run in fingerprinted for key in run["fingerprint"]} - VARIED
+    for run in fingerprinted:
+        for key in keys:
+            values[key][json.dumps(run["fingerprint"].get(key, "absent"), sort_keys=True)].append(run["path"])
+    differing = sorted(key for key in keys if len(values[key]) > 1)
+    if not differing:
+        return
+    shown = "\n".join(f"  {key}: " + "; ".join(f"{value} ({len(paths)} runs, e.g. {paths[0]})"
+                                               for value, paths in values[key].items()) for key in differing[:8])
+    more = f"\n  and {len(differing) - 8} more" if len(differing) > 8 else ""
+    raise SystemExit(f"the runs were trained with different settings outside Table 3's columns (a row would pool "
+                     f"them as seeds of one configuration):\n{shown}{more}\nsummarize the runs of one training "
+                     f"recipe at a time (pass only their directories)")
 
 
 def check_one_precision(runs: list[dict]) -> None:

@@ -32,11 +32,11 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from transformer_nmt.analysis.attention_maps import ATTENTION_KINDS, attention_entropy
 from transformer_nmt.analysis.head_gates import gates, set_gates
 from transformer_nmt.checkpoint import load_checkpoint
 from transformer_nmt.data.tokenizer import Tokenizer
 from transformer_nmt.generation.config import DecodeConfig, SearchConfig, decode_settings
+from transformer_nmt.inference.attention_maps import ATTENTION_KINDS, attention_entropy
 from transformer_nmt.inference.attention_weights import teacher_forced_attention
 from transformer_nmt.inference.translate import encode_sources, read_lines, translate_ids
 from transformer_nmt.model.transformer import Transformer

@@ -3,6 +3,8 @@
     python -m transformer_nmt.reproduce [experiment=multi30k_tiny] [run_id=NAME] [alphas=A,B] [KEY=VALUE ...]
     python -m transformer_nmt.reproduce train=false run_id=NAME [KEY=VALUE ...]   # steps 2-4 of a trained run
     python -m transformer_nmt.reproduce train=false run_dir=RUN                   # the same, by its directory
+    python -m transformer_nmt.reproduce train=false run_dir=RUN trust_data_paths=true  # a run whose data paths
+                                                                                 # are absolute, that you trust
 
 (``python -m transformer_nmt.reproduce ...`` is the same command, launched in its checkout.) ``experiment``: the
 recipe (default ``multi30k_cpu``, the CPU hour; ``multi30k_tiny``, the published Transformer-Tiny); ``alphas``: the
@@ -36,19 +38,31 @@ measured in the training process, and the scores with length ratio and brevity p
 run directory, beside what made it (``provenance``: commit, versions, machine, command line). Each score carries the
 conventions others publish: cased and lowercased sacreBLEU and the Multi30k literature's lowercased, Moses-tokenized
 BLEU (``bleu_multi30k``, see inference/multi30k_bleu.py).
+
+A run directory given with ``train=false`` may be someone else's (a downloaded run): its files are data. Its
+``config.yaml`` is read with ``yaml.safe_load`` (an interpolation is never resolved: no environment variable is read)
+and the values used are checked (``check_run_config``); evaluate reads the data paths its checkpoints record only
+under evaluate's own rule (relative paths, of a checkpoint inside the launch directory), unless
+``trust_data_paths=true`` (the default only with ``train=true``: the run this command trained); a symbolic link at
+``RUN/eval`` is refused (``check_real_directory``: evaluate's own refusal does not apply where ``out=`` is named), and
+``reproduce.json`` is written atomically (a link there is replaced, never written through). A failed step stops the
+command naming it.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from omegaconf import OmegaConf
+import yaml
 
 from transformer_nmt import run_files
+from transformer_nmt.durable import atomic_write
 from transformer_nmt.hardware import reported_cpu_flags
 from transformer_nmt.metrics import catalog
 from transformer_nmt.provenance import PROVENANCE_KEY
@@ -89,7 +103,9 @@ def run_step(name: str, args: list[str], timings: dict, root: Path) -> float:
     record its wall time in minutes; returns it in seconds."""
     print(f"\n=== {name}: {' '.join(args)}", flush=True)
     started = time.perf_counter()
-    subprocess.run([sys.executable, "-m", *args], cwd=root, check=True)
+    completed = subprocess.run([sys.executable, "-m", *args], cwd=root)
+    if completed.returncode != 0:
+        sys.exit(f"{name} failed (exit status {completed.returncode}; its message is above): {' '.join(args)}")
     seconds = time.perf_counter() - started
     timings[name] = round(seconds / 60, 2)
     return seconds
@@ -165,13 +181,15 @@ def choose(candidates: dict, metric: str):
 
 
 def evaluate(ckpt: Path, split: str, search: dict, out: Path, timings: dict, root: Path,
-             extra: list[str] = ()) -> dict:
+             trust_data_paths: bool = False, extra: list[str] = ()) -> dict:
     """``ckpt`` on ``split`` with ``search`` (beam, length_penalty, alpha), through ``transformer_nmt.evaluate``;
-    ``extra``: more of its options (the metrics to compute and their settings)."""
+    ``trust_data_paths``: evaluate reads the data paths the checkpoint records wherever they lead (only for the run
+    this command trained; else evaluate's own rule decides: relative paths, of a checkpoint inside the launch
+    directory); ``extra``: more of its options (the metrics to compute and their settings)."""
     beam = search["beam"]
     name = f"{split}_{ckpt.stem}_beam{beam}" + (f"_{search['length_penalty']}{search['alpha']:g}" if beam > 1 else "")
     run_step(f"evaluate {name}", ["transformer_nmt.evaluate", f"ckpt={ckpt}", f"split={split}", f"beam={beam}",
-                                  "trust_data_paths=true",  # the run this command trained, on its own data
+                                  f"trust_data_paths={str(trust_data_paths).lower()}",
                                   f"length_penalty={search['length_penalty']}", f"alpha={search['alpha']}",
                                   f"out={out}", f"name={name}", *extra], timings, root)
     return json.loads((out / f"{name}.json").read_text())
@@ -205,7 +223,14 @@ def run_search(run_config, alphas: str | None) -> tuple[dict, list[float]]:
 # the reference run's model is near a plateau but still improving at its end, so a faster host keeps its extra
 # updates; a slower one's shortfall is printed and recorded. Run I: docs/quality.md, raw file
 # docs/quality/run_I_results.json (a test holds these numbers to it).
-REFERENCE_HOURS = {("multi30k_cpu_en_de", "bf16-mixed"): {"run": "I", "steps": 5194, "epochs": 42.23}}
+# A run is said against it only where it ran the reference's time limit and model (its architecture: every field of
+# results.json's ``model`` but the attention kernel's); another limit or model under the recipe's name has no target.
+REFERENCE_HOURS = {("multi30k_cpu_en_de", "bf16-mixed"): {
+    "run": "I", "steps": 5194, "epochs": 42.23, "max_time": "00:00:55:00",
+    "model": {"vocab_size": 8000, "d_model": 256, "n_heads": 4, "d_k": None, "d_v": None, "n_encoder_layers": 3,
+              "n_decoder_layers": 3, "d_ff": 1024, "dropout": 0.3, "attention_dropout": 0.0, "activation_dropout": 0.0,
+              "max_positions": 512, "positions": "rotary", "norm_first": False, "norm": "layernorm",
+              "tie_embeddings": True, "activation": "relu", "output_bias": False, "pad_id": 0}}}
 
 
 def recipe_alphas(run_config) -> str | None:
@@ -225,7 +250,12 @@ def planned_and_trained(results: dict, run_config) -> dict:
     trained = {"steps": results.get("steps"), "epochs": results.get("epochs")}
     key = (run_config.get("name"), results.get("precision"))
     reference = REFERENCE_HOURS.get(key) if planned["max_time"] else None
-    return {"planned": planned, "trained": trained, **({"reference": reference} if reference else {})}
+    model = results.get("model") if isinstance(results.get("model"), dict) else {}
+    if reference and (planned["max_time"] != reference["max_time"]
+                      or any(model.get(field, "absent") != value for field, value in reference["model"].items())):
+        reference = None  # the recipe's name, but another time limit or model: not the reference's hour
+    shown = {k: v for k, v in reference.items() if k in ("run", "steps", "epochs")} if reference else None
+    return {"planned": planned, "trained": trained, **({"reference": shown} if shown else {})}
 
 
 def describe_budget(budget: dict) -> str:
@@ -246,6 +276,71 @@ def describe_budget(budget: dict) -> str:
                      f"({reference['epochs']} epochs) of the recipe's reference run {reference['run']} "
                      f"(docs/quality.md)")
     return ", ".join(parts)
+
+
+LIMIT = re.compile(r"\d+:\d\d:\d\d:\d\d")  # Lightning's DD:HH:MM:SS
+
+
+def read_run_config(path: Path) -> dict:
+    """The run's config.yaml as plain data (``yaml.safe_load``: an interpolation such as ``${oc.env:VAR}`` stays
+    the text it is, never resolved; the run writes its config resolved, so its own has none), with the values this
+    command uses checked (``check_run_config``): a run directory may be someone else's. SystemExit naming the file
+    and the key otherwise."""
+    try:
+        config = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as error:
+        sys.exit(f"{path}: cannot be read as the run's config ({str(error).splitlines()[0][:200]})")
+    if not isinstance(config, dict):
+        sys.exit(f"{path}: holds no config mapping")
+    check_run_config(config, path)
+    return config
+
+
+def check_run_config(config: dict, path: Path) -> None:
+    """SystemExit naming ``path`` and the key where a value this command reads, copies into reproduce.json or passes
+    on to average and evaluate is not of its kind: ``trainer.max_steps``/``max_epochs`` integers or null,
+    ``trainer.max_time`` null, DD:HH:MM:SS or a mapping of numbers, ``checkpoint.recent.keep`` a positive integer,
+    ``decode.beam`` a positive integer, ``decode.length_penalty`` one of the search's, ``decode.alpha`` a number,
+    ``name`` a string or null."""
+    from transformer_nmt.generation.search import LENGTH_PENALTIES
+
+    def value(dotted: str):
+        node = config
+        for part in dotted.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        return node
+
+    def integer(v, least=None):
+        return isinstance(v, int) and not isinstance(v, bool) and (least is None or v >= least)
+
+    def number(v):
+        return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+    checks = {
+        "trainer.max_steps": lambda v: v is None or integer(v),
+        "trainer.max_epochs": lambda v: v is None or integer(v),
+        "trainer.max_time": lambda v: v is None or (isinstance(v, str) and LIMIT.fullmatch(v)) or (
+            isinstance(v, dict) and all(isinstance(k, str) and number(x) for k, x in v.items())),
+        "checkpoint.recent.keep": lambda v: integer(v, 1),
+        "decode.beam": lambda v: v is None or integer(v, 1),
+        "decode.length_penalty": lambda v: v is None or v in LENGTH_PENALTIES,
+        "decode.alpha": lambda v: v is None or number(v),
+        "name": lambda v: v is None or isinstance(v, str),
+    }
+    for key, valid in checks.items():
+        if not valid(value(key)):
+            sys.exit(f"{path}: {key}={value(key)!r:.80} is not a value a run writes there: the run directory is "
+                     f"damaged or not a transformer_nmt run's")
+
+
+def check_real_directory(path: Path) -> Path:
+    """``path`` (where this command has evaluate write) unless it is a symbolic link: evaluate writes beside the
+    checkpoints only into a real directory (evaluate.default_out_dir), and this command names ``out=`` for it, so
+    it refuses a planted link itself. SystemExit naming the link."""
+    if path.is_symlink():
+        sys.exit(f"{path} is a symbolic link (to {os.readlink(path)}): reproduce writes its evaluations only into a "
+                 f"real directory; remove the link")
+    return path
 
 
 def validation_curve(run_dir: Path) -> list[tuple[float, int, float]]:
@@ -294,13 +389,19 @@ def main(argv: list[str], root: Path | None = None) -> dict:
     if flags:
         sys.exit(f"transformer_nmt.reproduce takes KEY=VALUE options (see --help), not {flags[0]}")
     provenance = collect_provenance()  # the load at the start; its config: the run's, once trained
-    own = {"run_dir": None, "train": "true", "experiment": "multi30k_cpu", "alphas": None, "select_on": "bleu"}
+    own = {"run_dir": None, "train": "true", "experiment": "multi30k_cpu", "alphas": None, "trust_data_paths": None,
+           "select_on": "bleu"}
     for arg in argv:
         key, _, value = arg.partition("=")
         if key in own:
             own[key] = value
     if own["train"] not in ("true", "false"):
         sys.exit(f"train={own['train']!r}: use true or false")
+    # the data paths a checkpoint records are trusted for the run this command trains; for a run directory given
+    # with train=false, evaluate's own rule decides (trust_data_paths=true: the user vouches for the run)
+    trust = own["trust_data_paths"] or own["train"]
+    if trust not in ("true", "false"):
+        sys.exit(f"trust_data_paths={own['trust_data_paths']!r}: use true or false")
     select_on = own["select_on"]
     try:
         catalog.metric_class(select_on, "select_on")
@@ -327,34 +428,38 @@ def main(argv: list[str], root: Path | None = None) -> dict:
     elif not run_files.last_checkpoint(run_dir).is_file():
         sys.exit(f"train=false: {run_files.last_checkpoint(run_dir)} does not exist; give the run_id "
                  f"(and overrides) or run_dir of a trained run")
-    run_config = OmegaConf.load(run_dir / run_files.CONFIG)  # written resolved by the run: read as data
-    provenance["config"] = relative_strings(OmegaConf.to_container(run_config, resolve=False), root)
-    keep = run_config.checkpoint.recent.keep
+    check_real_directory(eval_dir)  # out= is named for evaluate, whose own refusal of a linked eval/ is skipped
+    run_config = read_run_config(run_dir / run_files.CONFIG)  # as data: nothing resolved, values checked
+    provenance["config"] = relative_strings(run_config, root)
+    keep = run_config["checkpoint"]["recent"]["keep"]
     search, alphas = run_search(run_config, recipe_alphas(run_config) if own["alphas"] is None else own["alphas"])
     beam = search["beam"]
     averaged, last = run_dir / run_files.AVERAGED, run_files.last_checkpoint(run_dir)
     recent = run_dir / run_files.CHECKPOINTS / run_files.RECENT
     run_step("average", ["transformer_nmt.average", f"dir={recent}", f"last={keep}", f"output={averaged}"], timings,
              root)
-    val = {ckpt.stem: evaluate(ckpt, "val", search, eval_dir, timings, root, extra) for ckpt in (averaged, last)}
+    val = {ckpt.stem: evaluate(ckpt, "val", search, eval_dir, timings, root, trust == "true", extra)
+           for ckpt in (averaged, last)}
     chosen = {c.stem: c for c in (averaged, last)}[choose(val, select_on)]  # ties: the averaged one (first)
     # The length penalty's exponent, chosen on val among alphas= (the run's own first: ties keep it)
     by_alpha = {search["alpha"]: val[chosen.stem]}
     for alpha in alphas:
         if alpha not in by_alpha:
-            by_alpha[alpha] = evaluate(chosen, "val", {**search, "alpha": alpha}, eval_dir, timings, root, extra)
+            by_alpha[alpha] = evaluate(chosen, "val", {**search, "alpha": alpha}, eval_dir, timings, root,
+                                       trust == "true", extra)
     chosen_alpha = choose(by_alpha, select_on)
     chosen_search = {**search, "alpha": chosen_alpha}
     greedy = {**search, "beam": 1}
     scores = {
         ("val", beam): by_alpha[chosen_alpha],
-        ("test", beam): evaluate(chosen, "test", chosen_search, eval_dir, timings, root, extra),
-        ("val", 1): evaluate(chosen, "val", greedy, eval_dir, timings, root, extra),
-        ("test", 1): evaluate(chosen, "test", greedy, eval_dir, timings, root, extra),
+        ("test", beam): evaluate(chosen, "test", chosen_search, eval_dir, timings, root, trust == "true", extra),
+        ("val", 1): evaluate(chosen, "val", greedy, eval_dir, timings, root, trust == "true", extra),
+        ("test", 1): evaluate(chosen, "test", greedy, eval_dir, timings, root, trust == "true", extra),
     }
     curve = validation_curve(run_dir)
     results_file = run_dir / run_files.RESULTS
     results = json.loads(results_file.read_text()) if results_file.is_file() else {}
+    results = results if isinstance(results, dict) else {}
     budget = where_the_time_went(results, train_seconds) if results else None
     length = planned_and_trained(results, run_config)
     report = {
@@ -372,7 +477,8 @@ def main(argv: list[str], root: Path | None = None) -> dict:
         "time_budget": budget,
         PROVENANCE_KEY: relative_strings(provenance, root),  # python -m records its module's absolute path
     }
-    (run_dir / "reproduce.json").write_text(json.dumps(report, indent=2) + "\n")
+    text = json.dumps(report, indent=2) + "\n"  # atomically: a link planted there is replaced, never written through
+    atomic_write(run_dir / "reproduce.json", lambda f: f.write(text.encode("utf-8")))
 
     print(f"\nCPU flags: {' '.join(report['cpu_flags'])}; run dir {run_dir}")
     print(f"length: {describe_budget(length)}")

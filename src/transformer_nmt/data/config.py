@@ -8,6 +8,7 @@ split of a checkpoint's data through ``DataConfig.from_record(...).corpus_spec()
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import PurePath
@@ -16,7 +17,7 @@ from typing import Any
 from omegaconf import MISSING
 
 from transformer_nmt.data.corpus import CorpusSpec
-from transformer_nmt.options import option
+from transformer_nmt.options import Role, declares_roles, option
 from transformer_nmt.records import RecordError, from_record
 
 # What ``_target_`` a checkpoint's data config may name: the datamodule, before and after the layout of
@@ -28,6 +29,7 @@ DATAMODULE_TARGETS = ("transformer_nmt.datamodule.TranslationDataModule",
 # A source tag (data.train_tags): one token, no blank or control character, so that it stays one piece
 TAG = re.compile(r"[^\s\x00-\x1f\x7f]{1,32}")
 SPECIAL_PIECES = ("<pad>", "<unk>", "<s>", "</s>")  # SentencePiece's names of ids 0-3: never a tag
+TRAINING, EVALUATION, MAY_CHANGE = Role.TRAINING, Role.EVALUATION, Role.MAY_CHANGE  # the options' roles
 
 
 @dataclass(frozen=True)
@@ -39,56 +41,65 @@ class TrainCorpus:
     tag: str | None = None  # put before each of its source sentences
 
 
+@declares_roles
 @dataclass
 class DataConfig:
-    """The corpus, the shared vocabulary, filtering and batching (``data.*``)."""
+    """The corpus, the shared vocabulary, filtering and batching (``data.*``). Each option's role (options.Role):
+    the evaluation sets and their batches are evaluation-only; processes and caches may change on resume."""
 
-    format: str = option("text", "text (PREFIX.{src_lang}, PREFIX.{tgt_lang}) | tsv | jsonl | hub")
-    src_lang: str = option("en", "source language: the column or file suffix")
-    tgt_lang: str = option("de", "target language")
+    format: str = option("text", "text (PREFIX.{src_lang}, PREFIX.{tgt_lang}) | tsv | jsonl | hub", role=TRAINING)
+    src_lang: str = option("en", "source language: the column or file suffix", role=TRAINING)
+    tgt_lang: str = option("de", "target language", role=TRAINING)
     train: Any = option(MISSING, "required: prefix (text: PREFIX.{src_lang}[.gz], PREFIX.{tgt_lang}[.gz]), file "
                                  "(tsv, jsonl) or hub split name; [A,B,...]: several corpora read as one training "
                                  "set, in this order (a shared vocabulary over all), each upsampled and tagged as "
-                                 "train_upsample and train_tags say")
+                                 "train_upsample and train_tags say", role=TRAINING)
     train_upsample: list[int] | None = option(None, "one per data.train corpus: how many times each of its pairs "
                                                     "enters an epoch (e.g. [2,1]: every real pair twice per "
-                                                    "back-translated one); null: once each")
+                                                    "back-translated one); null: once each", role=TRAINING)
     train_tags: list[str | None] | None = option(None, "one per data.train corpus: a token put before each of its "
                                                        "source sentences, made one piece of the vocabulary (e.g. "
                                                        "[null,'<BT>']: tagged back-translation, Caswell et al. 2019); "
-                                                       "null: none. Sentences given to translate are untagged")
+                                                       "null: none. Sentences given to translate are untagged",
+                                                 role=TRAINING)
     val: Any = option(MISSING, "required: the validation split, as train; [A,B,...]: several, each validated and "
                                "logged under its own name (val/ the first, which checkpoints and early stopping "
-                               "monitor; val_NAME/ the others, NAME from the file name)")
-    test: str | None = option(MISSING, "required: the test split, as train; null: no test split")
-    columns: list[str] | None = option(None, "tsv only: language of each column; null: [src_lang, tgt_lang]")
-    hub_name: str | None = option(None, "format=hub: a Hub dataset name or a save_to_disk directory")
-    hub_config: str | None = option(None, "format=hub: the dataset's config name (de-en)")
-    utf8_errors: str = option("strict", "strict: error naming file and line | replace: U+FFFD, lines counted")
+                               "monitor; val_NAME/ the others, NAME from the file name)", role=EVALUATION)
+    test: str | None = option(MISSING, "required: the test split, as train; null: no test split", role=EVALUATION)
+    columns: list[str] | None = option(None, "tsv only: language of each column; null: [src_lang, tgt_lang]",
+                                       role=TRAINING)
+    hub_name: str | None = option(None, "format=hub: a Hub dataset name or a save_to_disk directory", role=TRAINING)
+    hub_config: str | None = option(None, "format=hub: the dataset's config name (de-en)", role=TRAINING)
+    utf8_errors: str = option("strict", "strict: error naming file and line | replace: U+FFFD, lines counted",
+                              role=TRAINING)
     control_chars: str = option("strict", "C0 controls but tab (NUL, ESC, CR, ...): strict: error naming file and "
-                                           "line | replace: a space, counted")
-    cache_dir: str = option("data/cache", "vocabulary and Arrow caches, keyed by inputs and options")
+                                           "line | replace: a space, counted", role=TRAINING)
+    cache_dir: str = option("data/cache", "vocabulary and Arrow caches, keyed by inputs and options", role=MAY_CHANGE)
     tokenizer_path: str | None = option(None, "an existing SentencePiece model (ids pad 0, unk 1, bos 2, eos 3) "
-                                               "instead of training one")
-    vocab_size: int = option(8000, "shared source+target vocabulary (paper: 37000 BPE on WMT14 en-de)")
-    spm_model_type: str = option("bpe", "bpe | unigram")
-    input_sentence_size: int = option(2000000, "sentences sampled to train the vocabulary on large corpora")
-    character_coverage: float = option(1.0, "SentencePiece's character coverage")
+                                               "instead of training one", role=TRAINING)
+    vocab_size: int = option(8000, "shared source+target vocabulary (paper: 37000 BPE on WMT14 en-de)", role=TRAINING)
+    spm_model_type: str = option("bpe", "bpe | unigram", role=TRAINING)
+    input_sentence_size: int = option(2000000, "sentences sampled to train the vocabulary on large corpora",
+                                      role=TRAINING)
+    character_coverage: float = option(1.0, "SentencePiece's character coverage", role=TRAINING)
     spm_alpha: float = option(0.0, "subword regularization of the training pairs (data/subword_sampling.py): each "
                                     "epoch a segmentation sampled anew by BPE-dropout (data/bpe_dropout.py) with this "
                                     "merge-drop probability (0.1 in Provilkov et al. 2020; a bpe vocabulary only); "
                                     "the same for the same (seed, epoch) in any process; val and test never "
-                                    "sampled. 0: off")
-    max_tokens: int = option(4096, "per batch: padded source tokens <= this and padded target tokens <= this")
-    eval_max_tokens: int | None = option(None, "val/test batches; null: max_tokens")
-    max_positions: int = option(256, "drop pairs whose source + eos or bos + target is longer")
+                                    "sampled. 0: off", role=TRAINING)
+    max_tokens: int = option(4096, "per batch: padded source tokens <= this and padded target tokens <= this",
+                             role=TRAINING)
+    eval_max_tokens: int | None = option(None, "val/test batches; null: max_tokens", role=EVALUATION)
+    max_positions: int = option(256, "drop pairs whose source + eos or bos + target is longer", role=TRAINING)
     max_length_ratio: float | None = option(3.0, "drop training pairs whose longer side has > this x the tokens "
-                                                  "of the shorter; null: keep all")
-    seed: int | None = option(None, "batch order: shuffled per epoch from seed + epoch; null: the run's seed")
-    vocab_seed: int = option(1234, "SentencePiece's sampling seed: one vocabulary for every run seed")
-    num_proc: int = option(2, "processes for tokenization (datasets.map)")
-    num_workers: int = option(0, "DataLoader workers")
-    pad_to_multiple: int = option(1, "batch widths rounded up to a multiple of this (train.compile=true makes it 8)")
+                                                  "of the shorter; null: keep all", role=TRAINING)
+    seed: int | None = option(None, "batch order: shuffled per epoch from seed + epoch; null: the run's seed",
+                              role=TRAINING)
+    vocab_seed: int = option(1234, "SentencePiece's sampling seed: one vocabulary for every run seed", role=TRAINING)
+    num_proc: int = option(2, "processes for tokenization (datasets.map)", role=MAY_CHANGE)
+    num_workers: int = option(0, "DataLoader workers", role=MAY_CHANGE)
+    pad_to_multiple: int = option(1, "batch widths rounded up to a multiple of this (train.compile=true makes it 8)",
+                                  role=TRAINING)
 
     def corpus_spec(self) -> CorpusSpec:
         """Where each split's pairs live and how to read them (``corpus.read_pairs`` takes it)."""
@@ -125,6 +136,10 @@ class DataConfig:
             if tag is not None and (not isinstance(tag, str) or not TAG.fullmatch(tag)):
                 raise ValueError(f"data.train_tags={tags}: a tag is null or a token of 1 to 32 characters without "
                                  f"spaces or control characters (e.g. <BT>), not {tag!r:.40}")
+            if tag is not None and unicodedata.normalize("NFKC", tag) != tag:  # as SentencePiece reads text
+                raise ValueError(f"data.train_tags={tags}: {tag!r} changes under NFKC normalization (to "
+                                 f"{unicodedata.normalize('NFKC', tag)!r}), which SentencePiece applies to the text "
+                                 f"before it matches a piece: give the tag in its normalized form")
         return [TrainCorpus(location, factor, tag) for location, factor, tag in zip(locations, upsample, tags)]
 
     def val_locations(self) -> list[str]:

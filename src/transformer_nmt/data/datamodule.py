@@ -377,15 +377,18 @@ class TranslationDataModule(L.LightningDataModule):
 
     def _check_tags_absent(self, corpora: list[TrainCorpus], train_raw: list) -> None:
         """A tag is a token the corpora never contain: one that occurs in their text (``in``) would be cut out of
-        every word holding it, in training and in every sentence given to translate."""
+        every word holding it, in training and in every sentence given to translate. The text is compared as
+        SentencePiece matches it, after NFKC normalization (its ``nmt_nfkc``: ``＜BT＞`` is ``<BT>`` there)."""
         import pyarrow.compute as pc
 
         for tag in sorted({corpus.tag for corpus in corpora if corpus.tag}):
             for corpus, (raw, _, _) in zip(corpora, train_raw):
                 for lang in self.spec.langs:
-                    if pc.any(pc.match_substring(raw.data.column(lang), tag)).as_py():
+                    text = pc.utf8_normalize(raw.data.column(lang), form="NFKC")
+                    if pc.any(pc.match_substring(text, tag)).as_py():
                         raise ValueError(f"data.train_tags: {tag!r} occurs in the {lang} text of data.train corpus "
-                                         f"{corpus.location}: a tag must be a token no sentence holds (e.g. <BT>)")
+                                         f"{corpus.location}: a tag must be a token no sentence holds (e.g. <BT>; "
+                                         f"the text is compared after NFKC normalization, as SentencePiece reads it)")
 
     def _tokens(self, split: str, raw: datasets.Dataset, raw_key: str) -> tuple[datasets.Dataset, str, bool]:
         """The split's token ids (memory-mapped), their cache key, and whether they were tokenized now."""
@@ -527,7 +530,9 @@ class TranslationDataModule(L.LightningDataModule):
             fallback = tuple(self._kept_ids(s, lang) for lang in (self.src_lang, self.tgt_lang))
             self._segmentation = SampledSegmentation(self.tokenizer, self.sources("train"), self.references("train"),
                                                      self.config.spm_alpha, self.seed, self.max_positions, fallback,
-                                                     source_tags=s.source_tags)
+                                                     source_tags=s.source_tags,  # the widest pair a batch holds:
+                                                     max_width=self.max_tokens // self.pad_to_multiple
+                                                     * self.pad_to_multiple)
         return self._segmentation
 
     @staticmethod

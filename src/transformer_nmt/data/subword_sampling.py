@@ -6,8 +6,10 @@ BPE-dropout (data/bpe_dropout.py) draws sentence i of the epoch from a generator
 i), in any process, so a resumed run draws what an uninterrupted one drew, and every rank of a DDP run draws the
 same (SentencePiece's own sampler is not used: its generator is not reproducible across processes). The batch
 sampler plans each epoch with that epoch's lengths (``SampledSegmentation.widths``), so batches stay within
-``data.max_tokens``. A sentence whose sampled ids would not fit ``data.max_positions`` keeps its deterministic ids
-(counted).
+``data.max_tokens``. A sentence pair whose sampled ids would not fit ``data.max_positions``, or whose padded width
+would exceed ``data.max_tokens`` (a sample is longer than its deterministic segmentation, which the batch sampler
+checked at set-up: with ``data.max_tokens`` below ``data.max_positions + 1`` a sampled epoch could otherwise hold a
+pair wider than the batch limit, and the run would stop mid-epoch), keeps its deterministic ids (counted).
 
 Cost: one pass of BPE-dropout in Python over the training text per epoch (Multi30k's 29k pairs: about 2 seconds
 a side), kept in memory as ragged arrays. A pair kept by the filter stays kept: the filter runs once, on the
@@ -55,12 +57,15 @@ class SampledSegmentation:
     """The training split's sampled token ids, one epoch at a time (see the module doc).
 
     ``sources``/``targets``: the kept pairs' raw sentences, in the filtered split's order; ``fallback``: their
-    deterministic ids ((src Ragged, tgt Ragged)), used where a sample is too long for ``max_positions``;
+    deterministic ids ((src Ragged, tgt Ragged)), used where a sample is too long for ``max_positions`` or wider
+    (``batching.pair_widths``) than ``max_width`` (the widest pair a batch may hold: data.max_tokens, rounded down to
+    data.pad_to_multiple; None: no bound);
     ``source_tags``: (n,) the id each source starts with (its corpus's tag, data.train_tags), -1 for none.
     """
 
     def __init__(self, tokenizer: Tokenizer, sources: list[str], targets: list[str], alpha: float, seed: int,
-                 max_positions: int, fallback: tuple[Ragged, Ragged], source_tags: np.ndarray | None = None):
+                 max_positions: int, fallback: tuple[Ragged, Ragged], source_tags: np.ndarray | None = None,
+                 max_width: int | None = None):
         if not 0.0 < alpha < 1.0:
             raise ValueError(f"data.spm_alpha={alpha}: give a probability in (0, 1), or 0 for no sampling")
         for target in (False, True):  # refused now, not when the first epoch is drawn
@@ -71,7 +76,7 @@ class SampledSegmentation:
         if len(sources) != len(targets):
             raise ValueError(f"{len(sources)} source but {len(targets)} target sentences")
         self.tokenizer, self.sources, self.targets = tokenizer, sources, targets
-        self.alpha, self.seed, self.max_positions = alpha, seed, max_positions
+        self.alpha, self.seed, self.max_positions, self.max_width = alpha, seed, max_positions, max_width
         self.fallback, self.source_tags = fallback, source_tags
         # epoch -> ((source ids, target ids), widths): the epoch being read and the one the batch sampler may plan
         # ahead (batching.TokenBucketBatchSampler._plan_ahead), never more
@@ -89,8 +94,11 @@ class SampledSegmentation:
         tgt = self.tokenizer.encode_sampled(self.targets, self.alpha, side_seed(self.seed, epoch, True), target=True)
         too_long = 0
         (s_flat, s_off), (t_flat, t_off) = self.fallback
-        for i in range(len(src)):  # source + eos and bos + target must fit the positions, as the filter says
-            if max(len(src[i]), len(tgt[i])) + 1 > self.max_positions:
+        widest = self.max_width if self.max_width is not None else float("inf")
+        for i in range(len(src)):  # source + eos and bos + target must fit the positions, as the filter says,
+            # and source + eos, bos + target + eos the batch limit, as the batch sampler checked the deterministic ids
+            if max(len(src[i]), len(tgt[i])) + 1 > self.max_positions or max(len(src[i]) + 1,
+                                                                               len(tgt[i]) + 2) > widest:
                 src[i] = s_flat[s_off[i]:s_off[i + 1]].tolist()
                 tgt[i] = t_flat[t_off[i]:t_off[i + 1]].tolist()
                 too_long += 1
@@ -98,15 +106,15 @@ class SampledSegmentation:
         self.fallbacks[epoch] = too_long
         if too_long:
             log.info("subword sampling, epoch %d: %d sentence pair(s) kept their deterministic ids (a sample was "
-                     "longer than data.max_positions)", epoch, too_long)
+                     "longer than data.max_positions or wider than data.max_tokens)", epoch, too_long)
         return ids, pair_widths(np.diff(ids[0][1]), np.diff(ids[1][1]))
 
     def _get(self, epoch: int) -> tuple[tuple[Ragged, Ragged], np.ndarray]:
         with self._lock:
             if epoch not in self._epochs:
                 self._epochs[epoch] = self._build(epoch)
-                while len(self._epochs) > 2:  # the oldest epoch goes
-                    del self._epochs[min(self._epochs)]
+                while len(self._epochs) > 2:  # the oldest other epoch goes (not the one asked for: an earlier one)
+                    del self._epochs[min(e for e in self._epochs if e != epoch)]
             return self._epochs[epoch]
 
     def epoch(self, epoch: int) -> tuple[Ragged, Ragged]:

@@ -14,16 +14,20 @@ that define the run, and the same model config). ``dir=`` checks every checkpoin
 files an older run left there (a restart with ``ckpt_path=null`` in the same run dir keeps them) are never
 averaged in, or averaged instead of the new run's. ``allow_mixed=true`` averages checkpoints of different runs
 anyway (seeds, say); a different vocabulary is refused even then (the ids of one would mean other pieces in the
-other). An average is never an input: the ``output`` is left out of the ``dir=`` window, and a checkpoint that
-is an average is refused. The ``output`` never replaces what a run needs: ``last.ckpt`` (what a run resumes from)
-is refused as an output, and so is an existing file that is not an earlier average (a training checkpoint, one
-holding optimizer state above all, or a file that is no checkpoint).
+other), and so is another translation direction (``data.src_lang``/``data.tgt_lang``, checkpoint.LANGUAGE_FIELDS: an
+en->de and a de->en model may share one vocabulary). Each input is checked as ``load_checkpoint`` checks it before
+anything is summed (checkpoint.model_config_of: sizes within MODEL_LIMITS, the weights it describes held in the file;
+checkpoint.check_stored_sizes in every read: no view that repeats stored values), so the float64 sum is bounded by
+what the files hold. An average is never an input: the ``output`` is left out of the ``dir=`` window, and a
+checkpoint that is an average is refused. The ``output`` never replaces what a run needs: ``last.ckpt`` (what a
+run resumes from) is refused as an output, and so is an existing file that is not an earlier average (a training
+checkpoint, one holding optimizer state above all, or a file that is no checkpoint).
 """
 
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import List, Optional
 
@@ -31,15 +35,20 @@ import torch
 
 from transformer_nmt import run_files
 from transformer_nmt.checkpoint import (
+    CKPT_DATA_CONFIG,
     CKPT_FINGERPRINT,
     CKPT_MODEL_CONFIG,
     CKPT_RUN,
     CheckpointError,
     atomic_torch_save,
+    describe_languages,
+    model_config_of,
     read_checkpoint,
+    translation_languages,
     vocabulary_entries,
 )
-from transformer_nmt.options import command_argv, option, parse_options
+from transformer_nmt.model.transformer import TransformerConfig
+from transformer_nmt.options import Role, command_argv, option, parse_options
 
 AVERAGED_FROM = "averaged_from"  # the key an averaged checkpoint records its inputs under
 MIXED_FIX = ("average the checkpoints of one run (move the other run's files out of the directory, or list the "
@@ -52,9 +61,9 @@ def _differences(first: dict, other: dict) -> str:
     return shown + (f", and {len(keys) - 6} more" if len(keys) > 6 else "")
 
 
-# Model config fields that choose how the same arithmetic is computed, not the weights (a run may resume under
-# another attention kernel: training/fingerprint.py's MAY_CHANGE)
-SAME_ARITHMETIC = ("attention", "attention_block_size")
+# Model config fields that choose how the same arithmetic is computed, not the weights: those whose role is
+# Role.MAY_CHANGE (a run may resume under another attention kernel)
+SAME_ARITHMETIC = tuple(f.name for f in fields(TransformerConfig) if f.metadata["role"] is Role.MAY_CHANGE)
 
 
 def _groups(checkpoints: dict[Path, dict], value) -> list[tuple[object, list[Path]]]:
@@ -89,20 +98,23 @@ def check_one_run(checkpoints: dict[Path, dict], allow_mixed: bool = False) -> N
                                   f"written by transformer_nmt.average: averaging it again would weigh its inputs "
                                   f"twice; average the training checkpoints themselves")
     checks = [("vocabularies (SentencePiece models and joint pieces)", vocabulary_entries, None),
+              ("translation directions", lambda c: translation_languages(c.get(CKPT_DATA_CONFIG)),
+               lambda a, b: f"{describe_languages(a)} / {describe_languages(b)}"),
               ("training runs", lambda c: c.get(CKPT_RUN), lambda a, b: f"run {a} / run {b}")]
     if any(checkpoint.get(CKPT_RUN) is None for checkpoint in checkpoints.values()):
         checks += [("runs with other settings (run fingerprints)", lambda c: c.get(CKPT_FINGERPRINT), _differences),
                    ("model configs", _model_config, _differences)]
     for what, value, explain in checks:
         groups = _groups(checkpoints, value)
-        vocabulary = explain is None
-        if len(groups) < 2 or (allow_mixed and not vocabulary):
+        vocabulary, direction = explain is None, what == "translation directions"
+        if len(groups) < 2 or (allow_mixed and not (vocabulary or direction)):
             continue
         listed = "; ".join(", ".join(p.name for p in paths) for _, paths in groups)
         detail = f" ({explain(groups[0][0], groups[1][0])})" if explain else ""
-        fix = MIXED_FIX if not vocabulary else (
+        fix = MIXED_FIX if not (vocabulary or direction) else (
             "the ids of one would mean other pieces in the other: average checkpoints of one run (allow_mixed=true "
-            "does not apply)")
+            "does not apply)" if vocabulary else "their mean translates in neither direction: average checkpoints "
+            "of one direction (allow_mixed=true does not apply)")
         raise CheckpointError(f"the checkpoints come from {len(groups)} different {what}{detail}: {listed} "
                               f"(in {groups[0][1][0].parent}); {fix}")
 
@@ -119,6 +131,8 @@ def average_checkpoints(paths: list[str | Path], allow_mixed: bool = False) -> d
     paths = [Path(p) for p in paths]
     headers = {p: read_checkpoint(p, mmap=True) for p in paths}
     check_one_run(headers, allow_mixed)
+    for path, header in headers.items():  # what load_checkpoint checks: sizes within MODEL_LIMITS, weights held
+        model_config_of(header, f"checkpoint {path}")
     newest = max(headers.values(), key=lambda c: c.get("global_step") or 0)
     reference = newest["state_dict"]
     total = {k: torch.zeros_like(v, dtype=torch.float64) for k, v in reference.items() if v.is_floating_point()}
@@ -178,7 +192,8 @@ class AverageOptions:
     output: Optional[str] = option(None, "the averaged checkpoint to write (never read: left out of dir=); never "
                                          "last.ckpt, and an existing file only if it is an earlier average")
     allow_mixed: bool = option(False, "average checkpoints of different training runs (another run identity, "
-                                      "fingerprint or model config); another vocabulary is refused even so")
+                                      "fingerprint or model config); another vocabulary or direction is refused "
+                                      "even so")
 
 
 OPTIONS = AverageOptions

@@ -3,7 +3,9 @@
 
 The models must share the tokenizer (the same SentencePiece model, byte for byte): their token ids must mean
 the same pieces, or the mean of their log-probabilities means nothing. Another tokenizer is refused, naming
-both files.
+both files. So is another translation direction (``data.src_lang``, ``data.tgt_lang`` and any language set a data
+config records: checkpoint.LANGUAGE_FIELDS), or a model that records none beside one that does: an en->de and a
+de->en model share one vocabulary in the reverse fine-tuning study, and their mean translates in neither direction.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from typing import Any
 
 import torch
 
-from transformer_nmt.checkpoint import load_checkpoint
+from transformer_nmt.checkpoint import describe_languages, load_checkpoint, translation_languages
 from transformer_nmt.data.tokenizer import Tokenizer
 from transformer_nmt.generation.ensemble import Ensemble
 from transformer_nmt.model.transformer import Transformer
@@ -42,6 +44,11 @@ def load_ensemble(paths: list[str], map_location: str | torch.device = "cpu"
                                                           strict=True) if a != b)
             raise SystemExit(f"ensemble: checkpoint {path} has another tokenizer than {paths[0]} (their {differ} "
                              f"differ): an ensemble's models must share one")
+        languages = translation_languages(meta.get("data_config"))
+        if languages != translation_languages(first_meta.get("data_config")):
+            raise SystemExit(f"ensemble: checkpoint {path} translates {describe_languages(languages)}, {paths[0]} "
+                             f"{describe_languages(translation_languages(first_meta.get('data_config')))}: an "
+                             f"ensemble's models must translate in one direction")
         models.append(model)
     if len(models) == 1:
         return models[0], first_tokenizer, first_meta

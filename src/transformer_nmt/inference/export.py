@@ -4,6 +4,9 @@
     python -m transformer_nmt.export ckpt=RUN/averaged.ckpt output=RUN/ct2
     python -m transformer_nmt.export ckpt=RUN/averaged.ckpt output=RUN/ct2_int8 quantization=int8
 
+(The command, transformer_nmt/export.py, reads the options, ``ExportOptions``, and hands each format to its
+exporter: this module, or interchange/marian.py.)
+
 ``quantization``: ``none`` (float32 weights, the default) or one of CTranslate2's weight types (``int8``,
 ``int8_float32``, ``float16``, ...). A float32 export can also be quantized when it is loaded (the
 ``compute_type`` option of ``translate``). The directory holds CTranslate2's ``model.bin``,
@@ -32,6 +35,9 @@ How our model maps onto CTranslate2's ``TransformerSpec``:
 - the output layer gets a bias of -1e4 on pad and bos, which are never valid outputs (``forbid_special``
   in decoding): exp(-1e4) underflows to 0, so every other log-probability is unchanged.
 Dropout, attention dropout and the attention kernel do not exist at inference and are ignored.
+Each position scheme, activation and norm states its CTranslate2 form where it is registered (``ctranslate2=``
+of its ``PositionScheme``, ``Activation``, ``Norm``: model/export_forms.py); one that states none, or says it has
+none, is refused, naming the option (``model.positions=NAME: ...``).
 """
 
 from __future__ import annotations
@@ -60,18 +66,18 @@ from transformer_nmt.durable import (
     temporary_directory,
 )
 from transformer_nmt.file_digest import content_digest, user_cache
-from transformer_nmt.model.feed_forward import GATED_ACTIVATIONS
+from transformer_nmt.model.export_forms import form_of
+from transformer_nmt.model.feed_forward import ACTIVATIONS
 from transformer_nmt.model.hooks import hooked_modules
-from transformer_nmt.model.norms import NORM_EPS
-from transformer_nmt.model.positions import ROTARY_BASE
+from transformer_nmt.model.norms import NORMS
+from transformer_nmt.model.positions import POSITION_SCHEMES, ROTARY_BASE
 from transformer_nmt.model.transformer import Transformer
-from transformer_nmt.options import command_argv, option, parse_options, require_checkpoint
+from transformer_nmt.options import option
 
 EXPORT_INFO = "transformer_nmt.json"  # our configs, beside CTranslate2's files
 EXPORT_FORMAT = 2  # part of the cache key: bump when the export of a given checkpoint changes (2: files listed)
 SENTENCEPIECE_MODEL = "sentencepiece.model"
 FORBIDDEN_LOGIT_BIAS = -1e4  # on pad and bos; finite so float16 and int8 exports keep it
-USAGE = "python -m transformer_nmt.export ckpt=PATH output=DIR [quantization=int8] [format=marian] [force=true]"
 
 
 @dataclass
@@ -87,7 +93,6 @@ class ExportOptions:
                                         "(interchange/marian.py; pip install -e .[hf])")
 
 
-OPTIONS = ExportOptions
 
 
 def import_ctranslate2():
@@ -149,12 +154,16 @@ def _set_feed_forward(spec, feed_forward, norm: torch.nn.Module) -> None:
     _set_layer_norm(spec.layer_norm, norm)
 
 
-def _set_inputs(spec, embedding: torch.nn.Embedding, positions: torch.nn.Module) -> None:
+def _set_inputs(spec, embedding: torch.nn.Embedding, positions: torch.nn.Module, form: str, kind: str) -> None:
+    """The embeddings, scaled, and the positions in their CTranslate2 ``form`` (``PositionScheme.ctranslate2``)."""
     embeddings = spec.embeddings[0] if isinstance(spec.embeddings, list) else spec.embeddings
     embeddings.weight = _array(embedding.weight)
     spec.scale_embeddings = True  # * sqrt(d_model)
-    table = getattr(positions, "table", getattr(positions, "weight", None))  # sinusoidal or learned
-    if table is not None:
+    if form == "table":  # sinusoidal or learned: the table as the model adds it
+        table = getattr(positions, "table", None)
+        if not isinstance(table, torch.Tensor):
+            raise ValueError(f"model.positions={kind}: its CTranslate2 form is a table, but its module "
+                             f"({type(positions).__name__}) has no table attribute to export")
         spec.position_encodings.encodings = _array(table)  # (max_positions, d_model), our interleaved layout
     elif hasattr(spec, "position_encodings"):  # rotary: positions live in the self-attention, not the inputs
         del spec.position_encodings
@@ -175,27 +184,31 @@ def transformer_spec(model: Transformer, tokenizer: Tokenizer):
         raise ValueError(f"the model has forward hooks on {', '.join(hooked[:3])}{' ...' if len(hooked) > 3 else ''} "
                          f"(head gates?): an export holds weights only; fold them into the weights first "
                          f"(analysis.head_gates.fold_gates) or remove them")
-    if cfg.positions == "none":
-        raise ValueError("model.positions=none: CTranslate2's Transformer always adds positions (a table, or rotary "
-                         "in the self-attention); translate with PyTorch (engine=native)")
+    positions = form_of("positions", cfg.positions, POSITION_SCHEMES, "ctranslate2")  # each refused, named
+    activation = form_of("activation", cfg.activation, ACTIVATIONS, "ctranslate2")
+    norm = form_of("norm", cfg.norm, NORMS, "ctranslate2")
+    if positions not in ("table", "rotary") or norm not in ("layer_norm", "rms_norm") or not hasattr(
+            specs.Activation, activation):
+        raise ValueError(f"model.positions={cfg.positions}, model.activation={cfg.activation}, model.norm={cfg.norm}: "
+                         f"CTranslate2 forms {positions!r}, {activation!r}, {norm!r}: this exporter writes positions "
+                         f"as table or rotary, norms as layer_norm or rms_norm, and activations as members of "
+                         f"ctranslate2.specs.Activation")
     if not tokenizer.single_file:
         raise ValueError("CTranslate2 export reads one SentencePiece model whose ids are the model's; this "
                          "tokenizer has separate source and target models or an imported vocabulary: translate "
                          "with PyTorch (engine=native)")
-    activation = {"relu": specs.Activation.RELU, "swish": specs.Activation.SWISH, "gelu": specs.Activation.GELU,
-                  "swiglu": specs.Activation.SWISH, "geglu": specs.Activation.GELU}[cfg.activation]
-    layout = dict(pre_norm=cfg.norm_first, activation=activation, ffn_glu=cfg.activation in GATED_ACTIVATIONS,
-                  rms_norm=cfg.norm == "rmsnorm")
-    if cfg.positions == "rotary":  # every feature of the head, halves paired (positions.RotaryPositions)
+    layout = dict(pre_norm=cfg.norm_first, activation=getattr(specs.Activation, activation),
+                  ffn_glu=ACTIVATIONS[cfg.activation].gated, rms_norm=norm == "rms_norm")
+    if positions == "rotary":  # every feature of the head, halves paired (positions.RotaryPositions)
         layout.update(rotary_dim=0, rotary_interleave=False, rotary_base=ROTARY_BASE)
     spec = specs.TransformerSpec(specs.TransformerEncoderSpec(cfg.n_encoder_layers, cfg.n_heads, **layout),
                                  specs.TransformerDecoderSpec(cfg.n_decoder_layers, cfg.n_heads, **layout))
-    _set_inputs(spec.encoder, model.src_embed, model.positions)
+    _set_inputs(spec.encoder, model.src_embed, model.positions, positions, cfg.positions)
     for layer_spec, layer in zip(spec.encoder.layer, model.encoder_layers):
         _set_attention(layer_spec.self_attention, layer.self_attn, layer.attn_block.norm, self_attention=True)
         _set_feed_forward(layer_spec.ffn, layer.feed_forward, layer.ff_block.norm)
 
-    _set_inputs(spec.decoder, model.tgt_embed, model.positions)
+    _set_inputs(spec.decoder, model.tgt_embed, model.positions, positions, cfg.positions)
     for layer_spec, layer in zip(spec.decoder.layer, model.decoder_layers):
         _set_attention(layer_spec.self_attention, layer.self_attn, layer.self_attn_block.norm, self_attention=True)
         _set_attention(layer_spec.attention, layer.cross_attn, layer.cross_attn_block.norm, self_attention=False)
@@ -217,7 +230,7 @@ def transformer_spec(model: Transformer, tokenizer: Tokenizer):
     spec.config.bos_token = spec.config.decoder_start_token = pieces[tokenizer.bos_id]
     spec.config.eos_token = pieces[tokenizer.eos_id]
     spec.config.add_source_eos = True
-    spec.config.layer_norm_epsilon = NORM_EPS[cfg.norm]
+    spec.config.layer_norm_epsilon = NORMS[cfg.norm].eps
     return spec
 
 
@@ -337,32 +350,11 @@ def cached_export(ckpt: str | os.PathLike) -> Path:
     return output
 
 
-def main(argv: list[str] | None = None) -> Path:
-    options = parse_options(command_argv(argv), ExportOptions, __doc__, USAGE)
-    require_checkpoint(options)
-    if not options.output:
-        raise SystemExit("missing output=DIR (the model directory to write)")
-    if options.format == "marian":
-        if options.quantization != "none":
-            raise SystemExit("quantization= is an option of format=ctranslate2 (format=marian writes float32)")
-        from transformer_nmt.interchange.marian import ConversionError, export_marian  # imports transformers
-
-        model, tokenizer, meta = load_checkpoint(options.ckpt)
-        command = "python -m transformer_nmt.export " + " ".join(command_argv(argv))
-        try:
-            output = export_marian(model, tokenizer, options.output, meta, options.force, command)
-        except ConversionError as error:
-            raise SystemExit(f"cannot export {options.ckpt} to MarianMT exactly: {error}") from None
-        print(f"exported {options.ckpt} -> {output} (MarianMT)")
-        return output
-    if options.format != "ctranslate2":
-        raise SystemExit(f"format={options.format!r}: use ctranslate2 or marian")
+def export_command(options: ExportOptions) -> Path:
+    """``python -m transformer_nmt.export format=ctranslate2`` (the command, transformer_nmt/export.py, picks the
+    format): ``options.ckpt`` exported to ``options.output``."""
     check_quantization(options.quantization)  # before the (slow) checkpoint load
     model, tokenizer, meta = load_checkpoint(options.ckpt)
     output = export_model(model, tokenizer, options.output, options.quantization, meta, options.force)
     print(f"exported {options.ckpt} -> {output} (quantization {options.quantization})")
     return output
-
-
-if __name__ == "__main__":
-    main()

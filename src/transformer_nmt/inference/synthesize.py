@@ -23,12 +23,15 @@ The input is cut into shards of ``shard_lines`` lines, each written (atomically:
 written first. A run killed in the middle and started again with the same command translates only the shards not
 written: no line is translated twice or lost, and a sampled line draws the same sample (its seed is its line
 number in the whole input). Another command over the same ``PREFIX.shards/`` (another input, model or search) is
-refused, naming what differs. Once every shard is there, the outputs are written (atomically) and the shards
+refused, naming what differs; each shard records the plan that made it (``plan_sha256``) and is taken only by
+that plan, so shards left without ``plan.json`` (two launches racing on the final cleanup) are translated again,
+never taken into another synthesis. Once every shard is there, the outputs are written (atomically) and the shards
 removed; the command run again then reports the corpus complete and translates nothing.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -112,15 +115,23 @@ def languages(options: SynthesizeOptions, meta: dict) -> tuple[str, str]:
     return chosen[0], chosen[1]
 
 
-def read_shard(path: Path, first_line: int, count: int) -> dict | None:
-    """A written shard, or None where it is missing or not the shard expected (then translated again)."""
+def plan_digest(plan: dict) -> str:
+    """The sha256 of ``plan`` (its JSON, keys sorted): what each shard records of the plan that made it."""
+    return hashlib.sha256(json.dumps(plan, sort_keys=True).encode("utf-8")).hexdigest()
+
+
+def read_shard(path: Path, first_line: int, count: int, digest: str) -> dict | None:
+    """A written shard, or None where it is missing or not the shard expected (then translated again): its lines,
+    and the plan that made it (``plan_sha256`` equal to ``digest``). A shard names its own plan, so that one left
+    without ``plan.json`` (two launches racing on the final cleanup: one removes the directory while the other still
+    writes a shard into it) is never taken into another synthesis."""
     try:
         shard = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
     ok = (isinstance(shard, dict) and shard.get("first_line") == first_line and isinstance(shard.get("src"), list)
           and isinstance(shard.get("tgt"), list) and len(shard["src"]) == len(shard["tgt"])
-          and shard.get("input_lines") == count)
+          and shard.get("input_lines") == count and shard.get("plan_sha256") == digest)
     return shard if ok else None
 
 
@@ -198,13 +209,14 @@ def main(argv: list[str] | None = None) -> dict:
                          f"prefix, or delete them")
     work.mkdir(parents=True, exist_ok=True)
     check_plan(work, plan)
+    digest = plan_digest(plan)
     launch = f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{uuid.uuid4().hex[:8]}"
     starts = list(range(0, len(lines), options.shard_lines))
     shards, written_now = [], []
     for number, first in enumerate(starts):
         count = min(options.shard_lines, len(lines) - first)
         path = work / f"{number:06d}.json"
-        shard = read_shard(path, first, count)
+        shard = read_shard(path, first, count, digest)
         if shard is None:
             shard_started = time.perf_counter()
             part = lines[first:first + count]
@@ -214,7 +226,8 @@ def main(argv: list[str] | None = None) -> dict:
                 for h in hyps:
                     src.append(line)
                     tgt.append(plain_line(tokenizer.decode(h.tokens)))
-            shard = {"first_line": first, "input_lines": count, "src": src, "tgt": tgt, "launch": launch,
+            shard = {"first_line": first, "input_lines": count, "plan_sha256": digest, "src": src, "tgt": tgt,
+                     "launch": launch,
                      "seconds": round(time.perf_counter() - shard_started, 3)}
             text = json.dumps(shard, ensure_ascii=False).encode("utf-8")
             atomic_write(path, lambda f, text=text: f.write(text))

@@ -29,7 +29,9 @@ network (post-LN encoder-decoder, sinusoidal positions, embeddings scaled by sqr
   RMSNorm (MarianMTModel has none of them), d_k x h or d_v x h other than d_model (row B: MarianMTModel's heads
   are d_model / h wide), an activation other than relu, swish and gelu (the gated swiglu and geglu), unscaled
   embeddings, encoder and decoder of other widths, heads or feed-forward sizes, separate source and target
-  vocabularies.
+  vocabularies. Each position scheme, activation and norm states its Marian form, or that it has none, where it
+  is registered (``marian=`` of its PositionScheme, Activation, Norm: model/export_forms.py); one that states
+  nothing is refused too, naming the option.
 - not convertible, so documented: beam search's length penalty. Ours is GNMT's ((5 + |Y|) / 6) ** alpha,
   transformers' |Y| ** length_penalty; they agree at alpha = 0 (tests/test_marian.py proves beam output
   identical there). The exported ``generation_config.json`` asks for beam 4 with ``length_penalty`` alpha.
@@ -50,16 +52,21 @@ import torch
 
 from transformer_nmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
 from transformer_nmt.durable import publish_directory, replace_directory, temporary_directory
+from transformer_nmt.model.export_forms import form_of
+from transformer_nmt.model.feed_forward import ACTIVATIONS
 from transformer_nmt.model.hooks import hooked_modules
+from transformer_nmt.model.norms import NORMS
+from transformer_nmt.model.positions import POSITION_SCHEMES
 from transformer_nmt.model.transformer import Transformer, TransformerConfig
 from transformer_nmt.options import command_argv, option, parse_options
 
 CONFIG, WEIGHTS, GENERATION_CONFIG = "config.json", "model.safetensors", "generation_config.json"
 SOURCE_SPM, TARGET_SPM, VOCAB, TOKENIZER_CONFIG = "source.spm", "target.spm", "vocab.json", "tokenizer_config.json"
 MODEL_CARD = "README.md"
-# our model.activation -> transformers' activation_function, and back (transformers' "silu" is swish too)
-TO_MARIAN_ACTIVATION = {"relu": "relu", "swish": "swish", "gelu": "gelu"}
-FROM_MARIAN_ACTIVATION = {"relu": "relu", "swish": "swish", "silu": "swish", "gelu": "gelu"}
+# transformers' activation_function -> our model.activation: each activation's stated Marian form (feed_forward.py),
+# and transformers' "silu", which is swish too
+FROM_MARIAN_ACTIVATION = {**{a.marian: name for name, a in ACTIVATIONS.items() if isinstance(a.marian, str)},
+                          "silu": "swish"}
 BOS_PIECES = ("<s>", "<bos>", "<decoder_start>")  # the name of an imported model's new bos id: the first free one
 IMPORTED = "imported_from"  # checkpoint key: where an imported checkpoint came from
 
@@ -111,22 +118,31 @@ def layer_pairs(n_encoder_layers: int, n_decoder_layers: int) -> list[tuple[str,
 def check_exportable(config: TransformerConfig, tokenizer: Tokenizer) -> None:
     """Raise ConversionError naming what MarianMTModel cannot hold exactly."""
     d_k, d_v = config.head_dims()
-    if config.positions != "sinusoidal":
-        raise ConversionError(f"model.positions={config.positions}: MarianMTModel has sinusoidal positions only "
-                              f"(learned, rotary and no positions cannot be exported)")
+    marian_forms(config)
     if config.norm_first:
         raise ConversionError("model.norm_first=true: MarianMTModel is post-LN only")
-    if config.norm != "layernorm":
-        raise ConversionError(f"model.norm={config.norm}: MarianMTModel has LayerNorm only")
-    if config.activation not in TO_MARIAN_ACTIVATION:
-        raise ConversionError(f"model.activation={config.activation}: MarianMTModel's feed-forward has two matrices "
-                              f"and one of {', '.join(TO_MARIAN_ACTIVATION)}; a gated one cannot be exported")
     if not config.n_heads * d_k == config.n_heads * d_v == config.d_model:
         raise ConversionError(f"n_heads x d_k = {config.n_heads * d_k}, n_heads x d_v = {config.n_heads * d_v}: "
                               f"MarianMTModel's heads are d_model / n_heads = {config.d_model / config.n_heads} "
                               f"wide (Table 3, row B cannot be exported)")
     if tokenizer.vocab_size != config.vocab_size:
         raise ConversionError(f"tokenizer has {tokenizer.vocab_size} pieces but the model {config.vocab_size}")
+
+
+def marian_forms(config: TransformerConfig) -> dict[str, str]:
+    """{positions, activation, norm: the Marian form each registration states (model/export_forms.py)}; a
+    ConversionError naming the option where one states none, or one this converter does not write."""
+    known = {"positions": ("sinusoidal",), "norm": ("layer_norm",)}  # the activation: transformers' name, any
+    forms = {}
+    for key, registry in (("positions", POSITION_SCHEMES), ("activation", ACTIVATIONS), ("norm", NORMS)):
+        try:
+            forms[key] = form_of(key, getattr(config, key), registry, "marian")
+        except ValueError as error:
+            raise ConversionError(str(error)) from None
+        if key in known and forms[key] not in known[key]:
+            raise ConversionError(f"model.{key}={getattr(config, key)}: Marian form {forms[key]!r}; this converter "
+                                  f"writes {', '.join(known[key])}")
+    return forms
 
 
 def to_marian_weights(model: Transformer) -> dict[str, torch.Tensor]:
@@ -171,7 +187,7 @@ def marian_config(config: TransformerConfig, tokenizer: Tokenizer) -> dict:
         "encoder_layers": config.n_encoder_layers, "decoder_layers": config.n_decoder_layers,
         "encoder_attention_heads": config.n_heads, "decoder_attention_heads": config.n_heads,
         "encoder_ffn_dim": config.d_ff, "decoder_ffn_dim": config.d_ff,
-        "activation_function": TO_MARIAN_ACTIVATION[config.activation], "dropout": config.dropout,
+        "activation_function": marian_forms(config)["activation"], "dropout": config.dropout,
         "attention_dropout": config.attention_dropout, "activation_dropout": 0.0,
         "max_position_embeddings": config.max_positions, "scale_embedding": True,
         "share_encoder_decoder_embeddings": config.tie_embeddings, "tie_word_embeddings": config.tie_embeddings,

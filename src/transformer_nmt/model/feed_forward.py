@@ -9,20 +9,43 @@ Improve Transformer"), chosen by ``model.activation``:
 A gated layer of inner width d_ff has 3 d_model d_ff weights where a plain one has 2: at equal parameters its
 d_ff is 2/3 of the plain one's (``gated_width``; Shazeer's convention, 3072 -> 2048 there). ``model.d_ff`` is
 always the inner width as built, never rescaled behind the user's back.
+
+Each value of ``model.activation`` is an ``Activation`` in ``ACTIVATIONS``: its function, whether it is gated,
+and its form in each export format (model/export_forms.py).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from transformer_nmt.model.dropout import Dropout
+from transformer_nmt.model.export_forms import NoForm
 
-# name -> the non-linearity of a plain feed-forward
-ACTIVATIONS = {"relu": F.relu, "swish": F.silu, "gelu": F.gelu}
-# name -> the non-linearity of the gated branch of a gated feed-forward
-GATED_ACTIVATIONS = {"swiglu": F.silu, "geglu": F.gelu}
-ACTIVATION_NAMES = (*ACTIVATIONS, *GATED_ACTIVATIONS)
+
+@dataclass(frozen=True)
+class Activation:
+    """One value of ``model.activation``: the non-linearity (of the gated branch, where gated), and how each
+    exporter writes it (model/export_forms.py: a form, ``NoForm(why)``, or None: not stated, refused)."""
+
+    function: Callable[[Tensor], Tensor]
+    gated: bool = False  # three matrices (GatedFeedForward): act(x W1) * (x V), then W2
+    ctranslate2: str | NoForm | None = None  # the ctranslate2.specs.Activation member (a gated one: with ffn_glu)
+    marian: str | NoForm | None = None  # transformers' activation_function (MarianConfig)
+
+
+_GATED = NoForm("MarianMTModel's feed-forward has two matrices and one of relu, swish, gelu; a gated one cannot "
+                "be exported")
+ACTIVATIONS: dict[str, Activation] = {
+    "relu": Activation(F.relu, ctranslate2="RELU", marian="relu"),
+    "swish": Activation(F.silu, ctranslate2="SWISH", marian="swish"),
+    "gelu": Activation(F.gelu, ctranslate2="GELU", marian="gelu"),
+    "swiglu": Activation(F.silu, gated=True, ctranslate2="SWISH", marian=_GATED),
+    "geglu": Activation(F.gelu, gated=True, ctranslate2="GELU", marian=_GATED),
+}
 
 
 def gated_width(d_ff: int, multiple: int = 8) -> int:
@@ -45,7 +68,7 @@ class FeedForward(nn.Module):
         super().__init__()
         self.linear1 = nn.Linear(d_model, d_ff)  # W1: (d_ff, d_model)
         self.linear2 = nn.Linear(d_ff, d_model)  # W2: (d_model, d_ff)
-        self.activation = ACTIVATIONS[activation]
+        self.activation = ACTIVATIONS[activation].function
         self.dropout = Dropout(dropout)
 
     def init_weights(self) -> None:
@@ -65,7 +88,7 @@ class GatedFeedForward(nn.Module):
         self.linear1 = nn.Linear(d_model, d_ff)  # W1: (d_ff, d_model)
         self.linear_v = nn.Linear(d_model, d_ff)  # V: (d_ff, d_model)
         self.linear2 = nn.Linear(d_ff, d_model)  # W2: (d_model, d_ff)
-        self.activation = GATED_ACTIVATIONS[activation]
+        self.activation = ACTIVATIONS[activation].function
         self.dropout = Dropout(dropout)
 
     def init_weights(self) -> None:
@@ -77,9 +100,8 @@ class GatedFeedForward(nn.Module):
 
 
 def feed_forward(d_model: int, d_ff: int, activation: str, dropout: float = 0.0) -> nn.Module:
-    """The feed-forward sub-layer that ``activation`` names (``ACTIVATION_NAMES``)."""
-    if activation in ACTIVATIONS:
-        return FeedForward(d_model, d_ff, activation, dropout)
-    if activation in GATED_ACTIVATIONS:
-        return GatedFeedForward(d_model, d_ff, activation, dropout)
-    raise ValueError(f"model.activation must be one of {ACTIVATION_NAMES}, got {activation!r}")
+    """The feed-forward sub-layer that ``activation`` names (``ACTIVATIONS``)."""
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"model.activation must be one of {tuple(ACTIVATIONS)}, got {activation!r}")
+    layer = GatedFeedForward if ACTIVATIONS[activation].gated else FeedForward
+    return layer(d_model, d_ff, activation, dropout)

@@ -14,16 +14,23 @@ its causal mask leaves (the ablation that shows what positions are worth).
 Each absolute module maps (B, L, d_model) embeddings at positions offset..offset+L-1 to the same shape; the
 rotary module maps (B, h, L, d_k) queries or keys the same way. Tables that are functions of the config are
 buffers that are not saved (checkpoints stay small; DDP need not broadcast them).
+
+Each value of ``model.positions`` is a ``PositionScheme`` in ``POSITION_SCHEMES``: the module it adds to the
+embeddings, whether self-attention rotates, and its form in each export format (model/export_forms.py). A new
+scheme is a module that defines its class and calls ``register_positions``, imported once by model/transformer.py.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
-POSITIONS = ("sinusoidal", "learned", "rotary", "none")
+from transformer_nmt.model.export_forms import NoForm
+
 ROTARY_BASE = 10000.0  # theta of RoFormer's frequencies base^(-2i/d), as the sinusoids' 10000
 
 
@@ -54,6 +61,11 @@ class LearnedPositions(nn.Module):
     def __init__(self, max_positions: int, d_model: int):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(max_positions, d_model))
+
+    @property
+    def table(self) -> Tensor:
+        """The (max_positions, d_model) table added to the embeddings (what an export writes)."""
+        return self.weight
 
     def init_weights(self) -> None:
         nn.init.normal_(self.weight, mean=0.0, std=self.weight.shape[1] ** -0.5)  # as the token embeddings start
@@ -95,17 +107,55 @@ class RotaryPositions(nn.Module):
         return x * cos + rotated_half * sin
 
 
+@dataclass(frozen=True)
+class PositionScheme:
+    """One value of ``model.positions``: what it builds, and how each exporter writes it (model/export_forms.py:
+    a form, ``NoForm(why)``, or None: not stated, refused)."""
+
+    embeddings: Callable[[int, int], nn.Module]  # (max_positions, d_model) -> adds positions to the embeddings
+    rotary: bool = False  # self-attention rotates its queries and keys (RotaryPositions)
+    # "table": the embeddings module's ``table`` (max_positions, d_model), given as CTranslate2's position
+    # encodings | "rotary": CTranslate2's rotary embeddings over every feature, halves paired, base ROTARY_BASE
+    ctranslate2: str | NoForm | None = None
+    # "sinusoidal": MarianMT's own sinusoids (the paper's table, its model dimension permuted: interchange/marian.py)
+    marian: str | NoForm | None = None
+
+
+POSITION_SCHEMES: dict[str, PositionScheme] = {}
+
+
+def register_positions(name: str, scheme: PositionScheme) -> None:
+    """Make ``model.positions=name`` build ``scheme`` (a name is registered once)."""
+    if name in POSITION_SCHEMES:
+        raise ValueError(f"model.positions={name} is registered twice")
+    POSITION_SCHEMES[name] = scheme
+
+
+def _no_positions(max_positions: int, d_model: int) -> nn.Module:
+    return NoPositions()
+
+
+_MARIAN = NoForm("MarianMTModel has sinusoidal positions only (learned, rotary and no positions cannot be exported)")
+register_positions("sinusoidal", PositionScheme(SinusoidalPositions, ctranslate2="table", marian="sinusoidal"))
+register_positions("learned", PositionScheme(LearnedPositions, ctranslate2="table", marian=_MARIAN))
+register_positions("rotary", PositionScheme(_no_positions, rotary=True, ctranslate2="rotary", marian=_MARIAN))
+register_positions("none", PositionScheme(_no_positions, marian=_MARIAN, ctranslate2=NoForm(
+    "CTranslate2's Transformer always adds positions (a table, or rotary in the self-attention); translate with "
+    "PyTorch (engine=native)")))
+
+
+def position_scheme(kind: str) -> PositionScheme:
+    """The registered scheme of ``model.positions=kind``; a ValueError naming the option and the choices."""
+    if kind not in POSITION_SCHEMES:
+        raise ValueError(f"model.positions must be one of {tuple(POSITION_SCHEMES)}, got {kind!r}")
+    return POSITION_SCHEMES[kind]
+
+
 def absolute_positions(kind: str, max_positions: int, d_model: int) -> nn.Module:
     """The module that adds ``kind``'s positions to the embeddings (NoPositions for rotary and none)."""
-    if kind == "sinusoidal":
-        return SinusoidalPositions(max_positions, d_model)
-    if kind == "learned":
-        return LearnedPositions(max_positions, d_model)
-    if kind in ("rotary", "none"):
-        return NoPositions()
-    raise ValueError(f"model.positions must be one of {POSITIONS}, got {kind!r}")
+    return position_scheme(kind).embeddings(max_positions, d_model)
 
 
 def rotary_positions(kind: str, max_positions: int, d_k: int) -> RotaryPositions | None:
-    """The rotation every self-attention applies to its queries and keys, or None where ``kind`` is not rotary."""
-    return RotaryPositions(max_positions, d_k) if kind == "rotary" else None
+    """The rotation every self-attention applies to its queries and keys, or None where ``kind`` does not rotate."""
+    return RotaryPositions(max_positions, d_k) if position_scheme(kind).rotary else None

@@ -25,58 +25,62 @@ from torch import Tensor, nn
 
 from transformer_nmt.model.attention import AttentionCache, MultiHeadAttention, causal_mask, check_attention, head_dims
 from transformer_nmt.model.dropout import Dropout
-from transformer_nmt.model.feed_forward import ACTIVATION_NAMES, feed_forward
+from transformer_nmt.model.feed_forward import ACTIVATIONS, feed_forward
 from transformer_nmt.model.norms import NORMS, norm
-from transformer_nmt.model.positions import POSITIONS, absolute_positions, rotary_positions
+from transformer_nmt.model.positions import POSITION_SCHEMES, absolute_positions, rotary_positions
+from transformer_nmt.options import Role, declares_roles, option
+
+TRAINING, MAY_CHANGE = Role.TRAINING, Role.MAY_CHANGE
 
 
+@declares_roles
 @dataclass
 class TransformerConfig:
-    """Hyper-parameters, named as in the paper's Table 3 (defaults: the base model)."""
+    """Hyper-parameters, named as in the paper's Table 3 (defaults: the base model). Each field's metadata holds
+    its help, its role in a training run (options.Role: the kernel may change on resume, the rest defines
+    training) and, as ``run_setting``, whether a fine-tune (``init_from``) takes it from the command rather than
+    from the checkpoint's architecture."""
 
-    vocab_size: int = field(metadata={"help": "set from the tokenizer at run time (data.vocab_size)"})
-    d_model: int = field(default=512, metadata={"help": "model width"})
-    n_heads: int = field(default=8, metadata={"help": "attention heads h"})
-    d_k: int | None = field(default=None, metadata={
-        "help": "queries and keys per head; null: d_model / n_heads (Table 3, row B sets it apart)"})
-    d_v: int | None = field(default=None, metadata={"help": "values per head; null: d_model / n_heads"})
-    n_encoder_layers: int = field(default=6, metadata={"help": "encoder layers N"})
-    n_decoder_layers: int = field(default=6, metadata={"help": "decoder layers N"})
-    d_ff: int = field(default=2048, metadata={"help": "inner size of the feed-forward sub-layers"})
-    dropout: float = field(default=0.1, metadata={"help": "P_drop: sub-layer outputs and embedding sums (5.4)"})
-    attention_dropout: float = field(default=0.0, metadata={"help": "on attention weights; the paper has none"})
-    activation_dropout: float = field(default=0.0, metadata={
-        "help": "inside the feed-forward, after the non-linearity (fairseq's activation_dropout); the paper has none"})
-    max_positions: int = field(default=1024, metadata={"help": "longest sequence the position table holds"})
-    positions: str = field(default="sinusoidal", metadata={
-        "help": "sinusoidal (3.5) | learned: a trained (max_positions, d_model) table (row E) | rotary: "
-                "self-attention's queries and keys rotated by position (RoFormer) | none"})
-    norm_first: bool = field(default=False, metadata={"help": "false: post-norm as in the paper; true: pre-norm"})
-    norm: str = field(default="layernorm", metadata={
-        "help": "layernorm (the paper) | rmsnorm (Zhang & Sennrich 2019: no centring, no bias)"})
-    tie_embeddings: bool = field(default=True, metadata={
-        "help": "one matrix for source, target and output embeddings (3.4)"})
-    activation: str = field(default="relu", metadata={
-        "help": "the feed-forward: relu (3.3) | swish (x sigmoid(x), opus-mt's) | gelu (erf form) | swiglu, geglu: "
-                "gated, three matrices (at equal parameters d_ff is 2/3 of a plain one's: feed_forward.gated_width)"})
-    output_bias: bool = field(default=False, metadata={
-        "help": "a bias on the output logits (the paper has none; MarianMT's final_logits_bias)"})
-    pad_id: int = field(default=0, metadata={"help": "must be 0, the tokenizer's pad id"})
-    attention: str = field(default="auto", metadata={
-        "help": "auto (plain for weights, else the faster: attention.choose_kernel) | plain | blocked | fused"})
-    attention_block_size: int = field(default=128, metadata={"help": "keys per block of the blocked kernel"})
+    vocab_size: int = field(metadata={"help": "set from the tokenizer at run time (data.vocab_size)", "role": TRAINING})
+    d_model: int = option(512, "model width", role=TRAINING)
+    n_heads: int = option(8, "attention heads h", role=TRAINING)
+    d_k: int | None = option(None, "queries and keys per head; null: d_model / n_heads (Table 3, row B sets it apart)",
+                             role=TRAINING)
+    d_v: int | None = option(None, "values per head; null: d_model / n_heads", role=TRAINING)
+    n_encoder_layers: int = option(6, "encoder layers N", role=TRAINING)
+    n_decoder_layers: int = option(6, "decoder layers N", role=TRAINING)
+    d_ff: int = option(2048, "inner size of the feed-forward sub-layers", role=TRAINING)
+    dropout: float = option(0.1, "P_drop: sub-layer outputs and embedding sums (5.4)", role=TRAINING, run_setting=True)
+    attention_dropout: float = option(0.0, "on attention weights; the paper has none", role=TRAINING, run_setting=True)
+    activation_dropout: float = option(0.0, "inside the feed-forward, after the non-linearity (fairseq's "
+                                            "activation_dropout); the paper has none", role=TRAINING)
+    max_positions: int = option(1024, "longest sequence the position table holds", role=TRAINING)
+    positions: str = option("sinusoidal", "sinusoidal (3.5) | learned: a trained (max_positions, d_model) table "
+                                          "(row E) | rotary: self-attention's queries and keys rotated by position "
+                                          "(RoFormer) | none", role=TRAINING)
+    norm_first: bool = option(False, "false: post-norm as in the paper; true: pre-norm", role=TRAINING)
+    norm: str = option("layernorm", "layernorm (the paper) | rmsnorm (Zhang & Sennrich 2019: no centring, no bias)",
+                       role=TRAINING)
+    tie_embeddings: bool = option(True, "one matrix for source, target and output embeddings (3.4)", role=TRAINING)
+    activation: str = option("relu", "the feed-forward: relu (3.3) | swish (x sigmoid(x), opus-mt's) | gelu (erf "
+                                     "form) | swiglu, geglu: gated, three matrices (at equal parameters d_ff is 2/3 "
+                                     "of a plain one's: feed_forward.gated_width)", role=TRAINING)
+    output_bias: bool = option(False, "a bias on the output logits (the paper has none; MarianMT's "
+                                      "final_logits_bias)", role=TRAINING)
+    pad_id: int = option(0, "must be 0, the tokenizer's pad id", role=TRAINING)
+    attention: str = option("auto", "auto (plain for weights, else the faster: attention.choose_kernel) | plain | "
+                                    "blocked | fused", role=MAY_CHANGE, run_setting=True)
+    attention_block_size: int = option(128, "keys per block of the blocked kernel", role=MAY_CHANGE,
+                                       run_setting=True)
 
     def __post_init__(self):
         check_attention(self.d_model, self.n_heads, self.attention, prefix="model.", d_k=self.d_k, d_v=self.d_v)
-        if self.positions not in POSITIONS:
-            raise ValueError(f"model.positions must be one of {POSITIONS}, got {self.positions!r}")
-        if self.activation not in ACTIVATION_NAMES:
-            raise ValueError(f"model.activation must be one of {ACTIVATION_NAMES}, got {self.activation!r}")
-        if self.norm not in NORMS:
-            raise ValueError(f"model.norm must be one of {NORMS}, got {self.norm!r}")
-        if self.positions == "rotary" and self.head_dims()[0] % 2:
-            raise ValueError(f"model.positions=rotary rotates pairs of query/key features: d_k must be even, got "
-                             f"{self.head_dims()[0]}")
+        for key, registry in (("positions", POSITION_SCHEMES), ("activation", ACTIVATIONS), ("norm", NORMS)):
+            if getattr(self, key) not in registry:
+                raise ValueError(f"model.{key} must be one of {tuple(registry)}, got {getattr(self, key)!r}")
+        if POSITION_SCHEMES[self.positions].rotary and self.head_dims()[0] % 2:
+            raise ValueError(f"model.positions={self.positions} rotates pairs of query/key features: d_k must be "
+                             f"even, got {self.head_dims()[0]}")
         if self.attention == "blocked" and self.attention_dropout > 0:
             raise ValueError("model.attention=blocked does not support model.attention_dropout > 0")
         if not 0 <= self.pad_id < self.vocab_size:

@@ -33,6 +33,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from transformer_nmt import run_files
 from transformer_nmt.checkpoint import (
+    CKPT_FINGERPRINT,
     CKPT_MODEL_CONFIG,
     MODEL_PREFIX,
     CheckpointError,
@@ -51,6 +52,7 @@ from transformer_nmt.model.attention import auto_kernel, check_attention
 from transformer_nmt.model.transformer import TransformerConfig
 from transformer_nmt.provenance import PROVENANCE_KEY
 from transformer_nmt.provenance import collect as collect_provenance
+from transformer_nmt.training import roles
 from transformer_nmt.training.callbacks import LastCheckpoint, StepBoundaryTimer, early_stopping, monitored_metric
 from transformer_nmt.training.checkpoint_io import AtomicCheckpointIO
 from transformer_nmt.training.config import schema_error
@@ -59,14 +61,17 @@ from transformer_nmt.training.continuation import (
     ContinuationError,
     check_keep,
     check_same_training,
+    check_trains_something,
     continuation_checkpoint,
 )
 from transformer_nmt.training.fingerprint import (
+    INIT_DIGEST,
     INIT_RUN_SETTINGS,
     RESULTS_FINGERPRINT,
     RecordFingerprint,
     check_finished_run,
     check_resume,
+    recorded_init,
     results_fingerprint,
     run_fingerprint,
 )
@@ -168,6 +173,26 @@ def read_init(path: str) -> dict:
     except CheckpointError as error:
         raise ConfigError(str(error)) from None
     return {**init, CKPT_MODEL_CONFIG: config.to_dict()}
+
+
+def init_source(cfg: DictConfig, ckpt_path: Path | None) -> tuple[str, dict | None]:
+    """(the checkpoint a fine-tune reads its architecture, tokenizer and first weights from, the fingerprint that
+    stands for its parent or None): ``init_from``'s file; where that file is gone (a ``recent/`` checkpoint the
+    parent's window removed) and the run resumes a checkpoint of its own (``ckpt_path``), that checkpoint, which
+    holds all of them (the resume then restores its weights), and the parent's digest and architecture as its
+    fingerprint records them (fingerprint.recorded_init). A ``ConfigError`` naming init_from otherwise."""
+    init_from = str(cfg.init_from)
+    if Path(init_from).is_file():
+        return init_from, None
+    if ckpt_path is None:
+        raise ConfigError(f"init_from={init_from} does not exist: give the checkpoint to fine-tune from")
+    recorded = read_checkpoint(ckpt_path, mmap=True).get(CKPT_FINGERPRINT)
+    if not recorded_init(recorded):
+        raise ConfigError(f"init_from={init_from} does not exist, and {ckpt_path}, the checkpoint this run resumes, "
+                          f"records no digest of it: restore init_from's checkpoint to resume")
+    log.warning("init_from=%s no longer exists: the run resumes %s, which holds the architecture, tokenizer and "
+                "weights, and records the parent's digest (%s)", init_from, ckpt_path, recorded[INIT_DIGEST][:12])
+    return str(ckpt_path), recorded
 
 
 def check_same_vocabulary(init_tokenizer, init_from: str, tokenizer_path: str) -> None:
@@ -335,6 +360,7 @@ def summary(cfg: DictConfig, datamodule, module: TranslationModule, trainer: pl.
           if cfg.train.get("ema_decay") is not None else []),
         f"run dir     {trainer.default_root_dir}",
         f"resume      {resume}",
+        *roles.summary_lines(cfg),  # the options set away from their defaults, by role: which a resume must keep
     ]
     if cfg.get("init_from"):
         keep = list(cfg.get("init_keep") or [])
@@ -455,8 +481,18 @@ def _fit_and_test(cfg: DictConfig, run_dir: Path, overrides: Sequence[str], swee
     pl.seed_everything(cfg.seed, workers=True)
     # torch.compile: batch widths a multiple of 8 too, so that shapes repeat (and the user's multiple still holds)
     compile_pad = {"pad_to_multiple": math.lcm(cfg.data.pad_to_multiple, 8)} if cfg.train.compile else {}
-    init = read_init(cfg.init_from) if cfg.get("init_from") else None  # fine-tune: weights, tokenizer
-    init_digest = content_digest(cfg.init_from) if init is not None else None  # the file as it was read
+    init_path, recorded_run = init_source(cfg, ckpt_path) if cfg.get("init_from") else (None, None)
+    if recorded_run is not None:  # init_from is gone: the parent as this run's own checkpoint records it
+        next(c for c in callbacks if isinstance(c, RecordFingerprint)).recorded_run = recorded_run
+    init = read_init(init_path) if init_path else None  # fine-tune: weights, tokenizer
+    init_digest = (None if init is None else recorded_init(recorded_run)[INIT_DIGEST] if recorded_run is not None
+                   else content_digest(init_path))  # the file as it was read
+    keep = list(cfg.get("init_keep") or [])
+    if keep and ckpt_path is None:  # a continuation that would train nothing is refused before the data is prepared
+        try:
+            check_trains_something(init, keep, f"init_from={cfg.init_from}", trainer.max_steps, trainer.max_epochs)
+        except ContinuationError as error:
+            raise ConfigError(str(error)) from None
     init_tokenizer = checkpoint_tokenizer(init, cfg.init_from) if init else None
     if init_tokenizer is not None and cfg.data.get("tokenizer_path"):
         check_same_vocabulary(init_tokenizer, cfg.init_from, cfg.data.tokenizer_path)
@@ -465,7 +501,6 @@ def _fit_and_test(cfg: DictConfig, run_dir: Path, overrides: Sequence[str], swee
     module = build_module(cfg, datamodule.tokenizer, init)
     if rank_zero_only.rank == 0:
         log.info("\n%s", summary(cfg, datamodule, module, trainer, resume))
-    keep = list(cfg.get("init_keep") or [])
     continued = None
     if keep and ckpt_path is None:  # a fresh start that continues init_from's training: Lightning restores it
         continued = write_continuation(init, keep, cfg, module, trainer)
@@ -490,7 +525,7 @@ def _fit_and_test(cfg: DictConfig, run_dir: Path, overrides: Sequence[str], swee
     if rank_zero_only.rank == 0:
         results = run_results(module, trainer, metrics, overrides, time.perf_counter() - started, cfg.seed,
                               provenance)
-        results[RESULTS_FINGERPRINT] = results_fingerprint(cfg, trainer)  # what a sweep run again compares
+        results[RESULTS_FINGERPRINT] = results_fingerprint(cfg, trainer, recorded_run)  # what a sweep rerun compares
         if cfg.get("init_from"):  # the parent: where it was, what it held, what of its training went on
             results["init_from"] = {"path": str(cfg.init_from), "sha256": init_digest,
                                     "kept": keep, "fresh": [item for item in KEEPABLE if item not in keep]}

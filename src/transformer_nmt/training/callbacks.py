@@ -2,7 +2,7 @@
 checkpoints and early stopping on the monitored metric (val BLEU or loss), and a progress bar with tokens/s and ETA.
 
 (Atomic checkpoint writing is a CheckpointIO plugin, in checkpoint_io.py; the maps themselves are drawn by
-analysis/attention_maps.py.)
+inference/attention_maps.py.)
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from tensorboard.compat.proto.tensor_shape_pb2 import TensorShapeProto
 from tensorboard.plugins.image import metadata as image_metadata
 
 from transformer_nmt import run_files
-from transformer_nmt.analysis.attention_maps import ATTENTION_KINDS, attention_entropy, render_heatmaps
+from transformer_nmt.inference.attention_maps import ATTENTION_KINDS, attention_entropy, render_heatmaps
 from transformer_nmt.metrics import catalog
 from transformer_nmt.training.time_budget import BackgroundWork, TimeBudget, timed
 

@@ -78,6 +78,28 @@ def check_same_training(parent: dict, keep: Sequence[str], source: str, fingerpr
                                     f"init_keep")
 
 
+def check_trains_something(parent: dict, keep: Sequence[str], source: str, max_steps: int | None,
+                           max_epochs: int | None) -> None:
+    """``ContinuationError`` naming both numbers where what ``keep`` carries over from ``parent`` (the checkpoint
+    ``source``) already reaches this run's end: a kept step at or above ``trainer.max_steps`` (which counts the kept
+    steps), or a kept data position whose finished epochs reach ``trainer.max_epochs``. Lightning would skip the fit
+    and the run would report a fine-tune that trained nothing as finished."""
+    keep = list(keep)
+    step = int(parent.get("global_step") or 0)
+    if "step" in keep and max_steps not in (None, -1) and max_steps <= step:
+        raise ContinuationError(f"init_keep={keep} continues {source}'s step counter at {step:,}, and "
+                                f"trainer.max_steps={max_steps:,} is at or below it: the run would train nothing. Set "
+                                f"trainer.max_steps above {step:,} (it counts the kept steps), or drop step from "
+                                f"init_keep")
+    progress = ((parent.get("loops") or {}).get("fit_loop") or {}).get("epoch_progress") or {}
+    finished = (progress.get("current") or {}).get("processed")
+    if "data" in keep and isinstance(finished, int) and max_epochs not in (None, -1) and max_epochs <= finished:
+        raise ContinuationError(f"init_keep={keep} continues {source}'s data position after {finished} finished "
+                                f"epoch(s), and trainer.max_epochs={max_epochs} is at or below it: the run would "
+                                f"train nothing. Set trainer.max_epochs above {finished} (it counts the kept epochs), "
+                                f"or drop data from init_keep")
+
+
 def continuation_checkpoint(parent: dict, keep: Sequence[str], source: str, *, fresh_optimizer: dict,
                             fresh_scheduler: dict, schedule, fresh_loops: dict, training_run: str,
                             ema: dict | None) -> dict:

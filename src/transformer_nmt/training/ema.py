@@ -126,3 +126,16 @@ def take_average(checkpoint: dict, source: str) -> tuple[dict[str, Tensor], int]
     average = checkpoint["state_dict"]
     checkpoint["state_dict"] = checkpoint[CKPT_RAW_WEIGHTS]
     return average, int(checkpoint[CKPT_EMA].get("updates", 0))
+
+
+def take_trained(checkpoint: dict) -> bool:
+    """Before Lightning loads ``checkpoint["state_dict"]`` into the model to resume a run *without* a moving average
+    (an EMA run's checkpoint resumed by path, ``ckpt_path=FILE``, or with ``force_resume=true``): where the
+    checkpoint is an EMA run's, its state_dict holds the average, and its optimizer state belongs to the trained
+    weights (``raw_state_dict``): put those where Lightning reads them. Returns whether it did (the average is
+    dropped: this run keeps none)."""
+    raw = checkpoint.get(CKPT_RAW_WEIGHTS)
+    if not isinstance(raw, dict):
+        return False
+    checkpoint["state_dict"] = raw
+    return True

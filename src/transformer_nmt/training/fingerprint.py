@@ -2,10 +2,12 @@
 results, so that a sweep run again skips only the runs that are this command's.
 
 The run fingerprint (``run_fingerprint``) is the whole resolved config, flattened to dotted keys (``model.dropout``,
-``train.lr_factor``, ``trainer.limit_train_batches``, ``callbacks.NAME._target_``), minus an explicit list of what
-does not change what trains (``NOT_TRAINING``, each entry with its reason, and the callbacks of
-conf/callbacks/default.yaml while they are those), so that a new option, a trainer setting or an added callback
-(a gradient accumulation scheduler, say) is covered without being listed here. Some values are resolved:
+``train.lr_factor``, ``trainer.limit_train_batches``, ``callbacks.NAME._target_``), minus what does not change
+what trains: ``NOT_TRAINING``, the options whose declared role (options.Role, in their schemas' field metadata)
+is not ``TRAINING`` (training/roles.py derives every list below from the roles: none is kept here), and the
+callbacks of conf/callbacks/default.yaml while they are those. A new option must declare its role (its class
+fails to import otherwise); a trainer setting or an added callback (a gradient accumulation scheduler, say)
+counts without being listed. Some values are resolved:
 ``trainer.precision`` as the run trains in it (``auto`` resolved on this machine: a requeue onto a GPU without bf16
 would switch to fp16); ``tokens_per_step``, the product ``data.max_tokens`` x ``trainer.accumulate_grad_batches``
 x ``world_size`` (processes: devices x nodes), compared instead of its factors (``FACTORS``, recorded beside it for
@@ -56,92 +58,49 @@ from transformer_nmt.checkpoint import CKPT_FINGERPRINT, CKPT_MODEL_CONFIG, CKPT
 from transformer_nmt.data.config import DataConfig
 from transformer_nmt.data.corpus import CorpusError, file_fingerprint, split_inputs
 from transformer_nmt.file_digest import content_digest
-from transformer_nmt.model.transformer import TransformerConfig
-from transformer_nmt.training.config import TrainConfig
+from transformer_nmt.options import Role
+from transformer_nmt.training import roles
 from transformer_nmt.training.precision import resolve_precision, uses_cuda
 
 log = logging.getLogger(__name__)
 
 RESULTS_FINGERPRINT = "fingerprint"  # results.json's key: the results fingerprint of the finished run
-GROUPS = ("model", "data", "train")
+GROUPS = ("model", "data", "train")  # what a fingerprint of format 1 held (with seed): a fact of that format
 PRECISION = "trainer.precision"  # as resolved: trainer.precision=auto is bf16-mixed on one machine, 32-true on another
 PRODUCT = "tokens_per_step"  # data.max_tokens x trainer.accumulate_grad_batches x world_size
 FACTORS = ("data.max_tokens", "trainer.accumulate_grad_batches", "world_size")
 ADDED = (PRODUCT, "world_size", PRECISION)  # keys of 2026-12 (issue 28): a fingerprint written before lacks them
-EVALUATION = ("data.val", "data.test", "data.eval_max_tokens", "train.val_bleu_max_sentences",
-              "train.test_bleu_max_sentences", "train.val_metrics")
-MAY_CHANGE = ("data.num_workers", "data.num_proc", "data.cache_dir",  # how many processes load the data, caches
-              *EVALUATION,
-              "model.attention", "model.attention_block_size", "train.fused_adam")  # kernels: the same arithmetic
-# Keys that older runs recorded but that define nothing: data._target_ (the datamodule's class, in the data config
-# until the structured configs of 2026-12; one path before the package's layout, another after). Ignored on both
-# sides, so that such a run resumes and a finished one is skipped.
-RETIRED = ("data._target_",)
-# The trainer settings that leave a finished run's results alone, or that the run fingerprint already holds in
-# resolved form (precision; devices, nodes and accumulation in tokens_per_step). Every other trainer key counts.
-TRAINER_NOT_RESULTS = ("accelerator", "devices", "num_nodes", "strategy", "precision", "accumulate_grad_batches",
-                       "log_every_n_steps", "enable_progress_bar", "enable_model_summary", "num_sanity_val_steps",
-                       "enable_checkpointing", "default_root_dir", "profiler", "logger")
-RESULT_KEYS = ("run_test", "validate_at_end",  # options outside the groups that change what results.json reports
-               "checkpoint.monitor", "checkpoint.patience")  # which checkpoint is tested; early stopping
-EXTENDS = ("trainer.max_steps", "trainer.max_epochs", "trainer.max_time")  # a larger value trains longer
+# The classification, derived from the roles the options declare in their schemas (training/roles.py): no option
+# is listed here. EVALUATION: the evaluation-only options of the groups that define training; MAY_CHANGE: those and
+# the options that compute the same training otherwise (kernels, processes, caches); RETIRED: keys older configs
+# held that define nothing (data._target_, the datamodule's class until 2026-12), ignored on both sides.
+EVALUATION, MAY_CHANGE, RETIRED = roles.evaluation(), roles.may_change(), roles.retired()
+# The trainer settings that leave a finished run's results alone (run management), or that the run fingerprint
+# already holds in resolved form (precision; accumulation in tokens_per_step). Every other trainer key counts.
+TRAINER_NOT_RESULTS = roles.trainer_keys(Role.RUN, Role.MAY_CHANGE) + tuple(
+    key.removeprefix("trainer.") for key in (PRECISION, FACTORS[1]))
+RESULT_KEYS = roles.result_keys()  # the evaluation-only options outside those groups: run_test, checkpoint.monitor...
+EXTENDS = roles.extends()  # Role.LENGTH: a larger value trains longer
 FORMAT, FINGERPRINT_FORMAT = "fingerprint_format", 2  # 2 (2026-12-03): the whole config minus NOT_TRAINING
 TRAIN_DIGEST = "data.train_sha256"  # the training files' contents (_train_data_digest)
 INIT_DIGEST = "init_from.sha256"  # init_from's checkpoint (its bytes), in place of its path
-# The settings that a fine-tune (init_from) takes from the command rather than from its checkpoint (app.build_module)
-INIT_RUN_SETTINGS = ("dropout", "attention_dropout", "attention", "attention_block_size")
+# The settings that a fine-tune (init_from) takes from the command rather than from its checkpoint (app.build_module):
+# the model fields declared run_setting
+INIT_RUN_SETTINGS = roles.run_settings()
 # What a resumed run may change without training something else: the keys (and the groups below them) left out of
-# the run fingerprint. Every other key of the resolved config counts, a new option or an added callback included.
-NOT_TRAINING = (
-    # names, directories, and how a launch finds, waits for and resumes its run
-    "name", "run_id", "sweep_id", "run_dir", "ckpt_path", "force_resume", "wait_for_run_dir", "init_from",
-    # after or beside training: the test, the last validation, checkpoints, the search, the logger, attention maps,
-    # the ablation study's labels
-    "run_test", "validate_at_end", "checkpoint", "decode", "logger", "attention_maps", "ablation",
-    # the metrics' settings (metric.comet.model: a directory on the machine that evaluates)
-    "metric",
-    # resolved instead: trainer.precision as it trains, devices and nodes in world_size (tokens_per_step)
-    "trainer.accelerator", "trainer.devices", "trainer.num_nodes", "trainer.strategy",
-    # how long, and how often it validates or logs: the results fingerprint compares what shapes results
-    "trainer.max_epochs", "trainer.max_steps", "trainer.max_time", "trainer.min_epochs", "trainer.min_steps",
-    "trainer.val_check_interval",
-    "trainer.check_val_every_n_epoch", "trainer.limit_val_batches", "trainer.limit_test_batches",
-    "trainer.num_sanity_val_steps", "trainer.log_every_n_steps", "trainer.enable_progress_bar",
-    "trainer.enable_model_summary", "trainer.enable_checkpointing", "trainer.default_root_dir", "trainer.profiler",
-    "trainer.logger",
-    *MAY_CHANGE, *RETIRED)
-# The callbacks of conf/callbacks/default.yaml: they observe, save, log or stop (their settings are checkpoint.* and
-# attention_maps.* options). One of these names with another class, or any other entry, counts.
-DEFAULT_CALLBACKS = {
-    "time_budget": "transformer_nmt.training.time_budget.TimeBudget",
-    "best_checkpoint": "transformer_nmt.training.callbacks.best_checkpoint",
-    "early_stopping": "transformer_nmt.training.callbacks.early_stopping",
-    "recent_checkpoints": "transformer_nmt.training.callbacks.recent_checkpoints",
-    "last_checkpoint": "transformer_nmt.training.callbacks.LastCheckpoint",
-    "attention_maps": "transformer_nmt.training.callbacks.attention_maps",
-    "progress_bar": "transformer_nmt.training.callbacks.progress_bar",
-    "slurm_requeue": "transformer_nmt.training.launch.SlurmRequeue",
-}
-
-
-def schema_defaults(prefix: str, schema) -> dict[str, Any]:
-    """``{prefix.FIELD: default}`` of every field of dataclass ``schema`` that has a default (not OmegaConf's
-    ``???``: a value the user must give)."""
-    out = {}
-    for f in dataclasses.fields(schema):
-        if f.default is not dataclasses.MISSING and f.default != "???":
-            out[f"{prefix}.{f.name}"] = f.default
-        elif f.default_factory is not dataclasses.MISSING:
-            out[f"{prefix}.{f.name}"] = f.default_factory()
-    return out
+# the run fingerprint, each declared with a role other than Role.TRAINING. Every other key of the resolved config
+# counts, a new option (which must declare its role), a Trainer argument or an added callback included.
+NOT_TRAINING = roles.not_training()
+# The callbacks of conf/callbacks/default.yaml, read from it: they observe, save, log or stop (their settings are
+# checkpoint.* and attention_maps.* options). One of these names with another class, or any other entry, counts.
+DEFAULT_CALLBACKS = roles.default_callbacks()
 
 
 # What a fingerprint written before an option existed means by its absence: the option's default, read from the
 # schemas (a new option defaults to what every run did before it, so a run that lacks one ran with it, and adding a
-# field to TransformerConfig, TrainConfig or DataConfig needs no edit here).
-DEFAULTED = {**schema_defaults("model", TransformerConfig), **schema_defaults("train", TrainConfig),
-             **schema_defaults("data", DataConfig), "init_keep": []}  # (the run's own fields: init_keep alone trains)
-
+# field to TransformerConfig, TrainConfig or DataConfig needs no edit here): every field of the groups that define
+# training and the run's own options that do (seed, init_keep).
+DEFAULTED = roles.training_defaults()
 
 class ResumeError(ValueError):
     """A checkpoint that this command must not resume; the message names each differing key and the fix."""
@@ -217,13 +176,22 @@ def _train_data_digest(cfg: DictConfig) -> str | None:
     return hashlib.sha256(json.dumps([[size, digest] for _, size, digest in listed]).encode()).hexdigest()
 
 
-def _init_settings(cfg: DictConfig, found: dict[str, Any]) -> None:
+def _init_settings(cfg: DictConfig, found: dict[str, Any], recorded_run: dict[str, Any] | None = None) -> None:
     """With ``init_from``: its checkpoint's identity (the sha256 of its bytes) in place of its path, and, in place
     of the command's ``model.*``, the architecture that trains: the checkpoint's own (``model.*`` but
-    ``INIT_RUN_SETTINGS``, which the command sets)."""
+    ``INIT_RUN_SETTINGS``, which the command sets). Where init_from's file is gone (the parent's ``recent/``
+    window removed it) and ``recorded_run`` is given (the fingerprint the run's own checkpoint or results.json
+    recorded: a resume, a sweep run again), the parent as that record names it (``recorded_init``): the run's own
+    checkpoint holds all it needs."""
     path = Path(str(cfg.init_from))
     if not path.is_file():
-        found[INIT_DIGEST] = "missing"  # the run's set-up refuses it, naming the file
+        inherited = recorded_init(recorded_run)
+        if inherited:
+            for key in [k for k in found if k.startswith("model.") and k[len("model."):] not in INIT_RUN_SETTINGS]:
+                del found[key]
+            found.update({k: v for k, v in inherited.items() if k[len("model."):] not in INIT_RUN_SETTINGS})
+        else:
+            found[INIT_DIGEST] = "missing"  # the run's set-up refuses it, naming the file
         return
     found[INIT_DIGEST] = content_digest(path)
     recorded = read_checkpoint(path, mmap=True).get(CKPT_MODEL_CONFIG)
@@ -235,12 +203,21 @@ def _init_settings(cfg: DictConfig, found: dict[str, Any]) -> None:
                 found[f"model.{key}"] = value
 
 
-def run_fingerprint(cfg: DictConfig, trainer=None) -> dict[str, Any]:
+def recorded_init(fingerprint: dict[str, Any] | None) -> dict[str, Any]:
+    """What a recorded run fingerprint says of its parent (``init_from``): its digest and the architecture it held
+    (``model.*``); {} where it records none (not a fine-tune, or its parent was missing already)."""
+    if not isinstance(fingerprint, dict) or fingerprint.get(INIT_DIGEST) in (None, "missing"):
+        return {}
+    return {key: value for key, value in fingerprint.items() if key == INIT_DIGEST or key.startswith("model.")}
+
+
+def run_fingerprint(cfg: DictConfig, trainer=None, recorded_run: dict[str, Any] | None = None) -> dict[str, Any]:
     """{dotted key: resolved value} of what defines the run (see the module doc): every key of the resolved config
     but ``NOT_TRAINING`` and the default callbacks, with the precision, the world size and the tokens per step
     resolved, the training files' contents and init_from's checkpoint by their digests. ``trainer``: the run's
     Trainer (or what has its ``world_size`` and ``precision``), whose values are the truth; without one they come
-    from ``cfg`` and the environment."""
+    from ``cfg`` and the environment. ``recorded_run``: the fingerprint this run recorded (its checkpoint's, its
+    results.json's), which stands for init_from's checkpoint where that file is gone (``_init_settings``)."""
     world_size = trainer.world_size if trainer is not None else configured_world_size(cfg)
     precision = str(trainer.precision) if trainer is not None else resolved_precision(cfg)[0]
     accumulate = OmegaConf.select(cfg, "trainer.accumulate_grad_batches", default=1)
@@ -255,15 +232,15 @@ def run_fingerprint(cfg: DictConfig, trainer=None) -> dict[str, Any]:
                   "trainer.accumulate_grad_batches": accumulate})
     found[TRAIN_DIGEST] = _train_data_digest(cfg)
     if cfg.get("init_from"):
-        _init_settings(cfg, found)
+        _init_settings(cfg, found, recorded_run)
     found[PRODUCT] = found["data.max_tokens"] * accumulate * world_size
     return {key: value for key, value in sorted(found.items())
             if key in (PRECISION, "trainer.accumulate_grad_batches", INIT_DIGEST) or not _not_training(key)}
 
 
-def results_fingerprint(cfg: DictConfig, trainer=None) -> dict[str, Any]:
+def results_fingerprint(cfg: DictConfig, trainer=None, recorded_run: dict[str, Any] | None = None) -> dict[str, Any]:
     """``run_fingerprint`` and what else shapes a finished run's results (module doc): results.json keeps it."""
-    found = run_fingerprint(cfg, trainer)
+    found = run_fingerprint(cfg, trainer, recorded_run)
     trainer_group = OmegaConf.to_container(cfg.get("trainer") or {}, resolve=True)
     found.update({f"trainer.{key}": value for key, value in trainer_group.items() if key not in TRAINER_NOT_RESULTS})
     for key in EVALUATION + RESULT_KEYS:
@@ -285,9 +262,10 @@ class RecordFingerprint(Callback):
     def __init__(self, cfg: DictConfig, overrides: list[str]):
         self.cfg, self.overrides = cfg, overrides
         self.fingerprint = None
+        self.recorded_run = None  # the resumed checkpoint's fingerprint, where init_from's file is gone (app sets it)
 
     def setup(self, trainer, pl_module, stage: str) -> None:
-        self.fingerprint = run_fingerprint(self.cfg, trainer)
+        self.fingerprint = run_fingerprint(self.cfg, trainer, self.recorded_run)
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
         checkpoint[CKPT_FINGERPRINT] = self.fingerprint if self.fingerprint is not None else run_fingerprint(
@@ -380,7 +358,7 @@ def saved_results_fingerprint(results: dict, config_file: Path) -> dict[str, Any
     what the config cannot tell (the world size, hence tokens_per_step: its factors are compared instead)."""
     if isinstance(results.get(RESULTS_FINGERPRINT), dict):
         return results[RESULTS_FINGERPRINT]
-    old = OmegaConf.load(config_file)
+    old = read_written_config(config_file)
     saved = results_fingerprint(old, SimpleNamespace(world_size=1, precision=results.get("precision")))
     saved.pop(PRODUCT), saved.pop("world_size")
     if "precision" not in results:
@@ -394,6 +372,26 @@ def saved_results_fingerprint(results: dict, config_file: Path) -> dict[str, Any
 _ABSENT = object()
 
 
+def read_written_config(path: Path) -> DictConfig:
+    """A run's config.yaml (written resolved by the run: ``OmegaConf.to_yaml(cfg, resolve=True)``) as a config,
+    read as data: an interpolation in it (``${oc.env:VAR}`` would copy an environment variable into the fingerprint,
+    its messages and what is written from it) is refused, naming the file and the key, instead of resolved."""
+    import yaml
+
+    data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    stack = [("", data)]
+    while stack:
+        where, node = stack.pop()
+        if isinstance(node, dict):
+            stack.extend((f"{where}.{key}" if where else str(key), value) for key, value in node.items())
+        elif isinstance(node, list):
+            stack.extend((f"{where}[{i}]", value) for i, value in enumerate(node))
+        elif isinstance(node, str) and "${" in node:
+            raise ResumeError(f"{path}: {where}={node!r:.80} is an interpolation; a run writes its config resolved, "
+                              f"so this file was not written by one (it is not resolved: it would read what it names)")
+    return OmegaConf.create(data if isinstance(data, dict) else {})
+
+
 def check_finished_run(cfg: DictConfig, run_dir: Path, results: dict, overrides: list[str]) -> bool:
     """A sweep's finished run (``run_dir``: its results.json holds ``results``) found by this job (``cfg``,
     ``overrides``): False where it ran with this command's settings (skip it); True where this command only
@@ -403,7 +401,7 @@ def check_finished_run(cfg: DictConfig, run_dir: Path, results: dict, overrides:
     check_same_job(results.get("overrides"), overrides, f"the sweep's run in {run_dir} finished; it",
                    f"delete {run_dir / 'results.json'} to train this job")
     saved = saved_results_fingerprint(results, run_dir / "config.yaml")
-    current = results_fingerprint(cfg)
+    current = results_fingerprint(cfg, recorded_run=saved)
     changed = differences(saved, current)
     if not changed:
         return False
@@ -438,7 +436,7 @@ def check_same_job(saved: list[str] | None, overrides: list[str], found: str, fi
 
 def check_same_run(cfg: DictConfig, saved: dict[str, Any], found: str, consequence: str, trainer=None) -> None:
     """Raise ``ResumeError`` when ``saved`` differs from ``cfg``'s fingerprint: one line per key, and the fixes."""
-    current = run_fingerprint(cfg, trainer)
+    current = run_fingerprint(cfg, trainer, recorded_run=saved)
     changed = differences(saved, current)
     if not changed or cfg.get("force_resume"):
         return

@@ -11,6 +11,7 @@ from every DDP rank. With several validation sets
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 import uuid
@@ -38,11 +39,13 @@ from transformer_nmt.generation.search import greedy_decode
 from transformer_nmt.metrics import catalog
 from transformer_nmt.model.transformer import Transformer, TransformerConfig
 from transformer_nmt.training.config import TrainConfig
-from transformer_nmt.training.ema import WeightEMA, check_decay, take_average
+from transformer_nmt.training.ema import WeightEMA, check_decay, take_average, take_trained
 from transformer_nmt.training.freezing import freeze
 from transformer_nmt.training.lightning_adapter import is_logging_step
 
 LOSS_SCALE_TOKENS = 1000.0  # backward runs on (summed token loss) / this; see training_step
+
+log = logging.getLogger(__name__)
 
 
 # Logits per chunk of the loss, so that its fp32 temporaries stay the same size whatever the batch. On a GPU, 128 MiB
@@ -574,6 +577,10 @@ class TranslationModule(pl.LightningModule):
         resuming = self.attached_to_trainer() and "optimizer_states" in checkpoint
         if resuming and self.optim["ema_decay"] is not None and self.trainer.state.fn == "fit":
             self._ema_resumed = take_average(checkpoint, "the checkpoint being resumed")  # trained weights load
+        elif resuming and self.trainer.state.fn == "fit" and take_trained(checkpoint):  # an EMA run's, by path
+            log.warning("the checkpoint being resumed was written by a run with train.ema_decay and this run has "
+                        "none: it continues the trained weights (which its optimizer state belongs to), not the "
+                        "moving average, which is dropped")
         if self.data_config is None:
             self.data_config = checkpoint.get(CKPT_DATA_CONFIG)
         if isinstance(checkpoint.get(CKPT_RUN), str):  # the run this one continues (absent in older checkpoints)
