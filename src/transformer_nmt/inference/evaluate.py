@@ -43,8 +43,10 @@ import torch
 from transformer_nmt import run_files
 from transformer_nmt.data.config import DataConfig
 from transformer_nmt.data.corpus import ReadStats, read_pairs
+from transformer_nmt.data.language_tags import Direction, LanguageTags
 from transformer_nmt.durable import atomic_write
 from transformer_nmt.generation.config import DecodeConfig
+from transformer_nmt.inference.directions import model_direction
 
 # one_line: the score is computed on these lines (sacreBLEU's tokenizers split words at whitespace, and a line break
 # is whitespace to them too)
@@ -116,11 +118,13 @@ def recorded_locations(config: DataConfig, split: str) -> dict[str, str]:
     return {option_name: location or ""}
 
 
-def split_pairs(meta: dict, split: str, trust_paths: bool = False) -> tuple[list[str], list[str]]:
+def split_pairs(meta: dict, split: str, trust_paths: bool = False, pair: str | None = None
+                ) -> tuple[list[str], list[str]]:
     """All source and reference sentences (unfiltered) of a split of a checkpoint's own training data;
     ``meta`` as returned by ``load_checkpoint``. The recorded locations (a file, a prefix, a Hub dataset's name) are
     read only when they stay inside the working directory (``outside_launch_dir``) and the checkpoint lies inside it
-    too (``inside_launch_dir``: one's own run), or with ``trust_paths``; else a SystemExit shows them."""
+    too (``inside_launch_dir``: one's own run), or with ``trust_paths``; else a SystemExit shows them. ``pair``: one
+    direction of a model of several (data.pairs, ``en-fr``)."""
     source = meta.get("source") or f"checkpoint {meta['path']}"
     if meta.get("data_config") is None:
         raise SystemExit(f"{source} does not record its data config; give src=FILE ref=FILE instead")
@@ -129,7 +133,7 @@ def split_pairs(meta: dict, split: str, trust_paths: bool = False) -> tuple[list
     except ValueError as error:
         raise SystemExit(str(error)) from None
     try:
-        spec = config.corpus_spec()  # language codes checked (corpus.check_lang)
+        spec = config.pair_specs()[pair] if pair else config.corpus_spec()  # language codes checked (check_lang)
     except ValueError as error:
         raise SystemExit(f"{source}: {error}") from None
     for key, location in recorded_locations(config, split).items():
@@ -157,15 +161,16 @@ def split_pairs(meta: dict, split: str, trust_paths: bool = False) -> tuple[list
     return sources, references
 
 
-def evaluation_pairs(options, meta: dict) -> tuple[list[str], list[str], str]:
+def evaluation_pairs(options, meta: dict, pair: str | None = None) -> tuple[list[str], list[str], str]:
     """(sources, references, default output name) from ``split=val|test`` (the checkpoint's own data,
-    ``meta`` from ``load_checkpoint``) or from ``src=FILE ref=FILE`` (``options``: evaluate's or analyze_heads');
-    errors say which options to give."""
+    ``meta`` from ``load_checkpoint``; ``pair``: one direction of a model of several, whose name the output's
+    takes) or from ``src=FILE ref=FILE`` (``options``: evaluate's or analyze_heads'); errors say which options to
+    give."""
     if options.split:
         if options.split not in ("val", "test"):
             raise SystemExit(f"split={options.split!r}: use val or test (or src=FILE ref=FILE)")
-        sources, references = split_pairs(meta, options.split, getattr(options, "trust_data_paths", False))
-        name = options.split
+        sources, references = split_pairs(meta, options.split, getattr(options, "trust_data_paths", False), pair)
+        name = options.split if pair is None else f"{options.split}.{pair}"
     elif options.src and options.ref:
         sources, references = read_lines(options.src), read_lines(options.ref)
         name = Path(options.src).name.removesuffix(".gz")
@@ -273,16 +278,29 @@ def main(argv: list[str] | None = None) -> dict:
         raise SystemExit(f"n_best={options.n_best}: evaluate scores each line's best translation; n_best is "
                          f"translate's and synthesize's")
     model, tokenizer, meta = load_model(options)
+    tags = LanguageTags.of(meta.get("data_config"))
+    if tags is not None and options.split and not (options.src_lang or options.tgt_lang):
+        return evaluate_pairs(options, model, tokenizer, meta, tags)  # every direction of the model, one call
+    direction = model_direction(meta.get("data_config"), options.src_lang, options.tgt_lang, options.zero_shot,
+                                meta.get("source") or f"checkpoint {meta.get('path')}")
+    return evaluate_direction(options, model, tokenizer, meta, direction)
+
+
+def evaluate_direction(options: EvaluateOptions, model, tokenizer, meta: dict, direction: Direction | None,
+                       name: str | None = None) -> dict:
+    """Translate and score one direction (the model's only one where ``direction`` is None), write NAME.hyp, .ref
+    and .json (``name``: in place of name= or the default), and return what NAME.json holds."""
     ckpt = options.ckpt or options.model_dir
     first = ckpt[0] if isinstance(ckpt, list) else ckpt
-    sources, references, default_name = evaluation_pairs(options, meta)
-    name = options.name or default_name
+    pair = direction.name if direction is not None and options.split else None  # its part of the split
+    sources, references, default_name = evaluation_pairs(options, meta, pair)
+    name = name or options.name or default_name
     out_dir = Path(options.out) if options.out else default_out_dir(first)
     check_outputs(options, out_dir, name)  # before decoding: nothing it reads is written over
 
     decode = values_of(DecodeConfig, options)
     started = time.perf_counter()
-    hypotheses = [hyps[0][0] for hyps in translate_lines(model, tokenizer, sources, decode)]
+    hypotheses = [hyps[0][0] for hyps in translate_lines(model, tokenizer, sources, decode, direction=direction)]
     seconds = time.perf_counter() - started
     # What is scored is what is written: sacrebleu NAME.ref -i NAME.hyp reads the same lines, the same count. The
     # hypotheses as translate writes them (plain_line: no control character either); the references as given.
@@ -291,8 +309,10 @@ def main(argv: list[str] | None = None) -> dict:
     warn_replacing(out_dir / f"{name}.json", ckpt)
     write_text(out_dir / f"{name}.hyp", "".join(h + "\n" for h in hypotheses))
     write_text(out_dir / f"{name}.ref", "".join(r + "\n" for r in references))
-    lang = options.lang or (meta.get("data_config") or {}).get("tgt_lang")  # the language it translates into
+    lang = options.lang or (direction.tgt if direction is not None else  # the language it translates into
+                            (meta.get("data_config") or {}).get("tgt_lang"))
     result = {"checkpoint": ckpt if isinstance(ckpt, list) else str(ckpt), "sentences": len(sources),
+              **({"direction": direction.record()} if direction is not None else {}),
               **metric_values(hypotheses, references, sources, lang, options),
               "engine": options.engine, "compute_type": options.compute_type,
               "threads": getattr(model, "threads", torch.get_num_threads()),
@@ -307,6 +327,33 @@ def main(argv: list[str] | None = None) -> dict:
     write_text(out_dir / f"{name}.json", json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
     return result
+
+
+PAIR_SUMMARY = ("sentences", "bleu", "bleu_lowercase", "bleu_multi30k", "chrf", "length_ratio", "bp")
+
+
+def evaluate_pairs(options: EvaluateOptions, model, tokenizer, meta: dict, tags: LanguageTags) -> dict:
+    """``split=`` of a model of several pairs: each direction scored as one (NAME.en-de.hyp, .ref, .json; NAME:
+    name= or the split), and NAME.json summing them up: each pair's scores and, under the scores' own names, their
+    means over the pairs (what a reader of one pair's NAME.json, reproduce, ranks by)."""
+    results, base = {}, options.name or options.split
+    for src, tgt in tags.pairs:
+        result = evaluate_direction(options, model, tokenizer, meta, tags.direction(src, tgt), f"{base}.{src}-{tgt}")
+        summary_keys = (*PAIR_SUMMARY, *options.metrics)  # the metrics asked for (metrics=[...]) too
+        results[f"{src}-{tgt}"] = {key: result[key] for key in dict.fromkeys(summary_keys) if key in result}
+    ckpt = options.ckpt or options.model_dir
+    first = ckpt[0] if isinstance(ckpt, list) else ckpt
+    out_dir = Path(options.out) if options.out else default_out_dir(first)
+    means = {key: round(sum(r[key] for r in results.values()) / len(results), 4)
+             for key in dict.fromkeys((*PAIR_SUMMARY[1:], *options.metrics))
+             if all(isinstance(r.get(key), (int, float)) for r in results.values())}
+    summary = {"checkpoint": ckpt if isinstance(ckpt, list) else str(ckpt), "split": options.split,
+               "pairs": results, "mean_over_pairs": True, **means,
+               "sentences": sum(r["sentences"] for r in results.values()), "beam": options.beam,
+               PROVENANCE_KEY: collect_provenance(config={"options": asdict(options)})}
+    write_text(out_dir / f"{base}.json", json.dumps(summary, indent=2) + "\n")
+    print(json.dumps({k: v for k, v in summary.items() if k != PROVENANCE_KEY}, indent=2))
+    return summary
 
 
 if __name__ == "__main__":

@@ -48,12 +48,13 @@ import sys
 import warnings
 import zlib
 from contextlib import nullcontext
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any, List, Optional
 
 import torch
 
+from transformer_nmt.data.language_tags import Direction
 from transformer_nmt.data.tokenizer import Tokenizer
 from transformer_nmt.generation.config import DecodeConfig, decode_settings
 from transformer_nmt.generation.ensemble import Ensemble
@@ -69,6 +70,7 @@ from transformer_nmt.inference.alignment import (
 )
 from transformer_nmt.inference.batches import token_batches
 from transformer_nmt.inference.ctranslate2_engine import CTranslate2Model
+from transformer_nmt.inference.directions import model_direction
 from transformer_nmt.inference.ensemble import checkpoint_paths, load_ensemble
 from transformer_nmt.inference.export import cached_export
 from transformer_nmt.inference.scoring import token_log_probs
@@ -88,6 +90,12 @@ class ModelOptions(DecodeConfig):
     ckpt: Optional[Any] = option(None, CKPT_HELP + " (or model_dir=, with engine=ctranslate2)")
     model_dir: Optional[str] = option(None, "engine=ctranslate2: a directory written by python -m "
                                             "transformer_nmt.export (instead of ckpt, which is exported to a cache)")
+    src_lang: Optional[str] = option(None, "a model of several pairs (data.pairs): the input's language; null: the "
+                                           "one its pairs allow for tgt_lang")
+    tgt_lang: Optional[str] = option(None, "a model of several pairs: the language to translate into (e.g. fr); "
+                                           "null: the one its pairs allow. A model of one pair: its own, or refused")
+    zero_shot: bool = option(False, "translate a direction the model was not trained on (its tags must exist); "
+                                    "false: such a direction is refused, naming those it knows")
 
 
 @dataclass
@@ -134,11 +142,14 @@ def plain_line(text: str) -> str:
 
 
 def encode_sources(tokenizer: Tokenizer, lines: list[str], max_positions: int,
-                   first_line: int = 0) -> list[list[int] | None]:
+                   first_line: int = 0, direction: Direction | None = None) -> list[list[int] | None]:
     """Source ids + eos per line; None for a blank line. Over-long lines are cut, with a warning naming the line
-    (``first_line``: the index of ``lines[0]`` in the whole input)."""
+    (``first_line``: the index of ``lines[0]`` in the whole input). ``direction``: a tagged model's, whose rule
+    puts its tag first (data/language_tags.py)."""
     sources: list[list[int] | None] = []
-    for number, ids in enumerate(tokenizer.encode_batch([line.strip() for line in lines]), start=first_line + 1):
+    texts = [line.strip() for line in lines]
+    encoded = tokenizer.encode_batch(texts) if direction is None else direction.encode(tokenizer, texts)
+    for number, ids in enumerate(encoded, start=first_line + 1):
         if not lines[number - first_line - 1].strip():
             sources.append(None)
             continue
@@ -179,18 +190,23 @@ def encode_prefixes(tokenizer: Tokenizer, prefixes: list[str] | None, n_lines: i
 @torch.no_grad()
 def translate_hypotheses(model: Transformer | Ensemble | CTranslate2Model, tokenizer: Tokenizer, lines: list[str],
                          decode: DecodeConfig | None = None, prefixes: list[str] | None = None, first_line: int = 0,
-                         **changes) -> tuple[list[list[int] | None], list[list[Hypothesis]]]:
+                         direction: Direction | None = None, **changes
+                         ) -> tuple[list[list[int] | None], list[list[Hypothesis]]]:
     """Translate ``lines``: (source ids as ``encode_sources`` gives them, and for each line its ``n_best``
     hypotheses (target ids without bos/eos, score, log_prob), best first, in input order). The search: ``decode``
     with ``changes`` (``beam=1``, ``sampling=True``, ...; ``decode_settings``); ``prefixes``: one target text per
     line that its output starts with. Greedy decoding and sampling score 0.0; a blank line gives empty hypotheses.
     ``first_line``: the index of ``lines[0]`` in the whole input, so that a line's sample (seeded by its index) is
-    the same whether the input is translated at once or in parts."""
+    the same whether the input is translated at once or in parts. ``direction``: a tagged model's (its source tag
+    first; style decoder: its target tag forced first, and stripped from the hypotheses)."""
     decode = decode_settings(decode, **changes)
     check_decode(decode)
     greedy = strategy_name(decode) != "beam"  # one hypothesis per sentence
-    sources = encode_sources(tokenizer, lines, model.config.max_positions, first_line)
+    sources = encode_sources(tokenizer, lines, model.config.max_positions, first_line, direction)
     forced = encode_prefixes(tokenizer, prefixes, len(lines))
+    lead = [] if direction is None else direction.decoder_prefix(tokenizer)
+    if lead:
+        forced = [lead + ids for ids in (forced or [[] for _ in lines])]
     results: list[list[Hypothesis]] = [[Hypothesis([], 0.0)] * (1 if greedy else decode.n_best) for _ in lines]
     todo = [i for i, ids in enumerate(sources) if ids is not None]
     if isinstance(model, CTranslate2Model):  # batches and searches on its own
@@ -200,7 +216,7 @@ def translate_hypotheses(model: Transformer | Ensemble | CTranslate2Model, token
                                              prefixes=None if forced is None else [forced[i] for i in todo])
         for i, hyps in zip(todo, outputs):
             results[i] = hyps
-        return sources, results
+        return sources, untagged(results, direction, lead)
     device = model.device
     for batch in token_batches([len(sources[i]) for i in todo], decode.max_tokens):
         rows = [todo[j] for j in batch]
@@ -219,7 +235,14 @@ def translate_hypotheses(model: Transformer | Ensemble | CTranslate2Model, token
         outputs = generate(model, batch, decode)
         for i, hyps in zip(rows, outputs):
             results[i] = hyps
-    return sources, results
+    return sources, untagged(results, direction, lead)
+
+
+def untagged(results: list[list[Hypothesis]], direction: Direction | None, lead: list[int]) -> list[list[Hypothesis]]:
+    """The hypotheses without the decoder-side language tag forced first (``lead``; data.lang_tags=decoder)."""
+    if not lead:
+        return results
+    return [[replace(h, tokens=direction.strip(h.tokens, lead)) for h in hyps] for hyps in results]
 
 
 def translate_ids(model: Transformer | Ensemble | CTranslate2Model, tokenizer: Tokenizer, lines: list[str],
@@ -355,7 +378,9 @@ def main(argv: list[str] | None = None) -> None:
         check_decode(decode)
     except ValueError as error:
         raise SystemExit(str(error)) from None
-    model, tokenizer, _ = load_model(options)
+    model, tokenizer, meta = load_model(options)
+    direction = model_direction(meta.get("data_config"), options.src_lang, options.tgt_lang, options.zero_shot,
+                                meta.get("source") or f"checkpoint {meta.get('path')}")
     if mode:
         try:
             check_alignment_options(model, *alignment)
@@ -368,7 +393,8 @@ def main(argv: list[str] | None = None) -> None:
 
     if options.score_reference:
         try:
-            scores = token_log_probs(model, tokenizer, lines, read_lines(options.score_reference), decode.max_tokens)
+            scores = token_log_probs(model, tokenizer, lines, read_lines(options.score_reference), decode.max_tokens,
+                                     direction)
         except ValueError as error:
             raise SystemExit(f"score_reference={options.score_reference}: {error}") from None
         with out_file() as out:
@@ -378,7 +404,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     prefixes = read_lines(options.prefix) if options.prefix else None
     try:
-        sources, results = translate_hypotheses(model, tokenizer, lines, decode, prefixes=prefixes)
+        sources, results = translate_hypotheses(model, tokenizer, lines, decode, prefixes=prefixes, direction=direction)
     except ValueError as error:
         raise SystemExit(f"prefix={options.prefix}: {error}" if prefixes is not None else str(error)) from None
     with out_file() as out:

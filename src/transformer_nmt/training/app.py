@@ -333,13 +333,14 @@ def summary(cfg: DictConfig, datamodule, module: TranslationModule, trainer: pl.
                                                           if len(split.keep) != split.report.kept else "")
                       for name, split in datamodule.splits.items())
     per_step = datamodule.max_tokens * trainer.accumulate_grad_batches * trainer.world_size
+    directions = ", ".join(getattr(datamodule, "pair_specs", None) or [f"{datamodule.src_lang}->{datamodule.tgt_lang}"])
     c = module.model.config
     lines = [
         f"model       {module.model.num_parameters():,} parameters (d_model {c.d_model}, heads {c.n_heads} with d_k "
         f"{c.head_dims()[0]}, d_v {c.head_dims()[1]}, {c.positions} positions, "
         f"layers {c.n_encoder_layers}+{c.n_decoder_layers}, d_ff {c.d_ff}, dropout {c.dropout}, vocab {c.vocab_size}"
         + "".join(f", {name} {value}" for name, value in changed_model_fields(c).items()) + ")",
-        f"corpus      {datamodule.src_lang}->{datamodule.tgt_lang} pairs after filtering: {sizes}",
+        f"corpus      {directions} pairs after filtering: {sizes}",
         f"batch       <= {per_step:,} padded tokens per side per optimizer step (data.max_tokens "
         f"{datamodule.max_tokens} x accumulate {trainer.accumulate_grad_batches} x {trainer.world_size} ranks; a "
         f"resume may change the factors, not the product)",

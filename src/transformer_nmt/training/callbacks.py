@@ -349,27 +349,29 @@ MONITORS = monitors()
 
 def monitored(monitor: str, val_bleu_max_sentences: int | None) -> tuple[str, str]:
     """(logged metric, mode) that ``checkpoint.monitor`` names: val_NAME -> ("val/NAME", the metric's direction:
-    "max" for val_bleu, "min" for val_ter), val_loss -> ("val/loss", "min"), auto -> val_bleu unless validation
-    metrics are off (``val_bleu_max_sentences`` 0)."""
-    if monitor not in monitors():
-        raise ValueError(f"checkpoint.monitor={monitor!r}: use one of {monitors()}")
-    if monitor == "auto":
-        monitor = "val_bleu" if val_bleu_max_sentences != 0 else "val_loss"
-    if monitor == "val_loss":
+    "max" for val_bleu, "min" for val_ter), val_NAME/PAIR -> that of one direction (data.pairs: "val/NAME/PAIR"),
+    val_loss -> ("val/loss", "min"), auto -> val_bleu unless validation metrics are off (``val_bleu_max_sentences``
+    0)."""
+    base, _, pair = monitor.partition("/")  # data.pairs: one direction's value, val_bleu/en-de
+    if base not in monitors() or (pair and base in ("auto", "val_loss")) or monitor.endswith("/"):
+        raise ValueError(f"checkpoint.monitor={monitor!r}: use one of {monitors()}, or val_NAME/PAIR (data.pairs)")
+    if base == "auto":
+        base = "val_bleu" if val_bleu_max_sentences != 0 else "val_loss"
+    if base == "val_loss":
         return "val/loss", "min"
-    name = monitor.removeprefix("val_")
+    name = base.removeprefix("val_")
     if val_bleu_max_sentences == 0:
         shown = "BLEU" if name == "bleu" else name
         raise ValueError(f"checkpoint.monitor={monitor} needs val {shown}: train.val_bleu_max_sentences is 0 (set N, "
                          f"or null for the whole validation set)")
-    return f"val/{name}", catalog.mode(name, "checkpoint.monitor")
+    return f"val/{name}" + (f"/{pair}" if pair else ""), catalog.mode(name, "checkpoint.monitor")
 
 
 def monitored_metric(monitor: str, val_bleu_max_sentences: int | None) -> str | None:
     """The registered metric's name that ``checkpoint.monitor`` ranks by (validation computes it); None for
     val_loss."""
     metric, _ = monitored(monitor, val_bleu_max_sentences)
-    return None if metric == "val/loss" else metric.removeprefix("val/")
+    return None if metric == "val/loss" else metric.split("/")[1]
 
 
 def best_checkpoint(dirpath, save_top_k: int, val_bleu_max_sentences: int | None,

@@ -104,8 +104,9 @@ class CheckpointConfig:
     save_top_k: int = option(3, "best-k by the monitored metric (checkpoint.monitor), plus last.ckpt", role=RUN)
     monitor: str = option("auto", "what best-k and early stopping rank by: val_NAME for any registered metric "
                                   "(val_bleu: greedy, detokenized sacreBLEU over train.val_bleu_max_sentences of the "
-                                  "first validation set; val_comet, val_chrf, val_ter ...: in the metric's "
-                                  "direction) | val_loss | auto: val_bleu, or val_loss when validation metrics are "
+                                  "first validation set, with data.pairs the mean of the pairs'; val_comet, "
+                                  "val_chrf, val_ter ...: in the metric's direction) | val_NAME/en-de (data.pairs: "
+                                  "one pair's) | val_loss | auto: val_bleu, or val_loss when validation metrics are "
                                   "off", role=EVALUATION)
     patience: int | None = option(None, "stop after this many validations without a better monitored value "
                                          "(Lightning's EarlyStopping); null: never", role=EVALUATION)

@@ -167,7 +167,8 @@ def _train_data_digest(cfg: DictConfig) -> str | None:
         data = DataConfig(**{k: v for k, v in OmegaConf.to_container(cfg.data, resolve=True).items() if k in known})
         if not data.train:
             return None
-        inputs = split_inputs(data.corpus_spec(), "train")
+        specs = list(data.pair_specs().values()) or [data.corpus_spec()]  # data.pairs: every pair's files
+        inputs = list(dict.fromkeys(path for spec in specs for path in split_inputs(spec, "train")))
     except (CorpusError, TypeError, ValueError):
         return None
     if any(i.startswith("hub:") for i in inputs):
