@@ -338,7 +338,7 @@ def test_a_multilingual_epoch_resumes_mid_way_in_a_new_process_and_the_fingerpri
     files: a line appended to the Czech side makes another run."""
     from omegaconf import OmegaConf
 
-    from transformer_nmt.training.fingerprint import _train_data_digest
+    from transformer_nmt.training.fingerprint import _split_digest
 
     corpus = write_toy_languages(tmp_path / "toy", n_train=200, sizes={"en-de": 200, "en-fr": 120, "en-cs": 40})
     locations = {split: str(corpus / "{pair}" / split) for split in ("train", "val", "test")}
@@ -361,12 +361,12 @@ def test_a_multilingual_epoch_resumes_mid_way_in_a_new_process_and_the_fingerpri
     assert first + [b["index"].tolist() for b in resumed] == full and len(full) > 3
 
     cfg = OmegaConf.create({"data": {**asdict(config)}})
-    before = _train_data_digest(cfg)
+    before = _split_digest(cfg)
     assert before is not None
     with open(corpus / "en-cs" / "train.cs", "a") as f_cs, open(corpus / "en-cs" / "train.en", "a") as f_en:
         f_cs.write("stu\n")
         f_en.write("abc\n")
-    assert _train_data_digest(cfg) != before
+    assert _split_digest(cfg) != before
 
 
 def test_sampled_segmentations_keep_each_pairs_tag_in_front(tmp_path):
