@@ -137,3 +137,13 @@ def test_help_prints_the_usage_and_a_flag_is_refused_naming_it(reproduce, capsys
     assert done.value.code == 0 and "python -m transformer_nmt.reproduce [experiment=" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="takes KEY=VALUE options .* not --epochs"):
         reproduce.main(["experiment=multi30k_tiny", "--epochs"])
+
+
+def test_the_choices_follow_the_select_on_metrics_direction_and_keep_the_first_of_equals(reproduce):
+    records = {"averaged": {"bleu": 30.1, "ter": 55.0}, "last": {"bleu": 30.4, "ter": 52.0},
+               "other": {"bleu": 30.4, "ter": 60.0}}
+    assert reproduce.choose(records, "bleu") == "last"  # higher is better; "other" ties with it, after it
+    assert reproduce.choose(records, "ter") == "last"  # lower is better
+    assert reproduce.choose({"a": {"ter": 50.0}, "b": {"ter": 50.0}}, "ter") == "a"
+    with pytest.raises(SystemExit, match="select_on: no metric named 'blue'"):
+        reproduce.main(["train=false", "select_on=blue"])

@@ -11,6 +11,8 @@ table, with no exception):
     file_digest.py              the sha256 of a file's bytes, memoized per version of the file (caches' keys)
     records.py                  settings dataclasses rebuilt from what a checkpoint or export records (checked)
     provenance.py               what made a results file (commit, versions, machine, command, config)
+    metrics/                    registered metrics: sacreBLEU's, the Multi30k convention, COMET (transformers
+                                imported inside its functions)
     model/                      attention, positions, feed-forwards, norms, the Transformer, dropout (plain torch)
     generation/                 decoding settings, greedy and beam search, sampling, ensembles, per-step
                                 processors (n-gram blocking), constrained beam, the strategy registry (plain

@@ -1,4 +1,5 @@
-"""Score a checkpoint with sacreBLEU: detokenized hypotheses to a file, BLEU and chrF to JSON beside it.
+"""Evaluate a checkpoint: detokenized hypotheses to a file, its metrics (sacreBLEU's BLEU and chrF by default) to JSON
+beside it.
 
     python -m transformer_nmt.evaluate ckpt=RUN/averaged.ckpt split=test
     python -m transformer_nmt.evaluate ckpt=model.ckpt src=newstest2014.en ref=newstest2014.de
@@ -15,11 +16,16 @@ Writes to ``out=DIR`` (default: ``eval/`` beside the checkpoint) ``NAME.hyp`` (o
 ``NAME.ref`` and ``NAME.json`` (each written to a temporary file beside it, fsynced, then renamed over it: a
 symbolic link in its place is replaced, never written through; a warning names an earlier evaluation of another
 checkpoint it replaces; one that is a file evaluate reads, ``src=``, ``ref=`` or a checkpoint, is refused) with
-sacreBLEU's BLEU (cased and lowercased, with the length ratio and brevity penalty) and chrF and their signatures, so
-``sacrebleu NAME.ref -i NAME.hyp`` reproduces the score exactly: both are scored as written, one line each
-(``one_line``: a line break inside a sentence, a lone CR included, is written as a space); the Multi30k literature's
-BLEU (``bleu_multi30k``: lowercased, Moses-tokenized; inference/multi30k_bleu.py, needs the optional sacremoses);
-and what made the file (``provenance``: commit, versions, machine, command, options).
+each metric of ``metrics=[...]`` (registered in metrics/, default: sacreBLEU's BLEU cased and lowercased, with the
+length ratio and brevity penalty, and chrF, and the Multi30k literature's BLEU) under its name, with its signature
+under NAME_signature, so ``sacrebleu NAME.ref -i NAME.hyp`` reproduces a sacreBLEU metric exactly: both are scored
+as written, one line each (``one_line``: a line break inside a sentence, a lone CR included, is written as a space);
+``bleu_multi30k`` is lowercased and Moses-tokenized (metrics/multi30k.py, needs the optional sacremoses); ``chrfpp``,
+``ter`` and ``comet`` (``metric.comet.model=DIR``, a local COMET model; metrics/comet.py) on request; and what made
+the file (``provenance``: commit, versions, machine, command, options).
+
+    python -m transformer_nmt.evaluate ckpt=model.ckpt split=test metrics=[bleu,chrf,ter,comet] \
+        metric.comet.model=wmt22-comet-da metric.comet.encoder=xlm-roberta-large
 """
 
 from __future__ import annotations
@@ -33,7 +39,6 @@ from pathlib import Path, PurePath
 from typing import Optional
 
 import torch
-from sacrebleu.metrics import BLEU, CHRF
 
 from transformer_nmt import run_files
 from transformer_nmt.data.config import DataConfig
@@ -42,7 +47,6 @@ from transformer_nmt.data.language_tags import Direction, LanguageTags
 from transformer_nmt.durable import atomic_write
 from transformer_nmt.generation.config import DecodeConfig
 from transformer_nmt.inference.directions import model_direction
-from transformer_nmt.inference.multi30k_bleu import multi30k_bleu
 
 # one_line: the score is computed on these lines (sacreBLEU's tokenizers split words at whitespace, and a line break
 # is whitespace to them too)
@@ -57,11 +61,13 @@ from transformer_nmt.inference.translate import (
     read_lines,
     translate_lines,
 )
+from transformer_nmt.metrics import catalog
 from transformer_nmt.options import command_argv, option, parse_options, require_checkpoint, values_of
 from transformer_nmt.provenance import PROVENANCE_KEY
 from transformer_nmt.provenance import collect as collect_provenance
 
 USAGE = "python -m transformer_nmt.evaluate ckpt=PATH (split=val|test | src=FILE ref=FILE) [key=value ...]"
+REPORTED = ["bleu", "bleu_lowercase", "chrf", "bleu_multi30k"]  # the metrics evaluate writes unless told otherwise
 
 
 @dataclass
@@ -73,6 +79,10 @@ class EvaluateOptions(ModelOptions):
     name: Optional[str] = option(None, "output file names NAME.hyp, .ref, .json; null: the split or the src file")
     lang: Optional[str] = option(None, "target language for bleu_multi30k's Moses tokenizer; null: the "
                                        "checkpoint's data.tgt_lang")
+    metrics: list[str] = option(REPORTED, "the registered metrics to compute, each written under its name with "
+                                          "NAME_signature: " + ", ".join(catalog.names()) + " (metrics/)")
+    metric: catalog.MetricOptions = option(help="each metric's settings: metric.comet.model=DIR ...",
+                                           factory=catalog.MetricOptions)
     trust_data_paths: bool = option(False, "split=: read the data locations the checkpoint records even where they "
                                            "are absolute or lead out of this directory (only for a checkpoint you "
                                            "trust); false: only relative paths inside the directory evaluate runs in, "
@@ -175,20 +185,33 @@ def evaluation_pairs(options, meta: dict, pair: str | None = None) -> tuple[list
     return sources, references, name
 
 
-def score(hypotheses: list[str], references: list[str], lang: str | None = None) -> dict:
-    """sacreBLEU BLEU (cased and lowercased) and chrF, with their signatures; beside the cased BLEU its
-    length ratio (hypothesis / reference tokens) and brevity penalty; and the Multi30k literature's BLEU
-    (``bleu_multi30k``: lowercased, Moses-tokenized for the target language ``lang``; multi30k_bleu.py)."""
+def metric_record(hypotheses: list[str], references: list[str], lang: str | None = None, metrics=REPORTED,
+                  sources: list[str] | None = None, options=None) -> dict:
+    """Each of ``metrics`` (registered names; metrics/catalog.py) over the corpus, rounded to 4 decimals, with its
+    signature under NAME_signature and its details beside it (the cased BLEU's length ratio, hypothesis / reference
+    tokens, and brevity penalty). ``lang``: the target language (``bleu_multi30k``'s Moses tokenizer);
+    ``sources``: for the metrics that need them (COMET); ``options``: a ``catalog.MetricOptions``."""
     if not any(reference.strip() for reference in references):  # sacreBLEU would divide by 0 reference tokens
         raise ValueError(f"every reference line is blank ({len(references)} lines): there is nothing to score against")
-    metrics = {}
-    for name, metric in (("bleu", BLEU()), ("bleu_lowercase", BLEU(lowercase=True)), ("chrf", CHRF())):
-        result = metric.corpus_score(hypotheses, [references])
-        metrics[name] = round(result.score, 4)
-        if name == "bleu":
-            metrics["length_ratio"], metrics["bp"] = round(result.sys_len / result.ref_len, 4), round(result.bp, 4)
-        metrics[f"{name}_signature"] = str(metric.get_signature())
-    return {**metrics, **multi30k_bleu(hypotheses, references, lang)}
+    results = catalog.compute(metrics, hypotheses, references, sources, options, lang)
+    written = {}
+    for name, result in results.items():
+        written[name] = None if result.value is None else round(result.value, 4)
+        written.update({key: round(value, 4) for key, value in result.details.items()})
+        written[f"{name}_signature"] = result.signature
+    return written
+
+
+score = metric_record  # its older name (studies and benchmarks import it); "scores" are log-probabilities now
+
+
+def metric_values(hypotheses, references, sources, lang, options: EvaluateOptions) -> dict:
+    """``metric_record`` with evaluate's options; a metric's refusal (a COMET directory that is not one) is a SystemExit
+    naming it."""
+    try:
+        return metric_record(hypotheses, references, lang, options.metrics, sources, options.metric)
+    except ValueError as error:
+        raise SystemExit(str(error)) from None
 
 
 def default_out_dir(checkpoint: str | os.PathLike) -> Path:
@@ -246,6 +269,11 @@ def write_text(path: Path, text: str) -> None:
 def main(argv: list[str] | None = None) -> dict:
     options = parse_options(command_argv(argv), EvaluateOptions, __doc__, USAGE)
     require_checkpoint(options)
+    try:  # before decoding: a misnamed metric or a COMET directory that is not one stops here
+        for metric_name in catalog.check_names(options.metrics):
+            catalog.build(metric_name, options.metric).check()
+    except ValueError as error:
+        raise SystemExit(str(error)) from None
     if options.n_best != 1:
         raise SystemExit(f"n_best={options.n_best}: evaluate scores each line's best translation; n_best is "
                          f"translate's and synthesize's")
@@ -285,7 +313,7 @@ def evaluate_direction(options: EvaluateOptions, model, tokenizer, meta: dict, d
                             (meta.get("data_config") or {}).get("tgt_lang"))
     result = {"checkpoint": ckpt if isinstance(ckpt, list) else str(ckpt), "sentences": len(sources),
               **({"direction": direction.record()} if direction is not None else {}),
-              **score(hypotheses, references, lang),
+              **metric_values(hypotheses, references, sources, lang, options),
               "engine": options.engine, "compute_type": options.compute_type,
               "threads": getattr(model, "threads", torch.get_num_threads()),
               "inter_threads": getattr(model, "inter_threads", None),
@@ -311,11 +339,13 @@ def evaluate_pairs(options: EvaluateOptions, model, tokenizer, meta: dict, tags:
     results, base = {}, options.name or options.split
     for src, tgt in tags.pairs:
         result = evaluate_direction(options, model, tokenizer, meta, tags.direction(src, tgt), f"{base}.{src}-{tgt}")
-        results[f"{src}-{tgt}"] = {key: result[key] for key in PAIR_SUMMARY if key in result}
+        summary_keys = (*PAIR_SUMMARY, *options.metrics)  # the metrics asked for (metrics=[...]) too
+        results[f"{src}-{tgt}"] = {key: result[key] for key in dict.fromkeys(summary_keys) if key in result}
     ckpt = options.ckpt or options.model_dir
     first = ckpt[0] if isinstance(ckpt, list) else ckpt
     out_dir = Path(options.out) if options.out else default_out_dir(first)
-    means = {key: round(sum(r[key] for r in results.values()) / len(results), 4) for key in PAIR_SUMMARY[1:]
+    means = {key: round(sum(r[key] for r in results.values()) / len(results), 4)
+             for key in dict.fromkeys((*PAIR_SUMMARY[1:], *options.metrics))
              if all(isinstance(r.get(key), (int, float)) for r in results.values())}
     summary = {"checkpoint": ckpt if isinstance(ckpt, list) else str(ckpt), "split": options.split,
                "pairs": results, "mean_over_pairs": True, **means,
