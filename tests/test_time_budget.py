@@ -163,6 +163,7 @@ def tiny_run(tmp_path_factory):
         patch.setattr(TranslationModule, "on_train_batch_start", recorded)
         trainer = spanned("train", train)(tiny_config(corpus, "trainer.max_steps=12", "run_test=true",
                                                       "checkpoint.every_n_train_steps=4",
+                                                      "checkpoint.recent.keep=2",  # reproduce averages them
                                                       "attention_maps.every_n_validations=1"), tmp / "run")
     results = json.loads((tmp / "run" / "results.json").read_text())
     return trainer, results, tmp / "run", SimpleNamespace(spans=spans, batches=batches)

@@ -299,7 +299,7 @@ def read_run_config(path: Path) -> dict:
 def check_run_config(config: dict, path: Path) -> None:
     """SystemExit naming ``path`` and the key where a value this command reads, copies into reproduce.json or passes
     on to average and evaluate is not of its kind: ``trainer.max_steps``/``max_epochs`` integers or null,
-    ``trainer.max_time`` null, DD:HH:MM:SS or a mapping of numbers, ``checkpoint.recent.keep`` a positive integer,
+    ``trainer.max_time`` null, DD:HH:MM:SS or a mapping of numbers, ``checkpoint.recent.keep`` a whole number >= 0,
     ``decode.beam`` a positive integer, ``decode.length_penalty`` one of the search's, ``decode.alpha`` a number,
     ``name`` a string or null."""
     from transformer_nmt.generation.search import LENGTH_PENALTIES
@@ -321,7 +321,7 @@ def check_run_config(config: dict, path: Path) -> None:
         "trainer.max_epochs": lambda v: v is None or integer(v),
         "trainer.max_time": lambda v: v is None or (isinstance(v, str) and LIMIT.fullmatch(v)) or (
             isinstance(v, dict) and all(isinstance(k, str) and number(x) for k, x in v.items())),
-        "checkpoint.recent.keep": lambda v: integer(v, 1),
+        "checkpoint.recent.keep": lambda v: integer(v, 0),  # 0: the run kept none (refused below, saying so)
         "decode.beam": lambda v: v is None or integer(v, 1),
         "decode.length_penalty": lambda v: v is None or v in LENGTH_PENALTIES,
         "decode.alpha": lambda v: v is None or number(v),
@@ -432,6 +432,9 @@ def main(argv: list[str], root: Path | None = None) -> dict:
     run_config = read_run_config(run_dir / run_files.CONFIG)  # as data: nothing resolved, values checked
     provenance["config"] = relative_strings(run_config, root)
     keep = run_config["checkpoint"]["recent"]["keep"]
+    if keep < 1:
+        sys.exit(f"{run_dir}: the run kept no recent checkpoints (checkpoint.recent.keep=0), so there is nothing to "
+                 f"average; train it with checkpoint.recent.keep=K (the recipe keeps 10)")
     search, alphas = run_search(run_config, recipe_alphas(run_config) if own["alphas"] is None else own["alphas"])
     beam = search["beam"]
     averaged, last = run_dir / run_files.AVERAGED, run_files.last_checkpoint(run_dir)
