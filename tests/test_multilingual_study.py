@@ -5,7 +5,7 @@ pivoted through English, and a second launch redoes nothing."""
 import json
 from pathlib import Path
 
-from study_scripts import load_study
+from study_scripts import load_study, train_steps_in_process
 from toy_languages import write_toy_languages
 
 from transformer_nmt.checkpoint import read_checkpoint
@@ -25,7 +25,9 @@ def test_the_study_trains_scores_and_resumes(tmp_path, monkeypatch, capsys):
     argv = ["experiment=smoke", f"overrides={quoted(overrides)}", "seeds=[1]", "steps=1", f"test={corpus}/test",
             "beam=1", "splits=[test]", "out=study.json", "work=work"]
     study = load_study("multilingual")
+    trained = train_steps_in_process(monkeypatch, study)
     result = study.main(argv)
+    assert len(trained) == 5
     runs = {run["model"]: run for run in result["runs"]}
     assert list(runs) == ["bilingual en-de", "bilingual en-fr", "bilingual en-cs", "one-to-many", "many-to-many"]
     assert [runs[m]["updates"] for m in runs] == [1, 1, 1, 3, 4]  # the same total budget: 3 x 1 updates
