@@ -679,6 +679,31 @@ def decoding_samples_source(root: Path) -> str:
             f"[decoding_samples.json](evaluation/decoding_samples.json)).")
 
 
+CONSTRAINED = Path("docs/evaluation/constrained_terminology.json")
+
+
+def constrained_terminology(root: Path) -> str:
+    """studies/constrained_terminology.py's numbers: BLEU without and with terminology constraints, the share met,
+    the time of each decode."""
+    data = read_json(root, CONSTRAINED)
+    seconds, bleu = data["seconds"], data["bleu"]
+    rows = [["unconstrained", f"{bleu['unconstrained']:.2f}", "-", f"{seconds['unconstrained']:.1f}", "1.00"],
+            ["constrained", f"{bleu['constrained']:.2f}",
+             f"{data['constraints_met']}/{data['constraints']} ({100 * data['share_met']:.1f}%)",
+             f"{seconds['constrained']:.1f}", f"{data['slowdown']:.2f}"]]
+    command = " ".join(data["provenance"]["argv"][1:])
+    return (table(["decode", "BLEU", "constraints met", "seconds", "x time"], rows)
+            + f"\n\n{data['sentences']} sentences of {data['split']}, {data['constrained_sentences']} with "
+              f"constraints ({data['rule']})"
+            + (f"; the {data['unconstrained_lines']} without: {data['unconstrained_lines_unchanged']} outputs "
+               f"identical to the unconstrained decode" if data["unconstrained_lines"] else "")
+            + f". Decoding: {data['decoding']}; seconds: each whole `translate` run, median of "
+              f"{len(data['seconds_all']['constrained'])} round(s). "
+              f"`python studies/constrained_terminology.py {command}` "
+              f"({measured_on(data['provenance'])}; raw file: "
+              f"[constrained_terminology.json](evaluation/constrained_terminology.json)).")
+
+
 SAMPLE_FILES = {"reference": "ref.de", "prefix": "prefix.de"}  # decoding_samples.py's JSON key: the file it wrote
 
 
@@ -897,6 +922,7 @@ BLOCKS = {
     "quality-equal-updates": equal_updates,
     "quality-segmentation-length": segmentation_length,
     "evaluation-samples-source": decoding_samples_source,
+    "evaluation-constrained": constrained_terminology,
     "evaluation-sample-ensemble": lambda root: decoding_sample(root, ("ensemble",)),
     "evaluation-sample-n-best": lambda root: decoding_sample(root, ("n_best",)),
     "evaluation-sample-sampling": lambda root: decoding_sample(root, ("sampling_top_p", "sampling_top_k")),

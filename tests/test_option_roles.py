@@ -15,9 +15,11 @@ from transformer_nmt.options import Role, declares_roles, option
 from transformer_nmt.training import fingerprint, roles
 from transformer_nmt.training.config import TrainAppConfig
 
-# The hand-kept lists of training/fingerprint.py at bea1912 (lines 71-123), copied as data.
+# The hand-kept lists of training/fingerprint.py at bea1912 (lines 71-123), copied as data, with the options added
+# since marked where they enter.
 EVALUATION = ("data.val", "data.test", "data.eval_max_tokens", "train.val_bleu_max_sentences",
-              "train.test_bleu_max_sentences")
+              "train.test_bleu_max_sentences",
+              "train.val_metrics")  # added since: the registered metrics validation computes (issue 49, metrics/)
 MAY_CHANGE = ("data.num_workers", "data.num_proc", "data.cache_dir", *EVALUATION,
               "model.attention", "model.attention_block_size", "train.fused_adam")
 RETIRED = ("data._target_",)
@@ -30,6 +32,7 @@ INIT_RUN_SETTINGS = ("dropout", "attention_dropout", "attention", "attention_blo
 NOT_TRAINING = (
     "name", "run_id", "sweep_id", "run_dir", "ckpt_path", "force_resume", "wait_for_run_dir", "init_from",
     "run_test", "validate_at_end", "checkpoint", "decode", "logger", "attention_maps", "ablation",
+    "metric",  # added since: the metrics' settings, metric.comet.model=DIR (issue 49, metrics/)
     "trainer.accelerator", "trainer.devices", "trainer.num_nodes", "trainer.strategy",
     "trainer.max_epochs", "trainer.max_steps", "trainer.max_time", "trainer.min_epochs", "trainer.min_steps",
     "trainer.val_check_interval",

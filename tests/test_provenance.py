@@ -101,7 +101,8 @@ def test_reproduce_json_names_paths_relative_to_where_it_ran_and_records_its_pro
                                bp=1.0),
               "last": dict(bleu=31.0, bleu_lowercase=31.5, bleu_multi30k=31.6, chrf=51.0, length_ratio=1.0, bp=1.0)}
     monkeypatch.setattr(reproduce, "run_step", lambda name, args, timings, root: timings.setdefault(name, 0.0))
-    monkeypatch.setattr(reproduce, "evaluate", lambda ckpt, split, beam, out, timings, root: dict(scores[ckpt.stem]))
+    monkeypatch.setattr(reproduce, "evaluate",
+                        lambda ckpt, split, beam, out, timings, root, trust=False, extra=(): dict(scores[ckpt.stem]))
     report = reproduce.main(["train=false", f"run_dir={run_dir}"], root=tmp_path)
     written = json.loads((run_dir / "reproduce.json").read_text())
     assert written == report and written["run_dir"] == "outputs/multi30k_cpu_en_de/NAME"

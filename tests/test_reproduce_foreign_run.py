@@ -139,13 +139,21 @@ def test_the_config_is_data_no_interpolation_is_resolved(foreign, steps, monkeyp
 
 
 @pytest.mark.parametrize("key, value", [("trainer.max_time", "00:01:00:00\necho owned >> ~/.bashrc"),
-                                        ("trainer.max_steps", "20; rm -rf ~"), ("checkpoint.recent.keep", 0),
+                                        ("trainer.max_steps", "20; rm -rf ~"), ("checkpoint.recent.keep", -1),
                                         ("decode.length_penalty", "gnmt alpha=9"), ("decode.beam", True),
                                         ("name", ["a"])])
 def test_values_of_the_wrong_kind_are_refused_naming_the_key(foreign, steps, key, value):
     home, run_dir = foreign
     (run_dir / "config.yaml").write_text(yaml.safe_dump(config(**{key: value})))
     with pytest.raises(SystemExit, match=rf"config.yaml: {key}=.* is not a value a run writes there"):
+        reproduce.main(["train=false", f"run_dir={run_dir}"], root=home)
+    assert steps == []
+
+
+def test_a_run_that_kept_no_recent_checkpoints_is_refused_before_any_step(foreign, steps):
+    home, run_dir = foreign  # keep=0 is the option's default: a value a run writes, but nothing to average
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(config(**{"checkpoint.recent.keep": 0})))
+    with pytest.raises(SystemExit, match=r"kept no recent checkpoints \(checkpoint.recent.keep=0\)"):
         reproduce.main(["train=false", f"run_dir={run_dir}"], root=home)
     assert steps == []
 

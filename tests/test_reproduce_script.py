@@ -151,7 +151,8 @@ def test_a_logged_step_prints_nothing_and_keeps_its_output_in_the_file(reproduce
 def test_an_evaluate_prints_one_line_with_its_name_bleu_and_seconds(reproduce, tmp_path, monkeypatch, capsys):
     """The whole record stays in its file (written by evaluate); the terminal gets one line."""
     def fake_step(name, args, timings, root, log=None):
-        out, stem = Path(args[-2].removeprefix("out=")), args[-1].removeprefix("name=")
+        option = {arg.partition("=")[0]: arg.partition("=")[2] for arg in args[1:]}
+        out, stem = Path(option["out"]), option["name"]
         (out / f"{stem}.json").write_text(json.dumps({"bleu": 27.456, "chrf": 55.0, "provenance": {"argv": args}}))
         timings[name] = 0.5
         return 30.2
@@ -162,3 +163,13 @@ def test_an_evaluate_prints_one_line_with_its_name_bleu_and_seconds(reproduce, t
     assert record["chrf"] == 55.0
     assert capsys.readouterr().out.splitlines() == [
         f"evaluate val_averaged_beam4_gnmt0.6: BLEU 27.46, 30 s (record: {tmp_path}/val_averaged_beam4_gnmt0.6.json)"]
+
+
+def test_the_choices_follow_the_select_on_metrics_direction_and_keep_the_first_of_equals(reproduce):
+    records = {"averaged": {"bleu": 30.1, "ter": 55.0}, "last": {"bleu": 30.4, "ter": 52.0},
+               "other": {"bleu": 30.4, "ter": 60.0}}
+    assert reproduce.choose(records, "bleu") == "last"  # higher is better; "other" ties with it, after it
+    assert reproduce.choose(records, "ter") == "last"  # lower is better
+    assert reproduce.choose({"a": {"ter": 50.0}, "b": {"ter": 50.0}}, "ter") == "a"
+    with pytest.raises(SystemExit, match="select_on: no metric named 'blue'"):
+        reproduce.main(["train=false", "select_on=blue"])

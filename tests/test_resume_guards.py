@@ -372,6 +372,42 @@ def test_a_finished_run_is_skipped_extended_or_refused_by_what_shapes_its_result
     assert json.loads(json.dumps(results_fingerprint(changed(base, ["data.val=[a,b]"]))))["data.val"] == ["a", "b"]
 
 
+def test_other_val_or_test_files_under_the_same_paths_are_other_results(corpus, tmp_path):
+    """A finished run's results depend on the files it validated and was tested on: their contents are in the results
+    fingerprint (not the run's), so a sweep run again after val or test changed under the same path is refused,
+    naming the digest; results.json written before the digests existed is compared without them."""
+    copy_dir = tmp_path / "sets"
+    copy_dir.mkdir()
+    for name in ("train", "val", "test"):
+        for lang in ("en", "de"):
+            (copy_dir / f"{name}.{lang}").write_bytes((corpus / f"{name}.{lang}").read_bytes())
+    cfg = tiny_config(corpus, *(f"data.{s}={copy_dir}/{s}" for s in ("train", "val", "test")))
+    before = results_fingerprint(cfg)
+    assert len(before["data.val_sha256"]) == len(before["data.test_sha256"]) == 64
+    assert before["data.val_sha256"] != before["data.test_sha256"]
+    assert "data.val_sha256" not in run_fingerprint(cfg)  # a resume is not about them
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    finished(run_dir, cfg, ["seed=1234"], precision="32-true")
+    assert finished_already(cfg, run_dir, ["seed=1234"])
+    for split in ("val", "test"):
+        with open(copy_dir / f"{split}.de", "a") as f:
+            f.write("ein Satz mehr\n")
+        with open(copy_dir / f"{split}.en", "a") as f:
+            f.write("one more sentence\n")
+        after = results_fingerprint(cfg)
+        assert [k for k in before if before[k] != after[k]] == [f"data.{split}_sha256"]
+        with pytest.raises(ResumeError, match=rf"data.{split}_sha256: [0-9a-f]{{64}} there, [0-9a-f]{{64}} now"):
+            finished_already(cfg, run_dir, ["seed=1234"])
+        before = after
+        finished(run_dir, cfg, ["seed=1234"], precision="32-true")
+    record = json.loads((run_dir / "results.json").read_text())  # written before the digests existed
+    for key in ("data.val_sha256", "data.test_sha256"):
+        del record[RESULTS_FINGERPRINT][key]
+    (run_dir / "results.json").write_text(json.dumps(record))
+    assert finished_already(cfg, run_dir, ["seed=1234"])
+
+
 def test_a_sweeps_extended_overrides_are_the_same_job(corpus, tmp_path):
     """A longer max_steps on the command line is the same job run longer; other overrides are another job."""
     finished(tmp_path, tiny_config(corpus, "trainer.max_steps=40"), ["trainer.max_steps=40", "seed=1234"])

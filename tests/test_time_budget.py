@@ -163,6 +163,7 @@ def tiny_run(tmp_path_factory):
         patch.setattr(TranslationModule, "on_train_batch_start", recorded)
         trainer = spanned("train", train)(tiny_config(corpus, "trainer.max_steps=12", "run_test=true",
                                                       "checkpoint.every_n_train_steps=4",
+                                                      "checkpoint.recent.keep=2",  # reproduce averages them
                                                       "attention_maps.every_n_validations=1"), tmp / "run")
     results = json.loads((tmp / "run" / "results.json").read_text())
     return trainer, results, tmp / "run", SimpleNamespace(spans=spans, batches=batches)
@@ -257,9 +258,10 @@ def test_reproduce_chooses_on_val_scores_on_test_and_holds_the_time_budget(tiny_
     beam = DecodeConfig().beam
     calls = []
 
-    def evaluate(ckpt, split, search, out, timings, root):
+    def evaluate(ckpt, split, search, out, timings, root, trust_data_paths=False, extra=()):
         width = search["beam"]  # the run's search (its config's decode node; DecodeConfig's for an older run)
         calls.append((ckpt.name, split, width))
+        assert list(extra) == ["metrics=[bleu,bleu_lowercase,chrf,bleu_multi30k]"]  # evaluate's own, select_on's bleu
         bleu = val[ckpt.stem] if (split, width) == ("val", beam) else 100.0 - val[ckpt.stem] - width
         return dict(bleu=bleu, bleu_lowercase=bleu, bleu_multi30k=bleu, chrf=2.0, length_ratio=1.0, bp=1.0)
 

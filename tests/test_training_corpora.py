@@ -11,7 +11,7 @@ from tiny_corpus import write_train_slices
 
 from transformer_nmt.data.config import DataConfig
 from transformer_nmt.data.datamodule import TranslationDataModule
-from transformer_nmt.training.fingerprint import _train_data_digest
+from transformer_nmt.training.fingerprint import _split_digest
 
 
 @pytest.fixture(scope="module")
@@ -138,12 +138,12 @@ def test_the_fingerprint_reads_every_corpus(corpus, tmp_path):
         for lang in ("en", "de"):
             (tmp_path / f"{name}.{lang}").write_bytes((corpus / f"{name}.{lang}").read_bytes())
     cfg = OmegaConf.create({"data": {"train": [str(tmp_path / "a"), str(tmp_path / "b")], "val": "v", "test": None}})
-    before = _train_data_digest(cfg)
+    before = _split_digest(cfg)
     assert before is not None
     with open(tmp_path / "b.en", "a") as f_en, open(tmp_path / "b.de", "a") as f_de:
         f_en.write("One more.\n")
         f_de.write("Noch einer.\n")
-    assert _train_data_digest(cfg) != before
+    assert _split_digest(cfg) != before
 
 
 def test_a_tag_is_matched_in_the_text_as_sentencepiece_reads_it(corpus, tmp_path):

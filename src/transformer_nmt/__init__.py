@@ -11,9 +11,12 @@ table, with no exception):
     file_digest.py              the sha256 of a file's bytes, memoized per version of the file (caches' keys)
     records.py                  settings dataclasses rebuilt from what a checkpoint or export records (checked)
     provenance.py               what made a results file (commit, versions, machine, command, config)
+    metrics/                    registered metrics: sacreBLEU's, the Multi30k convention, COMET (transformers
+                                imported inside its functions)
     model/                      attention, positions, feed-forwards, norms, the Transformer, dropout (plain torch)
-    generation/                 decoding settings, greedy and beam search, sampling, ensembles, the strategy
-                                registry (plain torch; the special ids passed in)
+    generation/                 decoding settings, greedy and beam search, sampling, ensembles, per-step
+                                processors (n-gram blocking), constrained beam, the strategy registry (plain
+                                torch; the special ids passed in)
     data/                       corpus, tokenizer, batching, the datamodule
     checkpoint.py               the checkpoint format: atomic writes, reading one into a model and tokenizer
     inference/                  translate, evaluate, average, export, CTranslate2, alignment, attention weights

@@ -226,7 +226,7 @@ def vocabulary_entries(checkpoint: dict) -> tuple | None:
 
 # The data options that say what a model translates: from which language into which. A multilingual data config
 # adds its language sets here; models that differ in any of them are never one ensemble or one average.
-LANGUAGE_FIELDS = ("src_lang", "tgt_lang")
+LANGUAGE_FIELDS = ("src_lang", "tgt_lang", "pairs", "lang_tags")  # pairs, lang_tags: a model of several (data.pairs)
 
 
 def translation_languages(data_config) -> tuple | None:
@@ -236,8 +236,10 @@ def translation_languages(data_config) -> tuple | None:
     if not isinstance(data_config, dict):
         return None
     defaults = {f.name: f.default for f in fields(DataConfig)}
-    values = ((name, data_config.get(name, defaults.get(name))) for name in LANGUAGE_FIELDS)
-    return tuple((name, tuple(value) if isinstance(value, list) else value) for name, value in values)
+    values = {name: data_config.get(name, defaults.get(name)) for name in LANGUAGE_FIELDS}
+    if not values["pairs"]:  # a model of one pair: its languages alone, as before data.pairs
+        values = {name: values[name] for name in ("src_lang", "tgt_lang")}
+    return tuple((name, tuple(value) if isinstance(value, list) else value) for name, value in values.items())
 
 
 def describe_languages(languages: tuple | None) -> str:

@@ -1,4 +1,4 @@
-"""``python -m transformer_nmt.evaluate [key=value ...]``: score a checkpoint with sacreBLEU.
+"""``python -m transformer_nmt.evaluate [key=value ...]``: a checkpoint's metrics (sacreBLEU's, COMET, ...).
 
 The command lives in inference/evaluate.py; ``--help`` lists its options and their defaults.
 """

@@ -26,6 +26,7 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationErr
 HELP_FLAGS = ("-h", "--help")
 GRAMMAR = "Hydra's override grammar, as for train: key=[0,3] a list, key=null none, key='4' a string"
 HELP_WIDTH = 120
+HELP_KEY_WIDTH = 36  # the key=default column; a longer one gets a line of its own
 
 
 class Role(enum.Enum):
@@ -112,17 +113,32 @@ def default_of(field: dataclasses.Field) -> Any:
     return field.default
 
 
+def option_rows(spec: type, prefix: str = "") -> list[tuple[str, str]]:
+    """(key=default, help) of every option of dataclass ``spec``, a nested dataclass's as dotted keys."""
+    rows = []
+    for f in dataclasses.fields(spec):
+        default = default_of(f)
+        if dataclasses.is_dataclass(default):
+            rows += option_rows(type(default), f"{prefix}{f.name}.")
+        else:
+            rows.append((f"{prefix}{f.name}={show(default)}", f.metadata.get("help", "")))
+    return rows
+
+
 def help_text(spec: type, description: str | None = None, usage: str | None = None) -> str:
     """What ``--help`` prints: usage, the description's first paragraph, every option with default and help."""
-    fields = dataclasses.fields(spec)
-    width = max(len(f"{f.name}={show(default_of(f))}") for f in fields) + 2
+    rows = option_rows(spec)
+    width = min(HELP_KEY_WIDTH, max(len(key) for key, _ in rows)) + 2
     lines = [f"usage: {usage}", ""] if usage else []
     if description:
         lines += [textwrap.fill(description.strip().split("\n\n")[0], HELP_WIDTH), ""]
     lines.append(f"options, key=value ({GRAMMAR}):")
-    for f in fields:
-        lines.append(textwrap.fill(f.metadata.get("help", ""), HELP_WIDTH, subsequent_indent=" " * (2 + width),
-                                   initial_indent=f"  {f'{f.name}={show(default_of(f))}':<{width}}"))
+    for key, help in rows:
+        if len(key) + 2 > width:  # a long key (a list default) on a line of its own, its help below
+            lines.append(f"  {key}")
+            key = ""
+        lines.append(textwrap.fill(help, HELP_WIDTH, subsequent_indent=" " * (2 + width),
+                                   initial_indent=f"  {key:<{width}}"))
     return "\n".join(lines)
 
 

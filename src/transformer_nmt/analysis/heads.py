@@ -29,7 +29,6 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import torch
 import torch.nn.functional as F
-from sacrebleu.metrics import BLEU
 
 from transformer_nmt.analysis.head_gates import KINDS, all_heads, set_gates
 from transformer_nmt.checkpoint import load_checkpoint
@@ -38,6 +37,7 @@ from transformer_nmt.generation.config import DecodeConfig, SearchConfig
 from transformer_nmt.inference.batches import token_batches
 from transformer_nmt.inference.evaluate import EvaluateOptions, evaluation_pairs
 from transformer_nmt.inference.translate import encode_sources, translate_lines
+from transformer_nmt.metrics import catalog
 from transformer_nmt.model.transformer import Transformer
 from transformer_nmt.options import command_argv, option, option_of, parse_options, require_checkpoint, values_of
 
@@ -94,7 +94,7 @@ def _pad(rows: list[list[int]], pad_id: int) -> torch.Tensor:
 def measure(model, tokenizer, sources, references, decode: DecodeConfig) -> tuple[float, float]:
     """(BLEU, loss) of the model as currently gated; BLEU of a ``decode`` search."""
     hypotheses = [h[0][0] for h in translate_lines(model, tokenizer, sources, decode)]
-    return (BLEU().corpus_score(hypotheses, [references]).score,
+    return (catalog.build("bleu").compute(hypotheses, references).value,
             reference_loss(model, tokenizer, sources, references, decode.max_tokens))
 
 

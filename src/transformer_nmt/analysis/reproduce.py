@@ -10,7 +10,9 @@
 recipe (default ``multi30k_cpu``, the CPU hour; ``multi30k_tiny``, the published Transformer-Tiny); ``alphas``: the
 length penalty's exponents to choose among on val, beside the run's own ``decode.alpha`` (default: the recipe's,
 ``RECIPE_ALPHAS``: 1.0 and 1.4 for the CPU hour; none for any other run, the faithful Transformer-Tiny included;
-``alphas=`` for none). Other KEY=VALUE pairs
+``alphas=`` for none); ``select_on``: the registered metric (metrics/) the choices of step 3 are made on (default
+``bleu``; ``select_on=comet metric.comet.model=DIR`` chooses on COMET, in its direction; the ``metric.*`` options
+go to evaluate as well as to training). Other KEY=VALUE pairs
 go to training, after ``experiment=...`` (e.g. ``data.src_lang=de data.tgt_lang=en``). The run directory is the one
 ``transformer_nmt.train`` picks, ``outputs/NAME_OF_THE_EXPERIMENT/RUN_ID`` (``run_id`` defaults to the launch
 time); running again with the same run_id resumes its training (``ckpt_path=auto``). Each step is a separate
@@ -22,8 +24,8 @@ and its output in ``NAME.log`` beside it:
    per epoch where the recipe writes one after every validation) into ``averaged.ckpt``;
 3. the averaged and the last checkpoint on val with the run's search (its config's ``decode``: beam, length
    penalty and its exponent alpha; DecodeConfig's defaults, the paper's search, for a run older than that node):
-   the higher val BLEU is the chosen checkpoint, then the exponent among ``alphas`` with the higher val BLEU (the
-   test set is never used for a choice);
+   the better val BLEU (``select_on``'s metric) is the chosen checkpoint, then the exponent among ``alphas`` with the
+   better val BLEU (the test set is never used for a choice);
 4. the chosen checkpoint on test with that search, and greedy (beam 1) on val and on test.
 
 Prints the CPU flags, what the run trained against what it planned ("trained 2,100 of 8,000 planned updates, 34.4
@@ -63,6 +65,7 @@ import yaml
 from transformer_nmt import run_files
 from transformer_nmt.durable import atomic_write
 from transformer_nmt.hardware import reported_cpu_flags
+from transformer_nmt.metrics import catalog
 from transformer_nmt.provenance import PROVENANCE_KEY
 from transformer_nmt.provenance import collect as collect_provenance
 
@@ -181,20 +184,29 @@ def run_directory(train_overrides: list[str], root: Path) -> Path:
     return root / cfg.hydra.run.dir
 
 
+def choose(candidates: dict, metric: str):
+    """The key of ``candidates`` ({key: evaluate's record}) whose ``metric`` is best in its direction (a registered
+    metric's: higher BLEU, lower TER); of equals, the first."""
+    sign = 1 if catalog.higher_is_better(metric, "select_on") else -1
+    return max(candidates, key=lambda key: sign * candidates[key][metric])
+
+
 def evaluate(ckpt: Path, split: str, search: dict, out: Path, timings: dict, root: Path,
-             trust_data_paths: bool = False) -> dict:
+             trust_data_paths: bool = False, extra: list[str] = ()) -> dict:
     """``ckpt`` on ``split`` with ``search`` (beam, length_penalty, alpha), through ``transformer_nmt.evaluate``;
     ``trust_data_paths``: evaluate reads the data paths the checkpoint records wherever they lead (only for the run
     this command trained; else evaluate's own rule decides: relative paths, of a checkpoint inside the launch
-    directory)."""
+    directory); ``extra``: more of its options (the metrics to compute and their settings)."""
     beam = search["beam"]
     name = f"{split}_{ckpt.stem}_beam{beam}" + (f"_{search['length_penalty']}{search['alpha']:g}" if beam > 1 else "")
     seconds = run_step(f"evaluate {name}", ["transformer_nmt.evaluate", f"ckpt={ckpt}", f"split={split}",
                                             f"beam={beam}", f"trust_data_paths={str(trust_data_paths).lower()}",
                                             f"length_penalty={search['length_penalty']}", f"alpha={search['alpha']}",
-                                            f"out={out}", f"name={name}"], timings, root, log=out / f"{name}.log")
+                                            f"out={out}", f"name={name}", *extra], timings, root,
+                       log=out / f"{name}.log")
     record = json.loads((out / f"{name}.json").read_text())
-    print(f"evaluate {name}: BLEU {record['bleu']:.2f}, {seconds:.0f} s (record: {out / name}.json)", flush=True)
+    bleu = f"BLEU {record['bleu']:.2f}, " if isinstance(record.get("bleu"), (int, float)) else ""
+    print(f"evaluate {name}: {bleu}{seconds:.0f} s (record: {out / name}.json)", flush=True)
     return record
 
 
@@ -302,7 +314,7 @@ def read_run_config(path: Path) -> dict:
 def check_run_config(config: dict, path: Path) -> None:
     """SystemExit naming ``path`` and the key where a value this command reads, copies into reproduce.json or passes
     on to average and evaluate is not of its kind: ``trainer.max_steps``/``max_epochs`` integers or null,
-    ``trainer.max_time`` null, DD:HH:MM:SS or a mapping of numbers, ``checkpoint.recent.keep`` a positive integer,
+    ``trainer.max_time`` null, DD:HH:MM:SS or a mapping of numbers, ``checkpoint.recent.keep`` a whole number >= 0,
     ``decode.beam`` a positive integer, ``decode.length_penalty`` one of the search's, ``decode.alpha`` a number,
     ``name`` a string or null."""
     from transformer_nmt.generation.search import LENGTH_PENALTIES
@@ -324,7 +336,7 @@ def check_run_config(config: dict, path: Path) -> None:
         "trainer.max_epochs": lambda v: v is None or integer(v),
         "trainer.max_time": lambda v: v is None or (isinstance(v, str) and LIMIT.fullmatch(v)) or (
             isinstance(v, dict) and all(isinstance(k, str) and number(x) for k, x in v.items())),
-        "checkpoint.recent.keep": lambda v: integer(v, 1),
+        "checkpoint.recent.keep": lambda v: integer(v, 0),  # 0: the run kept none (refused below, saying so)
         "decode.beam": lambda v: v is None or integer(v, 1),
         "decode.length_penalty": lambda v: v is None or v in LENGTH_PENALTIES,
         "decode.alpha": lambda v: v is None or number(v),
@@ -392,7 +404,8 @@ def main(argv: list[str], root: Path | None = None) -> dict:
     if flags:
         sys.exit(f"transformer_nmt.reproduce takes KEY=VALUE options (see --help), not {flags[0]}")
     provenance = collect_provenance()  # the load at the start; its config: the run's, once trained
-    own = {"run_dir": None, "train": "true", "experiment": "multi30k_cpu", "alphas": None, "trust_data_paths": None}
+    own = {"run_dir": None, "train": "true", "experiment": "multi30k_cpu", "alphas": None, "trust_data_paths": None,
+           "select_on": "bleu"}
     for arg in argv:
         key, _, value = arg.partition("=")
         if key in own:
@@ -404,6 +417,11 @@ def main(argv: list[str], root: Path | None = None) -> dict:
     trust = own["trust_data_paths"] or own["train"]
     if trust not in ("true", "false"):
         sys.exit(f"trust_data_paths={own['trust_data_paths']!r}: use true or false")
+    select_on = own["select_on"]
+    try:
+        catalog.metric_class(select_on, "select_on")
+    except ValueError as error:
+        sys.exit(str(error))
     from transformer_nmt.training.launch import run_name
     overrides = [a for a in argv if a.partition("=")[0] not in own]
     if not any(a.startswith("run_id=") for a in overrides):
@@ -412,6 +430,11 @@ def main(argv: list[str], root: Path | None = None) -> dict:
     run_dir = Path(own["run_dir"]).resolve() if own["run_dir"] else run_directory(train_overrides, root)
     eval_dir = run_dir / run_files.EVAL
     timings: dict[str, float] = {}
+    # evaluate's own metrics, and select_on's where it is not one of them; the metrics' settings (metric.comet.model)
+    from transformer_nmt.inference.evaluate import REPORTED
+
+    reported = REPORTED + ([select_on] if select_on not in REPORTED else [])
+    extra = [f"metrics=[{','.join(reported)}]"] + [a for a in overrides if a.startswith("metric.")]
 
     train_seconds = None
     if own["train"] == "true":
@@ -424,29 +447,32 @@ def main(argv: list[str], root: Path | None = None) -> dict:
     run_config = read_run_config(run_dir / run_files.CONFIG)  # as data: nothing resolved, values checked
     provenance["config"] = relative_strings(run_config, root)
     keep = run_config["checkpoint"]["recent"]["keep"]
+    if keep < 1:
+        sys.exit(f"{run_dir}: the run kept no recent checkpoints (checkpoint.recent.keep=0), so there is nothing to "
+                 f"average; train it with checkpoint.recent.keep=K (the recipe keeps 10)")
     search, alphas = run_search(run_config, recipe_alphas(run_config) if own["alphas"] is None else own["alphas"])
     beam = search["beam"]
     averaged, last = run_dir / run_files.AVERAGED, run_files.last_checkpoint(run_dir)
     recent = run_dir / run_files.CHECKPOINTS / run_files.RECENT
     run_step("average", ["transformer_nmt.average", f"dir={recent}", f"last={keep}", f"output={averaged}"], timings,
              root)
-    val = {ckpt.stem: evaluate(ckpt, "val", search, eval_dir, timings, root, trust == "true")
+    val = {ckpt.stem: evaluate(ckpt, "val", search, eval_dir, timings, root, trust == "true", extra)
            for ckpt in (averaged, last)}
-    chosen = max((averaged, last), key=lambda c: val[c.stem]["bleu"])  # ties: the averaged one (first)
+    chosen = {c.stem: c for c in (averaged, last)}[choose(val, select_on)]  # ties: the averaged one (first)
     # The length penalty's exponent, chosen on val among alphas= (the run's own first: ties keep it)
     by_alpha = {search["alpha"]: val[chosen.stem]}
     for alpha in alphas:
         if alpha not in by_alpha:
             by_alpha[alpha] = evaluate(chosen, "val", {**search, "alpha": alpha}, eval_dir, timings, root,
-                                       trust == "true")
-    chosen_alpha = max(by_alpha, key=lambda a: by_alpha[a]["bleu"])
+                                       trust == "true", extra)
+    chosen_alpha = choose(by_alpha, select_on)
     chosen_search = {**search, "alpha": chosen_alpha}
     greedy = {**search, "beam": 1}
     scores = {
         ("val", beam): by_alpha[chosen_alpha],
-        ("test", beam): evaluate(chosen, "test", chosen_search, eval_dir, timings, root, trust == "true"),
-        ("val", 1): evaluate(chosen, "val", greedy, eval_dir, timings, root, trust == "true"),
-        ("test", 1): evaluate(chosen, "test", greedy, eval_dir, timings, root, trust == "true"),
+        ("test", beam): evaluate(chosen, "test", chosen_search, eval_dir, timings, root, trust == "true", extra),
+        ("val", 1): evaluate(chosen, "val", greedy, eval_dir, timings, root, trust == "true", extra),
+        ("test", 1): evaluate(chosen, "test", greedy, eval_dir, timings, root, trust == "true", extra),
     }
     curve = validation_curve(run_dir)
     results_file = run_dir / run_files.RESULTS
@@ -460,7 +486,9 @@ def main(argv: list[str], root: Path | None = None) -> dict:
         "search": chosen_search, "val_bleu_by_alpha": {f"{a:g}": by_alpha[a]["bleu"] for a in by_alpha},
         "train_minutes": timings.get("train"), "total_minutes": round(sum(timings.values()), 2), "timings": timings,
         "val_bleu_chosen_on": {stem: s["bleu"] for stem, s in val.items()}, "chosen": chosen.name,
-        "scores": {f"{split}_beam{width}": {k: s.get(k) for k in SCORE_KEYS} for (split, width), s in scores.items()},
+        "select_on": select_on, "val_chosen_on": {stem: s[select_on] for stem, s in val.items()},
+        "scores": {f"{split}_beam{width}": {k: s.get(k) for k in (*SCORE_KEYS, select_on)}
+                   for (split, width), s in scores.items()},
         "val_curve": [{"minutes": m, "step": step, "greedy_val_bleu": b} for m, step, b in curve],
         "val_loss_curve": [{"step": step, "val_loss": loss} for step, loss in scalar_curve(run_dir, "val/loss")],
         "precision": results.get("precision"), "torch_threads": results.get("torch_threads"),
@@ -480,10 +508,11 @@ def main(argv: list[str], root: Path | None = None) -> dict:
     print("\n| minutes | step | greedy val BLEU |\n| --- | --- | --- |")
     for minutes, step, bleu in curve:
         print(f"| {minutes} | {step} | {bleu} |")
-    print(f"\nval BLEU, beam {beam} ({search['length_penalty']} length penalty, alpha {search['alpha']:g}): "
-          f"averaged {val['averaged']['bleu']}, last {val['last']['bleu']} -> chosen {chosen.name}")
+    label = "BLEU" if select_on == "bleu" else select_on
+    print(f"\nval {label}, beam {beam} ({search['length_penalty']} length penalty, alpha {search['alpha']:g}): "
+          f"averaged {val['averaged'][select_on]}, last {val['last'][select_on]} -> chosen {chosen.name}")
     if len(by_alpha) > 1:
-        print("val BLEU by alpha: " + ", ".join(f"{a:g} {r['bleu']}" for a, r in by_alpha.items())
+        print(f"val {label} by alpha: " + ", ".join(f"{a:g} {r[select_on]}" for a, r in by_alpha.items())
               + f" -> alpha {chosen_alpha:g}")
     print("\n| split | decoder | BLEU | BLEU lowercased | BLEU Multi30k (lc, Moses-tok) | chrF | length ratio | BP |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")

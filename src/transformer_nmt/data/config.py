@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 import unicodedata
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import PurePath
 from typing import Any
 
@@ -62,6 +62,22 @@ class DataConfig:
                                                        "[null,'<BT>']: tagged back-translation, Caswell et al. 2019); "
                                                        "null: none. Sentences given to translate are untagged",
                                                  role=TRAINING)
+    pairs: list[str] | None = option(None, "several directions in one model (data/language_tags.py), e.g. "
+                                           "[en-de,en-fr,en-cs] (add de-en,... for many-to-many): each pair's "
+                                           "corpora found as data.train/val/test say with its languages in place of "
+                                           "src_lang/tgt_lang ({pair} in a location: the pair's name, for corpora of "
+                                           "their own, data/{pair}/train), tagged as data.lang_tags says, batches "
+                                           "mixing pairs; "
+                                           "val BLEU logged per pair (val/bleu/en-de) and their mean (val/bleu); "
+                                           "null: the one pair src_lang-tgt_lang, untagged", role=TRAINING)
+    lang_tags: str = option("target", "with data.pairs: target (<2de> before the source, Johnson et al. 2017) | "
+                                      "source (<en> before the source; one target language only) | decoder (<en> "
+                                      "before the source, <de> forced as the first target token, as mBART/NLLB)",
+                            role=TRAINING)
+    pair_temperature: float = option(1.0, "with data.pairs: each pair enters an epoch in proportion to its size "
+                                          "to the power 1/T (Arivazhagan et al. 2019): 1: as many pairs as it has; "
+                                          "5: flatter, small pairs repeated, large ones subsampled; the epoch's size "
+                                          "is the sum of the pairs'", role=TRAINING)
     val: Any = option(MISSING, "required: the validation split, as train; [A,B,...]: several, each validated and "
                                "logged under its own name (val/ the first, which checkpoints and early stopping "
                                "monitor; val_NAME/ the others, NAME from the file name)", role=EVALUATION)
@@ -108,6 +124,32 @@ class DataConfig:
                                      "test": self.test},
                           columns=tuple(self.columns) if self.columns else None, hub_name=self.hub_name,
                           hub_config=self.hub_config, utf8_errors=self.utf8_errors, control_chars=self.control_chars)
+
+    def pair_specs(self) -> dict[str, CorpusSpec]:
+        """With data.pairs: each pair's corpus spec (its languages in place of src_lang, tgt_lang), by name (en-de);
+        without: {} (``corpus_spec`` is the one pair's)."""
+        from transformer_nmt.data.language_tags import LanguageTags, pair_name  # the pairs' rule lives there
+
+        tags = LanguageTags.of(self)
+        if tags is None:
+            return {}
+        if not self.pair_temperature > 0:
+            raise ValueError(f"data.pair_temperature={self.pair_temperature}: give a temperature > 0 (1: "
+                             f"proportional, 5: flatter)")
+        if isinstance(self.train, (list, tuple)) or isinstance(self.val, (list, tuple)) or self.train_tags \
+                or self.train_upsample:
+            raise ValueError("data.pairs reads one data.train and one data.val location per pair (PREFIX.{lang}): "
+                             "drop the lists of data.train / data.val and data.train_tags / data.train_upsample")
+        if self.format != "text":
+            raise ValueError(f"data.pairs reads PREFIX.{{lang}} files: data.format={self.format} is not supported "
+                             f"with it; use data.format=text")
+        spec = self.corpus_spec()
+        specs = {}
+        for s, t in tags.pairs:  # a location holding {pair} is each pair's own: data/{pair}/train -> data/en-de/train
+            locations = {split: location.replace("{pair}", pair_name(s, t)) if isinstance(location, str) else location
+                         for split, location in spec.locations.items()}
+            specs[pair_name(s, t)] = replace(spec, langs=(s, t), locations=locations)
+        return specs
 
     def train_corpora(self) -> list[TrainCorpus]:
         """The training corpora (``data.train`` as one location or a list), each with its upsampling factor and

@@ -25,7 +25,7 @@ import json
 import logging
 import shutil
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import datasets
@@ -47,6 +47,8 @@ from transformer_nmt.data.corpus import (
     split_inputs,
     write_split,
 )
+from transformer_nmt.data.multilingual import MultilingualSplits
+from transformer_nmt.data.split import Split
 from transformer_nmt.data.subword_sampling import SampledSegmentation, take_rows
 from transformer_nmt.data.tokenizer import (
     BOS_ID,
@@ -96,23 +98,6 @@ def cached_dir(path: Path, build: Callable[[Path], None]) -> bool:
 
 
 # ------------------------------------------------------------------------------------------------ splits
-
-
-@dataclass
-class Split:
-    """One prepared split: raw sentences, token ids, and which pairs survive filtering."""
-
-    name: str
-    raw: datasets.Dataset  # columns {lang}: string
-    tokens: datasets.Dataset  # columns {lang}_ids: list<int32>, {lang}_len: int32
-    keep: np.ndarray  # (n_kept,) row of the raw/token tables for each filtered index (memory-mapped)
-    widths: np.ndarray  # (n_kept,) padded width of each filtered pair, batching.pair_widths (memory-mapped)
-    report: FilterReport
-    tokenized_now: bool  # False when the token ids came from the cache
-    source_tags: np.ndarray | None = None  # (n_kept,) the tag id each source starts with, -1: none (data.train_tags)
-
-    def lengths(self, lang: str) -> np.ndarray:
-        return self.tokens.data.column(f"{lang}_len").to_numpy()[self.keep]
 
 
 class PairDataset(torch.utils.data.Dataset):
@@ -229,7 +214,7 @@ class ResumableDataLoader(DataLoader):
 # ------------------------------------------------------------------------------------------------ module
 
 
-class TranslationDataModule(L.LightningDataModule):
+class TranslationDataModule(MultilingualSplits, L.LightningDataModule):
     """Train/val/test loaders of token-bucketed translation batches (see the module docstring).
 
     Batches are dicts of LongTensors: "src" (B, S) source ids + eos, "tgt" (B, T) bos + target ids + eos,
@@ -271,6 +256,9 @@ class TranslationDataModule(L.LightningDataModule):
         self.splits: dict[str, Split] = {}
         self._samplers: dict[str, TokenBucketBatchSampler] = {}
         self._segmentation: SampledSegmentation | None = None
+        self.pair_specs = config.pair_specs()  # data.pairs: each pair's corpora; {}: the one pair src_lang-tgt_lang
+        if self.pair_specs:  # the splits' columns: each pair's source and target under one name (multilingual.py)
+            self.src_lang, self.tgt_lang = "src", "tgt"
 
     # -------------------------------------------------------------------------------------------- setup
 
@@ -281,6 +269,8 @@ class TranslationDataModule(L.LightningDataModule):
         configured = [s for s in self.spec.locations if self.spec.locations.get(s)]  # train, val(s), test
         if "train" not in configured and self.tokenizer_path is None and self.given_tokenizer is None:
             raise ValueError("data.train is not set: the vocabulary is trained on it (or set data.tokenizer_path)")
+        if self.pair_specs:
+            return self._setup_pairs(configured)
         corpora = self.config.train_corpora() if "train" in configured else []
         train_raw = [self._raw_split("train", corpus.location) for corpus in corpora]  # one per corpus, first
         self._check_tags_absent(corpora, train_raw)
@@ -293,10 +283,10 @@ class TranslationDataModule(L.LightningDataModule):
             report = self.splits[split].report
             (log.warning if report.utf8_replaced_lines or report.control_replaced_sentences else log.info)(str(report))
 
-    def _raw_split(self, split: str, location: str | None = None) -> tuple[datasets.Dataset, str, dict]:
+    def _raw_split(self, split: str, location: str | None = None, spec=None) -> tuple[datasets.Dataset, str, dict]:
         """The split's sentences (memory-mapped), their cache key, and what reading them cleaned; ``location``:
-        one corpus of a split given as several (data.train=[A,B,...])."""
-        spec = self.spec if location is None else corpus_of(self.spec, split, location)
+        one corpus of a split given as several (data.train=[A,B,...]); ``spec``: one pair's (data.pairs)."""
+        spec = spec or (self.spec if location is None else corpus_of(self.spec, split, location))
         inputs = split_inputs(spec, split)
         key = cache_key("raw", spec.format, sorted(spec.langs), spec.columns, spec.utf8_errors, spec.control_chars,
                         spec.hub_name, spec.hub_config, spec.locations[split], file_fingerprint(sorted(inputs)))
@@ -313,9 +303,10 @@ class TranslationDataModule(L.LightningDataModule):
         cleaned = {k: meta.get(k, 0) for k in ("utf8_replaced_lines", "control_replaced_sentences")}
         return datasets.Dataset.from_file(str(path / "pairs.arrow")), key, cleaned
 
-    def _tokenizer(self, train: list[tuple[datasets.Dataset, str, dict]], tags: list[str | None]) -> Tokenizer:
-        """The given tokenizer, data.tokenizer_path's, or one trained on every training corpus (both languages),
-        holding each source tag whole."""
+    def _tokenizer(self, train: list[tuple[datasets.Dataset, str, dict]], tags: list[str | None],
+                   sides: list[tuple[datasets.Dataset, str]] | None = None) -> Tokenizer:
+        """The given tokenizer, data.tokenizer_path's, or one trained on every training corpus (both languages; or
+        ``sides``: these (corpus, language) columns, each language of data.pairs once), holding each tag whole."""
         if self.given_tokenizer is not None:
             return self.given_tokenizer
         if self.tokenizer_path is not None:
@@ -324,14 +315,17 @@ class TranslationDataModule(L.LightningDataModule):
         raws = [raw for raw, _, _ in train]
         raw = raws[0] if len(raws) == 1 else datasets.concatenate_datasets(raws)
         raw_key = train[0][1] if len(train) == 1 else [key for _, key, _ in train]  # one corpus: the key as before
+        if sides is not None:
+            raw_key = [raw_key, [lang for _, lang in sides]]
         symbols = sorted({tag for tag in tags if tag})
         options = {**self.vocab_options, **({"user_defined_symbols": symbols} if symbols else {})}
         path = self.cache_dir / f"spm-{cache_key('spm', raw_key, options)}"
 
         def build(tmp: Path):
             log.info("training a shared SentencePiece vocabulary (%s) on %d pairs", options, len(raw))
-            tokenizer = train_sentencepiece(both_sides(raw, sorted(self.spec.langs)), num_threads=available_cpus(),
-                                            **options)
+            sentences = (both_sides(raw, sorted(self.spec.langs)) if sides is None else
+                         (text for side, lang in sides for text in side.data.column(lang).to_pylist() if text))
+            tokenizer = train_sentencepiece(sentences, num_threads=available_cpus(), **options)
             tokenizer.save(tmp / "spm.model")
             (tmp / "meta.json").write_text(json.dumps({**options, "trained_vocab_size":
                                                        tokenizer.vocab_size, "train_pairs": len(raw)}))
@@ -390,14 +384,17 @@ class TranslationDataModule(L.LightningDataModule):
                                          f"{corpus.location}: a tag must be a token no sentence holds (e.g. <BT>; "
                                          f"the text is compared after NFKC normalization, as SentencePiece reads it)")
 
-    def _tokens(self, split: str, raw: datasets.Dataset, raw_key: str) -> tuple[datasets.Dataset, str, bool]:
-        """The split's token ids (memory-mapped), their cache key, and whether they were tokenized now."""
+    def _tokens(self, split: str, raw: datasets.Dataset, raw_key: str,
+                langs: tuple[str, str] | None = None) -> tuple[datasets.Dataset, str, bool]:
+        """The split's token ids (memory-mapped), their cache key, and whether they were tokenized now; ``langs``:
+        one pair's (source, target) of data.pairs."""
         model_hash = self.tokenizer.digest()  # a single SentencePiece model: its sha256, as before
-        tok_key = cache_key("tok", raw_key, model_hash)
+        tok_key = cache_key("tok", raw_key, model_hash, *([list(langs)] if langs else []))
         path = self.cache_dir / f"tok-{split}-{tok_key}"
 
         def build(tmp: Path):
-            tokens = tokenize_dataset(raw, self.tokenizer, self.spec.langs, tmp / "tokens.arrow", self.num_proc)
+            tokens = tokenize_dataset(raw, self.tokenizer, langs or self.spec.langs, tmp / "tokens.arrow",
+                                      self.num_proc)
             shards = [Path(f["filename"]).name for f in tokens.cache_files]
             (tmp / "manifest.json").write_text(json.dumps({"shards": shards, "pairs": len(tokens)}))
 
@@ -467,11 +464,14 @@ class TranslationDataModule(L.LightningDataModule):
         return Split("train", raw, tokens, np.asarray(keep)[order], np.asarray(widths)[order],
                      replace(report, **cleaned), tokenized_now, source_tags=tags if (tags >= 0).any() else None)
 
-    def _tagged(self, tokens: datasets.Dataset, tok_key: str, tag_id: int) -> tuple[datasets.Dataset, str]:
-        """``tokens`` with ``tag_id`` before every source sentence's ids (cached, memory-mapped), and its key."""
-        key = cache_key("tagged", tok_key, self.src_lang, tag_id)
-        path = self.cache_dir / f"tagged-train-{key}"
-        ids_column, len_column = f"{self.src_lang}_ids", f"{self.src_lang}_len"
+    def _tagged(self, tokens: datasets.Dataset, tok_key: str, tag_id: int, lang: str | None = None,
+                split: str = "train") -> tuple[datasets.Dataset, str]:
+        """``tokens`` with ``tag_id`` before every source sentence's ids (``lang``: that column's; cached,
+        memory-mapped), and its key."""
+        lang = lang or self.src_lang
+        key = cache_key("tagged", tok_key, lang, tag_id)
+        path = self.cache_dir / f"tagged-{split}-{key}"
+        ids_column, len_column = f"{lang}_ids", f"{lang}_len"
 
         def build(tmp: Path):
             tagged = tokens.with_format("arrow").map(
@@ -483,15 +483,17 @@ class TranslationDataModule(L.LightningDataModule):
         cached_dir(path, build)
         return self._shards(path), key
 
-    def _filtered(self, split: str, tokens: datasets.Dataset, tok_key: str):
-        """(kept rows, their padded widths, the filter report), cached and memory-mapped (shared by ranks)."""
+    def _filtered(self, split: str, tokens: datasets.Dataset, tok_key: str, langs: tuple[str, str] | None = None):
+        """(kept rows, their padded widths, the filter report), cached and memory-mapped (shared by ranks);
+        ``langs``: the columns' (source, target) where not the datamodule's (one pair of data.pairs)."""
         ratio = self.max_length_ratio if split == "train" else None  # never drop eval pairs for their ratio
-        key = cache_key("keep", tok_key, self.src_lang, self.tgt_lang, self.max_positions, ratio)
+        src_lang, tgt_lang = langs or (self.src_lang, self.tgt_lang)
+        key = cache_key("keep", tok_key, src_lang, tgt_lang, self.max_positions, ratio)
         path = self.cache_dir / f"keep-{split}-{key}"
 
         def build(tmp: Path):
-            src_lens = tokens.data.column(f"{self.src_lang}_len").to_numpy()
-            tgt_lens = tokens.data.column(f"{self.tgt_lang}_len").to_numpy()
+            src_lens = tokens.data.column(f"{src_lang}_len").to_numpy()
+            tgt_lens = tokens.data.column(f"{tgt_lang}_len").to_numpy()
             keep, report = filter_pairs(split, src_lens, tgt_lens, self.max_positions, ratio)
             np.save(tmp / "keep.npy", keep.astype(np.int32 if len(src_lens) < 2**31 else np.int64))
             np.save(tmp / "widths.npy", pair_widths(src_lens[keep], tgt_lens[keep]))

@@ -10,7 +10,9 @@ sentences are done), and a sentence that is done leaves the batch, so it costs n
 ``next_log_probs``: an ensemble, generation/ensemble.py). ``prefix`` (B, P) forces each sentence's first tokens
 (-1 past a sentence's own prefix: free): every other token gets probability 0 at those steps, and the forced
 tokens are scored as the model scores them. ``greedy_search`` takes a ``choose`` rule (``argmax`` by default; a
-sampler of generation/sampling.py) and reports each output's log-probability.
+sampler of generation/sampling.py) and reports each output's log-probability. Both take ``processors``
+(generation/processors.py): called on each step's log-probabilities before the search chooses, and skipped when
+there are none (then the searches are exactly what they were without the hook).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from transformer_nmt.generation.processors import Processor, Step, apply_processors
 from transformer_nmt.model.transformer import DecoderCache, Transformer
 
 STOP_RULES = ("bound", "k_finished")
@@ -64,10 +67,12 @@ def next_log_probs(model, last: Tensor, memory: Tensor, src: Tensor, cache, bos_
     return torch.log_softmax(logits.float(), dim=-1)
 
 
-def force_tokens(log_probs: Tensor, forced: Tensor) -> Tensor:
-    """Rows whose ``forced`` (b,) token is >= 0 may only emit it (at its own log-probability); rows at -1 are free."""
+def force_tokens(log_probs: Tensor, forced: Tensor, model_log_probs: Tensor | None = None) -> Tensor:
+    """Rows whose ``forced`` (b,) token is >= 0 may only emit it (at its own log-probability: ``model_log_probs``'s,
+    by default ``log_probs``', so a processor cannot forbid a forced token); rows at -1 are free."""
     token = forced.clamp(min=0).unsqueeze(1)  # (b, 1)
-    only = torch.full_like(log_probs, float("-inf")).scatter_(1, token, log_probs.gather(1, token))
+    scored = log_probs if model_log_probs is None else model_log_probs
+    only = torch.full_like(log_probs, float("-inf")).scatter_(1, token, scored.gather(1, token))
     return torch.where((forced >= 0).unsqueeze(1), only, log_probs)
 
 
@@ -109,10 +114,11 @@ def greedy_decode(model: Transformer, src: Tensor, *, bos_id: int, eos_id: int, 
 
 @torch.no_grad()
 def greedy_search(model: Transformer, src: Tensor, *, bos_id: int, eos_id: int, max_len_offset: int,
-                  choose=argmax, prefix: Tensor | None = None) -> list[Hypothesis]:
+                  choose=argmax, prefix: Tensor | None = None, processors: list[Processor] = ()) -> list[Hypothesis]:
     """One token per step, picked by ``choose(log_probs (b, V), rows (b,), step) -> (b,)`` (``rows``: each row's
-    sentence in ``src``); src (B, S) -> per sentence a Hypothesis: its tokens (no bos/eos), score 0.0 and
-    log_prob, the sum of the log-probabilities of its tokens and of the eos that ends it (if one does)."""
+    sentence in ``src``) from the log-probabilities as ``processors`` leave them; src (B, S) -> per sentence a
+    Hypothesis: its tokens (no bos/eos), score 0.0 and log_prob, the sum of the (processed) log-probabilities of
+    its tokens and of the eos that ends it (if one does)."""
     B, device = src.shape[0], src.device
     limits = prefix_limits(max_output_lengths(model, src, max_len_offset), prefix, model.config.max_positions)
     out = torch.full((int(limits.max()), B), eos_id, dtype=torch.long, device=device)  # (T, B)
@@ -122,9 +128,11 @@ def greedy_search(model: Transformer, src: Tensor, *, bos_id: int, eos_id: int, 
     rows = torch.arange(B, device=device)  # original index of each row still decoding
     last = torch.full((B, 1), bos_id, dtype=torch.long, device=device)
     for step in range(out.shape[0]):
-        log_probs = next_log_probs(model, last, memory, src, cache, bos_id)  # (b, V)
+        log_probs = model_log_probs = next_log_probs(model, last, memory, src, cache, bos_id)  # (b, V)
+        if processors:
+            log_probs = apply_processors(processors, log_probs, Step(out[:step].index_select(1, rows).t(), rows, step))
         if prefix is not None and step < prefix.shape[1]:
-            log_probs = force_tokens(log_probs, prefix[rows, step])
+            log_probs = force_tokens(log_probs, prefix[rows, step], model_log_probs)
         next_tokens = choose(log_probs, rows, step)  # (b,)
         out[step].index_copy_(0, rows, next_tokens)
         log_prob.index_add_(0, rows, log_probs.gather(1, next_tokens.unsqueeze(1)).squeeze(1))
@@ -156,7 +164,7 @@ def reorder_beams(cache: DecoderCache, beam_rows: Tensor, sentence_rows: Tensor 
 @torch.no_grad()
 def beam_search(model: Transformer, src: Tensor, *, bos_id: int, eos_id: int, beam_size: int, alpha: float,
                 max_len_offset: int, n_best: int = 1, stop: str = "bound", prefix: Tensor | None = None,
-                penalty: str = "gnmt") -> list[list[Hypothesis]]:
+                penalty: str = "gnmt", processors: list[Processor] = ()) -> list[list[Hypothesis]]:
     """Batched beam search. src (B, S) -> for each sentence its ``n_best`` hypotheses, best first.
 
     Each step expands the k live beams of every sentence and takes its 2k best continuations (one
@@ -173,7 +181,8 @@ def beam_search(model: Transformer, src: Tensor, *, bos_id: int, eos_id: int, be
       finished. Short hypotheses finish first, so it stops before longer, better ones can end.
 
     Each hypothesis's ``log_prob`` is its score times the length penalty of its length (``penalty``: gnmt or
-    power, ``length_penalty``).
+    power, ``length_penalty``). ``processors`` rewrite each step's log-probabilities before the candidates are
+    ranked (scores are sums of the processed values).
     """
     check_length_penalty(penalty)
     if not 1 <= n_best <= beam_size:
@@ -200,9 +209,12 @@ def beam_search(model: Transformer, src: Tensor, *, bos_id: int, eos_id: int, be
 
     for step in range(max_steps):
         b, width = alive_scores.shape
-        log_probs = next_log_probs(model, last, memory, src, cache, bos_id)  # (b*width, V)
+        log_probs = model_log_probs = next_log_probs(model, last, memory, src, cache, bos_id)  # (b*width, V)
+        if processors:
+            log_probs = apply_processors(processors, log_probs, Step(
+                alive_tokens.reshape(b * width, step), sentences.repeat_interleave(width), step))
         if prefix is not None and step < prefix.shape[1]:  # every beam of a sentence is forced alike
-            log_probs = force_tokens(log_probs, prefix[sentences, step].repeat_interleave(width))
+            log_probs = force_tokens(log_probs, prefix[sentences, step].repeat_interleave(width), model_log_probs)
         vocab = log_probs.shape[-1]
         candidates = (alive_scores.view(b * width, 1) + log_probs).view(b, width * vocab)  # (b, width*V)
         top_scores, top_ids = candidates.topk(2 * k, dim=1)  # (b, 2k), best first

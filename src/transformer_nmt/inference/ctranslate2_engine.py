@@ -21,6 +21,10 @@ other things differ, and are bridged here:
   differ.)
 - it refuses eos on the first step unless min_decoding_length is 0; an empty translation is allowed here.
 
+What it cannot honour it refuses, naming the option (``check_request``): sampling, lexical constraints
+(``constraints=``) and every decoding processor of generation/processors.py (``no_repeat_ngram=``; CTranslate2
+has a ``no_repeat_ngram_size`` of its own, but its equality with ours is not checked here, so it is not passed).
+
 Each beam hypothesis also carries its log-probability (the sum CTranslate2 normalised, restored), as the native
 searches' do (greedy: 0.0, as its score: asking CTranslate2 for greedy scores would cost a log-softmax a step); a
 ``prefix`` per source goes to CTranslate2's ``target_prefix`` (greedy output limits then count the prefix, as ours
@@ -39,7 +43,9 @@ from torch.nn.utils.rnn import pad_sequence
 
 from transformer_nmt.data.tokenizer import Tokenizer
 from transformer_nmt.generation.config import DecodeConfig, decode_settings
+from transformer_nmt.generation.processors import active_options
 from transformer_nmt.generation.search import Hypothesis, length_penalty, max_output_lengths
+from transformer_nmt.generation.strategies import strategy_name
 from transformer_nmt.hardware import available_cpus
 from transformer_nmt.inference.export import EXPORT_INFO, SENTENCEPIECE_MODEL, check_export, import_ctranslate2
 from transformer_nmt.model.transformer import TransformerConfig
@@ -96,6 +102,18 @@ class CTranslate2Model:
         except ValueError as error:  # e.g. a compute type this CPU does not support
             raise SystemExit(f"compute_type={compute_type!r} on {device}: {error}") from None
 
+    searches_itself = True  # translate hands it whole inputs, not batches for generation/strategies
+
+    def check_request(self, decode: DecodeConfig, has_constraints: bool = False) -> None:
+        """A ValueError naming each option this engine cannot honour: sampling, constraints, processors."""
+        refused = active_options(decode)
+        if decode.sampling or decode.strategy == "sample":
+            refused.insert(0, "sampling=true" if decode.sampling else "strategy=sample")
+        if has_constraints:
+            refused.append("constraints=")
+        if refused:
+            raise ValueError(f"{' '.join(refused)} needs engine=native (engine=ctranslate2 cannot honour it)")
+
     def translate_ids(self, sources: list[list[int]], decode: DecodeConfig | None = None, **changes
                       ) -> list[list[tuple[list[int], float]]]:
         """Source ids (each ending in eos) -> per source its ``n_best`` (token ids, score), best first;
@@ -108,6 +126,8 @@ class CTranslate2Model:
         """As ``translate_ids``, each hypothesis a ``Hypothesis`` with its log-probability; ``prefixes``: per
         source the target ids its output starts with."""
         decode = decode_settings(decode, **changes)
+        if strategy_name(decode) == "greedy":  # strategy=greedy at the default beam: CTranslate2's beam 1
+            decode = decode_settings(decode, beam=1)
         beam, alpha, max_len_offset, max_tokens, n_best = (decode.beam, decode.alpha, decode.max_len_offset,
                                                            decode.max_tokens, decode.n_best)
         if not sources:

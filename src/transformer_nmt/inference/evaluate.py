@@ -1,4 +1,5 @@
-"""Score a checkpoint with sacreBLEU: detokenized hypotheses to a file, BLEU and chrF to JSON beside it.
+"""Evaluate a checkpoint: detokenized hypotheses to a file, its metrics (sacreBLEU's BLEU and chrF by default) to JSON
+beside it.
 
     python -m transformer_nmt.evaluate ckpt=RUN/averaged.ckpt split=test
     python -m transformer_nmt.evaluate ckpt=model.ckpt src=newstest2014.en ref=newstest2014.de
@@ -15,11 +16,16 @@ Writes to ``out=DIR`` (default: ``eval/`` beside the checkpoint) ``NAME.hyp`` (o
 ``NAME.ref`` and ``NAME.json`` (each written to a temporary file beside it, fsynced, then renamed over it: a
 symbolic link in its place is replaced, never written through; a warning names an earlier evaluation of another
 checkpoint it replaces; one that is a file evaluate reads, ``src=``, ``ref=`` or a checkpoint, is refused) with
-sacreBLEU's BLEU (cased and lowercased, with the length ratio and brevity penalty) and chrF and their signatures, so
-``sacrebleu NAME.ref -i NAME.hyp`` reproduces the score exactly: both are scored as written, one line each
-(``one_line``: a line break inside a sentence, a lone CR included, is written as a space); the Multi30k literature's
-BLEU (``bleu_multi30k``: lowercased, Moses-tokenized; inference/multi30k_bleu.py, needs the optional sacremoses);
-and what made the file (``provenance``: commit, versions, machine, command, options).
+each metric of ``metrics=[...]`` (registered in metrics/, default: sacreBLEU's BLEU cased and lowercased, with the
+length ratio and brevity penalty, and chrF, and the Multi30k literature's BLEU) under its name, with its signature
+under NAME_signature, so ``sacrebleu NAME.ref -i NAME.hyp`` reproduces a sacreBLEU metric exactly: both are scored
+as written, one line each (``one_line``: a line break inside a sentence, a lone CR included, is written as a space);
+``bleu_multi30k`` is lowercased and Moses-tokenized (metrics/multi30k.py, needs the optional sacremoses); ``chrfpp``,
+``ter`` and ``comet`` (``metric.comet.model=DIR``, a local COMET model; metrics/comet.py) on request; and what made
+the file (``provenance``: commit, versions, machine, command, options).
+
+    python -m transformer_nmt.evaluate ckpt=model.ckpt split=test metrics=[bleu,chrf,ter,comet] \
+        metric.comet.model=wmt22-comet-da metric.comet.encoder=xlm-roberta-large
 """
 
 from __future__ import annotations
@@ -33,14 +39,14 @@ from pathlib import Path, PurePath
 from typing import Optional
 
 import torch
-from sacrebleu.metrics import BLEU, CHRF
 
 from transformer_nmt import run_files
 from transformer_nmt.data.config import DataConfig
 from transformer_nmt.data.corpus import ReadStats, read_pairs
+from transformer_nmt.data.language_tags import Direction, LanguageTags
 from transformer_nmt.durable import atomic_write
 from transformer_nmt.generation.config import DecodeConfig
-from transformer_nmt.inference.multi30k_bleu import multi30k_bleu
+from transformer_nmt.inference.directions import model_direction
 
 # one_line: the score is computed on these lines (sacreBLEU's tokenizers split words at whitespace, and a line break
 # is whitespace to them too)
@@ -55,11 +61,13 @@ from transformer_nmt.inference.translate import (
     read_lines,
     translate_lines,
 )
+from transformer_nmt.metrics import catalog
 from transformer_nmt.options import command_argv, option, parse_options, require_checkpoint, values_of
 from transformer_nmt.provenance import PROVENANCE_KEY
 from transformer_nmt.provenance import collect as collect_provenance
 
 USAGE = "python -m transformer_nmt.evaluate ckpt=PATH (split=val|test | src=FILE ref=FILE) [key=value ...]"
+REPORTED = ["bleu", "bleu_lowercase", "chrf", "bleu_multi30k"]  # the metrics evaluate writes unless told otherwise
 
 
 @dataclass
@@ -71,6 +79,10 @@ class EvaluateOptions(ModelOptions):
     name: Optional[str] = option(None, "output file names NAME.hyp, .ref, .json; null: the split or the src file")
     lang: Optional[str] = option(None, "target language for bleu_multi30k's Moses tokenizer; null: the "
                                        "checkpoint's data.tgt_lang")
+    metrics: list[str] = option(REPORTED, "the registered metrics to compute, each written under its name with "
+                                          "NAME_signature: " + ", ".join(catalog.names()) + " (metrics/)")
+    metric: catalog.MetricOptions = option(help="each metric's settings: metric.comet.model=DIR ...",
+                                           factory=catalog.MetricOptions)
     trust_data_paths: bool = option(False, "split=: read the data locations the checkpoint records even where they "
                                            "are absolute or lead out of this directory (only for a checkpoint you "
                                            "trust); false: only relative paths inside the directory evaluate runs in, "
@@ -106,11 +118,13 @@ def recorded_locations(config: DataConfig, split: str) -> dict[str, str]:
     return {option_name: location or ""}
 
 
-def split_pairs(meta: dict, split: str, trust_paths: bool = False) -> tuple[list[str], list[str]]:
+def split_pairs(meta: dict, split: str, trust_paths: bool = False, pair: str | None = None
+                ) -> tuple[list[str], list[str]]:
     """All source and reference sentences (unfiltered) of a split of a checkpoint's own training data;
     ``meta`` as returned by ``load_checkpoint``. The recorded locations (a file, a prefix, a Hub dataset's name) are
     read only when they stay inside the working directory (``outside_launch_dir``) and the checkpoint lies inside it
-    too (``inside_launch_dir``: one's own run), or with ``trust_paths``; else a SystemExit shows them."""
+    too (``inside_launch_dir``: one's own run), or with ``trust_paths``; else a SystemExit shows them. ``pair``: one
+    direction of a model of several (data.pairs, ``en-fr``)."""
     source = meta.get("source") or f"checkpoint {meta['path']}"
     if meta.get("data_config") is None:
         raise SystemExit(f"{source} does not record its data config; give src=FILE ref=FILE instead")
@@ -119,7 +133,7 @@ def split_pairs(meta: dict, split: str, trust_paths: bool = False) -> tuple[list
     except ValueError as error:
         raise SystemExit(str(error)) from None
     try:
-        spec = config.corpus_spec()  # language codes checked (corpus.check_lang)
+        spec = config.pair_specs()[pair] if pair else config.corpus_spec()  # language codes checked (check_lang)
     except ValueError as error:
         raise SystemExit(f"{source}: {error}") from None
     for key, location in recorded_locations(config, split).items():
@@ -147,15 +161,16 @@ def split_pairs(meta: dict, split: str, trust_paths: bool = False) -> tuple[list
     return sources, references
 
 
-def evaluation_pairs(options, meta: dict) -> tuple[list[str], list[str], str]:
+def evaluation_pairs(options, meta: dict, pair: str | None = None) -> tuple[list[str], list[str], str]:
     """(sources, references, default output name) from ``split=val|test`` (the checkpoint's own data,
-    ``meta`` from ``load_checkpoint``) or from ``src=FILE ref=FILE`` (``options``: evaluate's or analyze_heads');
-    errors say which options to give."""
+    ``meta`` from ``load_checkpoint``; ``pair``: one direction of a model of several, whose name the output's
+    takes) or from ``src=FILE ref=FILE`` (``options``: evaluate's or analyze_heads'); errors say which options to
+    give."""
     if options.split:
         if options.split not in ("val", "test"):
             raise SystemExit(f"split={options.split!r}: use val or test (or src=FILE ref=FILE)")
-        sources, references = split_pairs(meta, options.split, getattr(options, "trust_data_paths", False))
-        name = options.split
+        sources, references = split_pairs(meta, options.split, getattr(options, "trust_data_paths", False), pair)
+        name = options.split if pair is None else f"{options.split}.{pair}"
     elif options.src and options.ref:
         sources, references = read_lines(options.src), read_lines(options.ref)
         name = Path(options.src).name.removesuffix(".gz")
@@ -170,20 +185,33 @@ def evaluation_pairs(options, meta: dict) -> tuple[list[str], list[str], str]:
     return sources, references, name
 
 
-def score(hypotheses: list[str], references: list[str], lang: str | None = None) -> dict:
-    """sacreBLEU BLEU (cased and lowercased) and chrF, with their signatures; beside the cased BLEU its
-    length ratio (hypothesis / reference tokens) and brevity penalty; and the Multi30k literature's BLEU
-    (``bleu_multi30k``: lowercased, Moses-tokenized for the target language ``lang``; multi30k_bleu.py)."""
+def metric_record(hypotheses: list[str], references: list[str], lang: str | None = None, metrics=REPORTED,
+                  sources: list[str] | None = None, options=None) -> dict:
+    """Each of ``metrics`` (registered names; metrics/catalog.py) over the corpus, rounded to 4 decimals, with its
+    signature under NAME_signature and its details beside it (the cased BLEU's length ratio, hypothesis / reference
+    tokens, and brevity penalty). ``lang``: the target language (``bleu_multi30k``'s Moses tokenizer);
+    ``sources``: for the metrics that need them (COMET); ``options``: a ``catalog.MetricOptions``."""
     if not any(reference.strip() for reference in references):  # sacreBLEU would divide by 0 reference tokens
         raise ValueError(f"every reference line is blank ({len(references)} lines): there is nothing to score against")
-    metrics = {}
-    for name, metric in (("bleu", BLEU()), ("bleu_lowercase", BLEU(lowercase=True)), ("chrf", CHRF())):
-        result = metric.corpus_score(hypotheses, [references])
-        metrics[name] = round(result.score, 4)
-        if name == "bleu":
-            metrics["length_ratio"], metrics["bp"] = round(result.sys_len / result.ref_len, 4), round(result.bp, 4)
-        metrics[f"{name}_signature"] = str(metric.get_signature())
-    return {**metrics, **multi30k_bleu(hypotheses, references, lang)}
+    results = catalog.compute(metrics, hypotheses, references, sources, options, lang)
+    written = {}
+    for name, result in results.items():
+        written[name] = None if result.value is None else round(result.value, 4)
+        written.update({key: round(value, 4) for key, value in result.details.items()})
+        written[f"{name}_signature"] = result.signature
+    return written
+
+
+score = metric_record  # its older name (studies and benchmarks import it); "scores" are log-probabilities now
+
+
+def metric_values(hypotheses, references, sources, lang, options: EvaluateOptions) -> dict:
+    """``metric_record`` with evaluate's options; a metric's refusal (a COMET directory that is not one) is a SystemExit
+    naming it."""
+    try:
+        return metric_record(hypotheses, references, lang, options.metrics, sources, options.metric)
+    except ValueError as error:
+        raise SystemExit(str(error)) from None
 
 
 def default_out_dir(checkpoint: str | os.PathLike) -> Path:
@@ -241,20 +269,38 @@ def write_text(path: Path, text: str) -> None:
 def main(argv: list[str] | None = None) -> dict:
     options = parse_options(command_argv(argv), EvaluateOptions, __doc__, USAGE)
     require_checkpoint(options)
+    try:  # before decoding: a misnamed metric or a COMET directory that is not one stops here
+        for metric_name in catalog.check_names(options.metrics):
+            catalog.build(metric_name, options.metric).check()
+    except ValueError as error:
+        raise SystemExit(str(error)) from None
     if options.n_best != 1:
         raise SystemExit(f"n_best={options.n_best}: evaluate scores each line's best translation; n_best is "
                          f"translate's and synthesize's")
     model, tokenizer, meta = load_model(options)
+    tags = LanguageTags.of(meta.get("data_config"))
+    if tags is not None and options.split and not (options.src_lang or options.tgt_lang):
+        return evaluate_pairs(options, model, tokenizer, meta, tags)  # every direction of the model, one call
+    direction = model_direction(meta.get("data_config"), options.src_lang, options.tgt_lang, options.zero_shot,
+                                meta.get("source") or f"checkpoint {meta.get('path')}")
+    return evaluate_direction(options, model, tokenizer, meta, direction)
+
+
+def evaluate_direction(options: EvaluateOptions, model, tokenizer, meta: dict, direction: Direction | None,
+                       name: str | None = None) -> dict:
+    """Translate and score one direction (the model's only one where ``direction`` is None), write NAME.hyp, .ref
+    and .json (``name``: in place of name= or the default), and return what NAME.json holds."""
     ckpt = options.ckpt or options.model_dir
     first = ckpt[0] if isinstance(ckpt, list) else ckpt
-    sources, references, default_name = evaluation_pairs(options, meta)
-    name = options.name or default_name
+    pair = direction.name if direction is not None and options.split else None  # its part of the split
+    sources, references, default_name = evaluation_pairs(options, meta, pair)
+    name = name or options.name or default_name
     out_dir = Path(options.out) if options.out else default_out_dir(first)
     check_outputs(options, out_dir, name)  # before decoding: nothing it reads is written over
 
     decode = values_of(DecodeConfig, options)
     started = time.perf_counter()
-    hypotheses = [hyps[0][0] for hyps in translate_lines(model, tokenizer, sources, decode)]
+    hypotheses = [hyps[0][0] for hyps in translate_lines(model, tokenizer, sources, decode, direction=direction)]
     seconds = time.perf_counter() - started
     # What is scored is what is written: sacrebleu NAME.ref -i NAME.hyp reads the same lines, the same count. The
     # hypotheses as translate writes them (plain_line: no control character either); the references as given.
@@ -263,9 +309,11 @@ def main(argv: list[str] | None = None) -> dict:
     warn_replacing(out_dir / f"{name}.json", ckpt)
     write_text(out_dir / f"{name}.hyp", "".join(h + "\n" for h in hypotheses))
     write_text(out_dir / f"{name}.ref", "".join(r + "\n" for r in references))
-    lang = options.lang or (meta.get("data_config") or {}).get("tgt_lang")  # the language it translates into
+    lang = options.lang or (direction.tgt if direction is not None else  # the language it translates into
+                            (meta.get("data_config") or {}).get("tgt_lang"))
     result = {"checkpoint": ckpt if isinstance(ckpt, list) else str(ckpt), "sentences": len(sources),
-              **score(hypotheses, references, lang),
+              **({"direction": direction.record()} if direction is not None else {}),
+              **metric_values(hypotheses, references, sources, lang, options),
               "engine": options.engine, "compute_type": options.compute_type,
               "threads": getattr(model, "threads", torch.get_num_threads()),
               "inter_threads": getattr(model, "inter_threads", None),
@@ -279,6 +327,33 @@ def main(argv: list[str] | None = None) -> dict:
     write_text(out_dir / f"{name}.json", json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
     return result
+
+
+PAIR_SUMMARY = ("sentences", "bleu", "bleu_lowercase", "bleu_multi30k", "chrf", "length_ratio", "bp")
+
+
+def evaluate_pairs(options: EvaluateOptions, model, tokenizer, meta: dict, tags: LanguageTags) -> dict:
+    """``split=`` of a model of several pairs: each direction scored as one (NAME.en-de.hyp, .ref, .json; NAME:
+    name= or the split), and NAME.json summing them up: each pair's scores and, under the scores' own names, their
+    means over the pairs (what a reader of one pair's NAME.json, reproduce, ranks by)."""
+    results, base = {}, options.name or options.split
+    for src, tgt in tags.pairs:
+        result = evaluate_direction(options, model, tokenizer, meta, tags.direction(src, tgt), f"{base}.{src}-{tgt}")
+        summary_keys = (*PAIR_SUMMARY, *options.metrics)  # the metrics asked for (metrics=[...]) too
+        results[f"{src}-{tgt}"] = {key: result[key] for key in dict.fromkeys(summary_keys) if key in result}
+    ckpt = options.ckpt or options.model_dir
+    first = ckpt[0] if isinstance(ckpt, list) else ckpt
+    out_dir = Path(options.out) if options.out else default_out_dir(first)
+    means = {key: round(sum(r[key] for r in results.values()) / len(results), 4)
+             for key in dict.fromkeys((*PAIR_SUMMARY[1:], *options.metrics))
+             if all(isinstance(r.get(key), (int, float)) for r in results.values())}
+    summary = {"checkpoint": ckpt if isinstance(ckpt, list) else str(ckpt), "split": options.split,
+               "pairs": results, "mean_over_pairs": True, **means,
+               "sentences": sum(r["sentences"] for r in results.values()), "beam": options.beam,
+               PROVENANCE_KEY: collect_provenance(config={"options": asdict(options)})}
+    write_text(out_dir / f"{base}.json", json.dumps(summary, indent=2) + "\n")
+    print(json.dumps({k: v for k, v in summary.items() if k != PROVENANCE_KEY}, indent=2))
+    return summary
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from transformer_nmt.data.language_tags import Direction
 from transformer_nmt.data.tokenizer import Tokenizer
 from transformer_nmt.generation.ensemble import Ensemble, teacher_forced_log_probs
 from transformer_nmt.inference.batches import token_batches
@@ -18,12 +19,18 @@ from transformer_nmt.inference.ctranslate2_engine import CTranslate2Model
 from transformer_nmt.model.transformer import Transformer
 
 
-def encode_pairs(tokenizer: Tokenizer, sources: list[str], references: list[str], max_positions: int
-                 ) -> tuple[list[list[int]], list[list[int]]]:
-    """(source ids + eos, reference ids + eos) per pair; over-long sides are an error naming the line."""
+def encode_pairs(tokenizer: Tokenizer, sources: list[str], references: list[str], max_positions: int,
+                 direction: Direction | None = None) -> tuple[list[list[int]], list[list[int]]]:
+    """(source ids + eos, reference ids + eos) per pair; over-long sides are an error naming the line.
+    ``direction``: a tagged model's (data/language_tags.py), whose tag leads each source."""
     if len(sources) != len(references):
         raise ValueError(f"{len(sources)} input lines but {len(references)} reference lines: give one per line")
-    src_ids = [ids + [tokenizer.eos_id] for ids in tokenizer.encode_batch([s.strip() for s in sources])]
+    if direction is not None and direction.tags.decoder_piece(direction.tgt):
+        raise ValueError("a model with decoder-side language tags (data.lang_tags=decoder) cannot score given "
+                         "translations yet; use one tagged on the source side")
+    texts = [s.strip() for s in sources]
+    encoded = tokenizer.encode_batch(texts) if direction is None else direction.encode(tokenizer, texts)
+    src_ids = [ids + [tokenizer.eos_id] for ids in encoded]
     ref_ids = [ids + [tokenizer.eos_id] for ids in tokenizer.encode_batch([r.strip() for r in references])]
     for number, (s, r) in enumerate(zip(src_ids, ref_ids), start=1):
         if max(len(s), len(r) + 1) > max_positions:
@@ -34,9 +41,10 @@ def encode_pairs(tokenizer: Tokenizer, sources: list[str], references: list[str]
 
 @torch.no_grad()
 def token_log_probs(model: Transformer | Ensemble | CTranslate2Model, tokenizer: Tokenizer, sources: list[str],
-                    references: list[str], max_tokens: int) -> list[list[float]]:
-    """Per pair the log-probability of each reference token and of the final eos, in order."""
-    src_ids, ref_ids = encode_pairs(tokenizer, sources, references, model.config.max_positions)
+                    references: list[str], max_tokens: int, direction: Direction | None = None) -> list[list[float]]:
+    """Per pair the log-probability of each reference token and of the final eos, in order (``direction``: a
+    tagged model's)."""
+    src_ids, ref_ids = encode_pairs(tokenizer, sources, references, model.config.max_positions, direction)
     return ids_log_probs(model, tokenizer, src_ids, ref_ids, max_tokens)
 
 

@@ -43,9 +43,11 @@ from pathlib import Path
 from typing import Optional
 
 from transformer_nmt.data.corpus import CorpusError, check_lang
+from transformer_nmt.data.language_tags import LanguageTags
 from transformer_nmt.durable import atomic_write
 from transformer_nmt.file_digest import content_digest
 from transformer_nmt.generation.config import DecodeConfig
+from transformer_nmt.inference.directions import model_direction
 from transformer_nmt.inference.ensemble import checkpoint_paths
 from transformer_nmt.inference.translate import (
     ModelOptions,
@@ -177,6 +179,11 @@ def main(argv: list[str] | None = None) -> dict:
     started = time.perf_counter()
     prefix = Path(options.output)
     model, tokenizer, meta = load_model(options)
+    direction = None  # a model of several pairs (data.pairs): the direction src_lang= / tgt_lang= choose
+    if LanguageTags.of(meta.get("data_config")) is not None:
+        direction = model_direction(meta.get("data_config"), options.src_lang, options.tgt_lang, options.zero_shot,
+                                    meta.get("source") or f"checkpoint {meta.get('path')}")
+        options.src_lang, options.tgt_lang = direction.src, direction.tgt
     src_lang, tgt_lang = languages(options, meta)
     outputs = {"src": prefix.with_name(f"{prefix.name}.{src_lang}"),
                "tgt": prefix.with_name(f"{prefix.name}.{tgt_lang}")}
@@ -192,7 +199,8 @@ def main(argv: list[str] | None = None) -> dict:
             "input_sha256": content_digest(options.input), "input_lines": len(lines),
             "models": model_identities(options), "engine": options.engine,
             "decode": {k: v for k, v in asdict(decode).items() if k not in SPEED_ONLY},
-            "src_lang": src_lang, "tgt_lang": tgt_lang, "shard_lines": options.shard_lines}
+            "src_lang": src_lang, "tgt_lang": tgt_lang, "shard_lines": options.shard_lines,
+            **({"direction": direction.record()} if direction is not None else {})}
     if record.is_file():
         try:
             done = json.loads(record.read_text(encoding="utf-8"))
@@ -220,7 +228,7 @@ def main(argv: list[str] | None = None) -> dict:
         if shard is None:
             shard_started = time.perf_counter()
             part = lines[first:first + count]
-            _, results = translate_hypotheses(model, tokenizer, part, decode, first_line=first)
+            _, results = translate_hypotheses(model, tokenizer, part, decode, first_line=first, direction=direction)
             src, tgt = [], []
             for line, hyps in zip(part, results):
                 for h in hyps:

@@ -13,6 +13,11 @@ models' log-probabilities at each step; the models must share a tokenizer); ``sa
 on the batch); ``prefix=FILE`` forces each output to start with that file's line (a blank line: no prefix);
 ``score_reference=FILE`` decodes nothing and writes, per input line, ``LOG_PROB<TAB>PER_TOKEN<TAB>TOKENS``: the
 log-probability of that file's line as the translation (its tokens and the eos), per token, and how many.
+``constraints=FILE`` (beam search, engine=native) makes each output contain the phrases of that file's line
+(phrases separated by tabs, a blank line: none; tokenized with the model's SentencePiece), by Post & Vilar's
+dynamic beam allocation (generation/constrained.py); ``strategy=`` names the search (greedy | beam | sample;
+left out: beam=1 means greedy, sampling=true sample) and ``no_repeat_ngram=N`` forbids any N-gram twice in an
+output (generation/ngram_blocking.py), in every search.
 
 ``engine=ctranslate2`` translates with CTranslate2 (``pip install -e ".[serve]"``), from ``model_dir=DIR``
 (written by ``python -m transformer_nmt.export``) or from ``ckpt``, exported once to a cache
@@ -48,15 +53,18 @@ import sys
 import warnings
 import zlib
 from contextlib import nullcontext
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any, List, Optional
 
 import torch
 
+from transformer_nmt.data.language_tags import Direction
 from transformer_nmt.data.tokenizer import Tokenizer
 from transformer_nmt.generation.config import DecodeConfig, decode_settings
+from transformer_nmt.generation.constrained import read_constraints, word_continuations
 from transformer_nmt.generation.ensemble import Ensemble
+from transformer_nmt.generation.processors import active_processors
 from transformer_nmt.generation.sampling import check_sampling
 from transformer_nmt.generation.search import Hypothesis
 from transformer_nmt.generation.strategies import SearchBatch, generate, strategy_name
@@ -69,6 +77,7 @@ from transformer_nmt.inference.alignment import (
 )
 from transformer_nmt.inference.batches import token_batches
 from transformer_nmt.inference.ctranslate2_engine import CTranslate2Model
+from transformer_nmt.inference.directions import model_direction
 from transformer_nmt.inference.ensemble import checkpoint_paths, load_ensemble
 from transformer_nmt.inference.export import cached_export
 from transformer_nmt.inference.scoring import token_log_probs
@@ -88,6 +97,12 @@ class ModelOptions(DecodeConfig):
     ckpt: Optional[Any] = option(None, CKPT_HELP + " (or model_dir=, with engine=ctranslate2)")
     model_dir: Optional[str] = option(None, "engine=ctranslate2: a directory written by python -m "
                                             "transformer_nmt.export (instead of ckpt, which is exported to a cache)")
+    src_lang: Optional[str] = option(None, "a model of several pairs (data.pairs): the input's language; null: the "
+                                           "one its pairs allow for tgt_lang")
+    tgt_lang: Optional[str] = option(None, "a model of several pairs: the language to translate into (e.g. fr); "
+                                           "null: the one its pairs allow. A model of one pair: its own, or refused")
+    zero_shot: bool = option(False, "translate a direction the model was not trained on (its tags must exist); "
+                                    "false: such a direction is refused, naming those it knows")
 
 
 @dataclass
@@ -102,6 +117,9 @@ class TranslateOptions(ModelOptions):
                                                            "TRANSLATION each")
     prefix: Optional[str] = option(None, "a file, one line per input line: each output starts with that line "
                                          "(a blank line: no prefix)")
+    constraints: Optional[str] = option(None, "a file, one line per input line: phrases (separated by tabs) that "
+                                              "line's output must contain; a blank line: none (beam search, "
+                                              "engine=native)")
     score_reference: Optional[str] = option(None, "a file, one translation per input line: write each one's "
                                                   "log-probability (LOG_PROB<TAB>PER_TOKEN<TAB>TOKENS), decode "
                                                   "nothing")
@@ -134,11 +152,14 @@ def plain_line(text: str) -> str:
 
 
 def encode_sources(tokenizer: Tokenizer, lines: list[str], max_positions: int,
-                   first_line: int = 0) -> list[list[int] | None]:
+                   first_line: int = 0, direction: Direction | None = None) -> list[list[int] | None]:
     """Source ids + eos per line; None for a blank line. Over-long lines are cut, with a warning naming the line
-    (``first_line``: the index of ``lines[0]`` in the whole input)."""
+    (``first_line``: the index of ``lines[0]`` in the whole input). ``direction``: a tagged model's, whose rule
+    puts its tag first (data/language_tags.py)."""
     sources: list[list[int] | None] = []
-    for number, ids in enumerate(tokenizer.encode_batch([line.strip() for line in lines]), start=first_line + 1):
+    texts = [line.strip() for line in lines]
+    encoded = tokenizer.encode_batch(texts) if direction is None else direction.encode(tokenizer, texts)
+    for number, ids in enumerate(encoded, start=first_line + 1):
         if not lines[number - first_line - 1].strip():
             sources.append(None)
             continue
@@ -154,7 +175,11 @@ def check_decode(decode: DecodeConfig) -> None:
     """A ValueError naming the option for settings that cannot decode together."""
     if decode.beam < 1 or not 1 <= decode.n_best <= decode.beam:
         raise ValueError(f"need beam >= 1 and 1 <= n_best <= beam, got beam={decode.beam}, n_best={decode.n_best}")
-    if decode.sampling:
+    name = strategy_name(decode)  # a strategy the older flags contradict: refused, naming both
+    if name != "beam" and decode.n_best != 1:
+        raise ValueError(f"strategy={name} gives one output per line: drop n_best={decode.n_best}")
+    active_processors(decode)  # a processor option's bad value: refused, naming it
+    if decode.sampling or name == "sample":
         check_sampling(decode.temperature, decode.top_k, decode.top_p)
         if decode.beam not in (1, DecodeConfig.beam) or decode.n_best != 1:
             raise ValueError(f"sampling=true draws one output per line: drop beam={decode.beam} and "
@@ -163,7 +188,8 @@ def check_decode(decode: DecodeConfig) -> None:
         given = [f"{name}={getattr(decode, name)}" for name in SAMPLING_OPTIONS
                  if getattr(decode, name) != getattr(DecodeConfig, name)]
         if given:
-            raise ValueError(f"{' '.join(given)} set(s) how to sample: add sampling=true, or drop it")
+            raise ValueError(f"{' '.join(given)} set(s) how to sample: add sampling=true (or strategy=sample), or "
+                             f"drop it")
 
 
 def encode_prefixes(tokenizer: Tokenizer, prefixes: list[str] | None, n_lines: int) -> list[list[int]] | None:
@@ -176,31 +202,44 @@ def encode_prefixes(tokenizer: Tokenizer, prefixes: list[str] | None, n_lines: i
         [line.strip() for line in prefixes]))]
 
 
+def engine_searches_itself(model) -> bool:
+    """Whether ``model`` batches and searches on its own (an engine such as CTranslate2's, which declares it with
+    ``searches_itself``) instead of through generation/strategies."""
+    return getattr(model, "searches_itself", False)
+
+
 @torch.no_grad()
 def translate_hypotheses(model: Transformer | Ensemble | CTranslate2Model, tokenizer: Tokenizer, lines: list[str],
                          decode: DecodeConfig | None = None, prefixes: list[str] | None = None, first_line: int = 0,
-                         **changes) -> tuple[list[list[int] | None], list[list[Hypothesis]]]:
+                         direction: Direction | None = None, constraints: list[list[list[int]]] | None = None,
+                         **changes                         ) -> tuple[list[list[int] | None], list[list[Hypothesis]]]:
     """Translate ``lines``: (source ids as ``encode_sources`` gives them, and for each line its ``n_best``
     hypotheses (target ids without bos/eos, score, log_prob), best first, in input order). The search: ``decode``
     with ``changes`` (``beam=1``, ``sampling=True``, ...; ``decode_settings``); ``prefixes``: one target text per
     line that its output starts with. Greedy decoding and sampling score 0.0; a blank line gives empty hypotheses.
     ``first_line``: the index of ``lines[0]`` in the whole input, so that a line's sample (seeded by its index) is
-    the same whether the input is translated at once or in parts."""
+    the same whether the input is translated at once or in parts. ``direction``: a tagged model's (its source tag
+    first; style decoder: its target tag forced first, and stripped from the hypotheses). ``constraints``: per line
+    the phrases (target ids, ``read_constraints``) its output must contain."""
     decode = decode_settings(decode, **changes)
     check_decode(decode)
-    greedy = strategy_name(decode) != "beam"  # one hypothesis per sentence
-    sources = encode_sources(tokenizer, lines, model.config.max_positions, first_line)
+    sources = encode_sources(tokenizer, lines, model.config.max_positions, first_line, direction)
     forced = encode_prefixes(tokenizer, prefixes, len(lines))
-    results: list[list[Hypothesis]] = [[Hypothesis([], 0.0)] * (1 if greedy else decode.n_best) for _ in lines]
+    lead = [] if direction is None else direction.decoder_prefix(tokenizer)
+    if lead:
+        forced = [lead + ids for ids in (forced or [[] for _ in lines])]
+    if constraints is not None and len(constraints) != len(lines):
+        raise ValueError(f"{len(constraints)} lines of constraints for {len(lines)} input lines")
+    results: list[list[Hypothesis]] = [[Hypothesis([], 0.0)] * decode.n_best for _ in lines]
     todo = [i for i, ids in enumerate(sources) if ids is not None]
-    if isinstance(model, CTranslate2Model):  # batches and searches on its own
-        if decode.sampling:
-            raise ValueError("sampling=true needs engine=native")
+    continuations = word_continuations(tokenizer) if constraints is not None and any(constraints) else None
+    if engine_searches_itself(model):  # batches and searches on its own, refusing what it cannot honour
+        model.check_request(decode, has_constraints=constraints is not None and any(constraints))
         outputs = model.translate_hypotheses([sources[i] for i in todo], decode,
                                              prefixes=None if forced is None else [forced[i] for i in todo])
         for i, hyps in zip(todo, outputs):
             results[i] = hyps
-        return sources, results
+        return sources, untagged(results, direction, lead)
     device = model.device
     for batch in token_batches([len(sources[i]) for i in todo], decode.max_tokens):
         rows = [todo[j] for j in batch]
@@ -215,11 +254,19 @@ def translate_hypotheses(model: Transformer | Ensemble | CTranslate2Model, token
             for r, i in enumerate(rows):
                 prefix[r, : len(forced[i])] = torch.tensor(forced[i], dtype=torch.long)
             prefix = prefix.to(device)
-        batch = SearchBatch(src, tokenizer.bos_id, tokenizer.eos_id, [first_line + i for i in rows], prefix)
+        batch = SearchBatch(src, tokenizer.bos_id, tokenizer.eos_id, [first_line + i for i in rows], prefix,
+                            None if constraints is None else [constraints[i] for i in rows], continuations)
         outputs = generate(model, batch, decode)
         for i, hyps in zip(rows, outputs):
             results[i] = hyps
-    return sources, results
+    return sources, untagged(results, direction, lead)
+
+
+def untagged(results: list[list[Hypothesis]], direction: Direction | None, lead: list[int]) -> list[list[Hypothesis]]:
+    """The hypotheses without the decoder-side language tag forced first (``lead``; data.lang_tags=decoder)."""
+    if not lead:
+        return results
+    return [[replace(h, tokens=direction.strip(h.tokens, lead)) for h in hyps] for hyps in results]
 
 
 def translate_ids(model: Transformer | Ensemble | CTranslate2Model, tokenizer: Tokenizer, lines: list[str],
@@ -321,7 +368,8 @@ def check_output(options: TranslateOptions) -> None:
     it is read."""
     if not options.output:
         return
-    reads = [("input", options.input), ("prefix", options.prefix), ("score_reference", options.score_reference)]
+    reads = [("input", options.input), ("prefix", options.prefix), ("score_reference", options.score_reference),
+             ("constraints", options.constraints)]
     read = read_by(options.output, reads + checkpoint_reads(options.ckpt))
     if read is not None:
         raise SystemExit(f"output={options.output} is the file {read[0]}={read[1]} names: writing the translations "
@@ -347,15 +395,18 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit("print_alignment= needs engine=native (it reads the model's cross-attention)")
     if mode and isinstance(options.ckpt, list) and len(options.ckpt) > 1:
         raise SystemExit("print_alignment= reads one model's cross-attention: give ckpt=PATH, not an ensemble")
-    if options.score_reference and (options.prefix or mode or options.n_best != 1 or options.sampling):
+    if options.score_reference and (options.prefix or mode or options.n_best != 1 or options.sampling
+                                    or options.constraints):
         raise SystemExit("score_reference= scores given translations and decodes nothing: drop prefix=, "
-                         "print_alignment=, n_best= and sampling=")
+                         "print_alignment=, n_best=, sampling= and constraints=")
     decode = values_of(DecodeConfig, options)
     try:
         check_decode(decode)
     except ValueError as error:
         raise SystemExit(str(error)) from None
-    model, tokenizer, _ = load_model(options)
+    model, tokenizer, meta = load_model(options)
+    direction = model_direction(meta.get("data_config"), options.src_lang, options.tgt_lang, options.zero_shot,
+                                meta.get("source") or f"checkpoint {meta.get('path')}")
     if mode:
         try:
             check_alignment_options(model, *alignment)
@@ -368,7 +419,8 @@ def main(argv: list[str] | None = None) -> None:
 
     if options.score_reference:
         try:
-            scores = token_log_probs(model, tokenizer, lines, read_lines(options.score_reference), decode.max_tokens)
+            scores = token_log_probs(model, tokenizer, lines, read_lines(options.score_reference), decode.max_tokens,
+                                     direction)
         except ValueError as error:
             raise SystemExit(f"score_reference={options.score_reference}: {error}") from None
         with out_file() as out:
@@ -377,8 +429,16 @@ def main(argv: list[str] | None = None) -> None:
                 out.write(f"{total:.4f}\t{total / len(token_scores):.4f}\t{len(token_scores)}\n")
         return
     prefixes = read_lines(options.prefix) if options.prefix else None
+    constraints = None
+    if options.constraints:
+        try:
+            constraints = read_constraints(options.constraints, read_lines(options.constraints), tokenizer,
+                                           len(lines), model.config.max_positions - 1)
+        except ValueError as error:
+            raise SystemExit(str(error)) from None
     try:
-        sources, results = translate_hypotheses(model, tokenizer, lines, decode, prefixes=prefixes)
+        sources, results = translate_hypotheses(model, tokenizer, lines, decode, prefixes=prefixes, direction=direction,
+                                                constraints=constraints)
     except ValueError as error:
         raise SystemExit(f"prefix={options.prefix}: {error}" if prefixes is not None else str(error)) from None
     with out_file() as out:

@@ -46,12 +46,14 @@ from transformer_nmt.data.tokenizer import Tokenizer
 from transformer_nmt.durable import atomic_write
 from transformer_nmt.file_digest import content_digest
 from transformer_nmt.hardware import reported_cpu_flags
+from transformer_nmt.metrics.catalog import build as build_metric
+from transformer_nmt.metrics.catalog import check_names, read_options
 from transformer_nmt.model.attention import auto_kernel, check_attention
 from transformer_nmt.model.transformer import TransformerConfig
 from transformer_nmt.provenance import PROVENANCE_KEY
 from transformer_nmt.provenance import collect as collect_provenance
 from transformer_nmt.training import roles
-from transformer_nmt.training.callbacks import LastCheckpoint, StepBoundaryTimer, early_stopping
+from transformer_nmt.training.callbacks import LastCheckpoint, StepBoundaryTimer, early_stopping, monitored_metric
 from transformer_nmt.training.checkpoint_io import AtomicCheckpointIO
 from transformer_nmt.training.config import schema_error
 from transformer_nmt.training.continuation import (
@@ -134,8 +136,11 @@ def validate_config(cfg: DictConfig) -> None:
         raise ConfigError("trainer.gradient_clip_val: the module clips the gradients itself, after unscaling them "
                           "by the step's target tokens; set train.clip_grad_norm instead and drop "
                           "trainer.gradient_clip_val")
-    try:  # checkpoint.monitor and checkpoint.patience, before the data is prepared
+    try:  # checkpoint.monitor and checkpoint.patience, the validation metrics, before the data is prepared
         early_stopping(cfg.checkpoint.patience, cfg.checkpoint.monitor, cfg.train.val_bleu_max_sentences)
+        options = read_options(cfg.get("metric"))
+        for name in validation_metrics(cfg):
+            build_metric(name, options, option="train.val_metrics").check()  # a COMET directory that is not one
     except ValueError as error:
         raise ConfigError(str(error)) from None
     recent = cfg.checkpoint.recent
@@ -205,6 +210,13 @@ def check_same_vocabulary(init_tokenizer, init_from: str, tokenizer_path: str) -
                           f"vocabulary: drop data.tokenizer_path")
 
 
+def validation_metrics(cfg: DictConfig) -> list[str]:
+    """``train.val_metrics`` (checked) and the metric ``checkpoint.monitor`` ranks by, where it is not among them."""
+    names = check_names(cfg.train.val_metrics, "train.val_metrics")
+    monitored = monitored_metric(cfg.checkpoint.monitor, cfg.train.val_bleu_max_sentences)
+    return names + ([monitored] if monitored is not None and monitored not in names else [])
+
+
 def build_module(cfg: DictConfig, tokenizer, init: dict | None = None) -> TranslationModule:
     """The module for ``cfg``; with ``init`` (init_from's checkpoint, as ``read_init`` gives it) its architecture
     and weights."""
@@ -214,9 +226,11 @@ def build_module(cfg: DictConfig, tokenizer, init: dict | None = None) -> Transl
         if model_config.get("max_positions", 1024) < cfg.data.max_positions:
             raise ConfigError(f"init_from={cfg.init_from} holds max_positions {model_config['max_positions']}, "
                               f"below data.max_positions ({cfg.data.max_positions}): lower data.max_positions")
-    train_config = OmegaConf.to_container(cfg.train, resolve=True)
+    train_config = {**OmegaConf.to_container(cfg.train, resolve=True), "val_metrics": validation_metrics(cfg)}
     data_config = OmegaConf.to_container(cfg.data, resolve=True)
-    module = TranslationModule(model_config, train_config, tokenizer=tokenizer, seed=cfg.seed, data_config=data_config)
+    metric_options = OmegaConf.to_container(cfg.metric, resolve=True) if cfg.get("metric") is not None else None
+    module = TranslationModule(model_config, train_config, tokenizer=tokenizer, seed=cfg.seed, data_config=data_config,
+                               metric_options=metric_options)
     if init is not None:
         module.model.load_state_dict({k[len(MODEL_PREFIX):]: v for k, v in init["state_dict"].items()
                                       if k.startswith(MODEL_PREFIX)})
@@ -319,13 +333,14 @@ def summary(cfg: DictConfig, datamodule, module: TranslationModule, trainer: pl.
                                                           if len(split.keep) != split.report.kept else "")
                       for name, split in datamodule.splits.items())
     per_step = datamodule.max_tokens * trainer.accumulate_grad_batches * trainer.world_size
+    directions = ", ".join(getattr(datamodule, "pair_specs", None) or [f"{datamodule.src_lang}->{datamodule.tgt_lang}"])
     c = module.model.config
     lines = [
         f"model       {module.model.num_parameters():,} parameters (d_model {c.d_model}, heads {c.n_heads} with d_k "
         f"{c.head_dims()[0]}, d_v {c.head_dims()[1]}, {c.positions} positions, "
         f"layers {c.n_encoder_layers}+{c.n_decoder_layers}, d_ff {c.d_ff}, dropout {c.dropout}, vocab {c.vocab_size}"
         + "".join(f", {name} {value}" for name, value in changed_model_fields(c).items()) + ")",
-        f"corpus      {datamodule.src_lang}->{datamodule.tgt_lang} pairs after filtering: {sizes}",
+        f"corpus      {directions} pairs after filtering: {sizes}",
         f"batch       <= {per_step:,} padded tokens per side per optimizer step (data.max_tokens "
         f"{datamodule.max_tokens} x accumulate {trainer.accumulate_grad_batches} x {trainer.world_size} ranks; a "
         f"resume may change the factors, not the product)",
@@ -389,6 +404,9 @@ def run_results(module: TranslationModule, trainer: pl.Trainer, metrics: dict, o
         "parameters": module.model.num_parameters(),
         "val_loss": metric("val/loss"), "val_ppl": metric("val/ppl"), "val_bleu": metric("val/bleu"),
         "test_bleu": metric("test/bleu"),
+        # each further validation metric (train.val_metrics, the monitored one): val_NAME, test_NAME
+        **{f"{split}_{m.name}": metric(f"{split}/{m.name}") for m in module.metrics if m.name != "bleu"
+           for split in ("val", "test")},
         "train_tgt_tokens_per_sec": round(tokens_per_sec, 1) if tokens_per_sec is not None else None,
         "steps": trainer.global_step, "epochs": epochs_trained(trainer),
         "planned": {"max_steps": trainer.max_steps, "max_epochs": trainer.max_epochs},

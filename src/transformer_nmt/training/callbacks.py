@@ -26,6 +26,7 @@ from tensorboard.plugins.image import metadata as image_metadata
 
 from transformer_nmt import run_files
 from transformer_nmt.inference.attention_maps import ATTENTION_KINDS, attention_entropy, render_heatmaps
+from transformer_nmt.metrics import catalog
 from transformer_nmt.training.time_budget import BackgroundWork, TimeBudget, timed
 
 log = logging.getLogger(__name__)
@@ -338,35 +339,57 @@ class TokenProgressBar(TQDMProgressBar):
 # --- what conf/callbacks/default.yaml builds: each from the options it interpolates, None where that option is off
 
 
-MONITORS = ("auto", "val_bleu", "val_loss")
+def monitors() -> tuple[str, ...]:
+    """What ``checkpoint.monitor`` may name: auto, val_loss, and val_NAME for every registered metric."""
+    return ("auto", "val_loss", *(f"val_{name}" for name in catalog.names()))
+
+
+MONITORS = monitors()
 
 
 def monitored(monitor: str, val_bleu_max_sentences: int | None) -> tuple[str, str]:
-    """(logged metric, mode) that ``checkpoint.monitor`` names: val_bleu -> ("val/bleu", "max"), val_loss ->
-    ("val/loss", "min"), auto -> val_bleu unless val BLEU is off (``val_bleu_max_sentences`` 0)."""
-    if monitor not in MONITORS:
-        raise ValueError(f"checkpoint.monitor={monitor!r}: use one of {MONITORS}")
-    if monitor == "val_bleu" and val_bleu_max_sentences == 0:
-        raise ValueError("checkpoint.monitor=val_bleu needs val BLEU: train.val_bleu_max_sentences is 0 (set N, or "
-                         "null for the whole validation set)")
-    bleu = monitor == "val_bleu" or (monitor == "auto" and val_bleu_max_sentences != 0)
-    return ("val/bleu", "max") if bleu else ("val/loss", "min")
+    """(logged metric, mode) that ``checkpoint.monitor`` names: val_NAME -> ("val/NAME", the metric's direction:
+    "max" for val_bleu, "min" for val_ter), val_NAME/PAIR -> that of one direction (data.pairs: "val/NAME/PAIR"),
+    val_loss -> ("val/loss", "min"), auto -> val_bleu unless validation metrics are off (``val_bleu_max_sentences``
+    0)."""
+    base, _, pair = monitor.partition("/")  # data.pairs: one direction's value, val_bleu/en-de
+    if base not in monitors() or (pair and base in ("auto", "val_loss")) or monitor.endswith("/"):
+        raise ValueError(f"checkpoint.monitor={monitor!r}: use one of {monitors()}, or val_NAME/PAIR (data.pairs)")
+    if base == "auto":
+        base = "val_bleu" if val_bleu_max_sentences != 0 else "val_loss"
+    if base == "val_loss":
+        return "val/loss", "min"
+    name = base.removeprefix("val_")
+    if val_bleu_max_sentences == 0:
+        shown = "BLEU" if name == "bleu" else name
+        raise ValueError(f"checkpoint.monitor={monitor} needs val {shown}: train.val_bleu_max_sentences is 0 (set N, "
+                         f"or null for the whole validation set)")
+    return f"val/{name}" + (f"/{pair}" if pair else ""), catalog.mode(name, "checkpoint.monitor")
+
+
+def monitored_metric(monitor: str, val_bleu_max_sentences: int | None) -> str | None:
+    """The registered metric's name that ``checkpoint.monitor`` ranks by (validation computes it); None for
+    val_loss."""
+    metric, _ = monitored(monitor, val_bleu_max_sentences)
+    return None if metric == "val/loss" else metric.split("/")[1]
 
 
 def best_checkpoint(dirpath, save_top_k: int, val_bleu_max_sentences: int | None,
                     monitor: str = "auto") -> ModelCheckpoint:
-    """The best-k checkpoints by the ``monitor``ed metric (``monitored``). The first ModelCheckpoint of the run:
+    """The best-k checkpoints by the ``monitor``ed metric (``monitored``), named for it: step0001000-bleu27.31.ckpt,
+    step0001000-comet0.8123.ckpt, step0001000-loss2.345.ckpt. The first ModelCheckpoint of the run:
     ``trainer.test(ckpt_path="best")`` tests its best."""
     metric, mode = monitored(monitor, val_bleu_max_sentences)
-    bleu = metric == "val/bleu"
+    name = metric.removeprefix("val/")
+    digits = 3 if name == "loss" else catalog.metric_class(name).digits
     return ModelCheckpoint(
-        dirpath=dirpath, filename="step{step:07d}-bleu{val/bleu:.2f}" if bleu else "step{step:07d}-loss{val/loss:.3f}",
+        dirpath=dirpath, filename=f"step{{step:07d}}-{name}{{{metric}:.{digits}f}}",
         auto_insert_metric_name=False, monitor=metric, mode=mode, save_top_k=save_top_k, save_last=False)
 
 
 def early_stopping(patience: int | None, monitor: str, val_bleu_max_sentences: int | None) -> EarlyStopping | None:
-    """Lightning's EarlyStopping on the ``monitor``ed metric: stop after ``patience`` validations without a better
-    value; None when ``patience`` is null."""
+    """Lightning's EarlyStopping on the ``monitor``ed metric, in its direction: stop after ``patience`` validations
+    without a better value; None when ``patience`` is null."""
     metric, mode = monitored(monitor, val_bleu_max_sentences)  # checked even when off: the best-k use it too
     if patience is None:
         return None

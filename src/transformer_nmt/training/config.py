@@ -24,6 +24,7 @@ from omegaconf.errors import OmegaConfBaseException
 from transformer_nmt.conf import CONF_DIR
 from transformer_nmt.data.config import DataConfig
 from transformer_nmt.generation.config import DecodeConfig
+from transformer_nmt.metrics.catalog import MetricOptions
 from transformer_nmt.model.transformer import TransformerConfig
 from transformer_nmt.options import Role, declares_roles, option, show
 
@@ -75,9 +76,12 @@ class TrainConfig:
                                     "optimizer step t; false: ema_decay from the first step", role=TRAINING)
     compile: bool = option(False, "torch.compile the model's forward (batch widths then a multiple of 8)",
                            role=TRAINING)
-    val_bleu_max_sentences: int | None = option(500, "greedy BLEU on the validation split's first N sentences; "
-                                                      "0: no BLEU, null: all", role=EVALUATION)
+    val_bleu_max_sentences: int | None = option(500, "greedy BLEU (and train.val_metrics) on the validation split's "
+                                                      "first N sentences; 0: none, null: all", role=EVALUATION)
     test_bleu_max_sentences: int | None = option(None, "the same for the test split", role=EVALUATION)
+    val_metrics: list[str] = option(["bleu"], "the registered metrics (metrics/: bleu, chrf, ter, comet, ...) "
+                                              "computed on those greedy translations, logged as val/NAME and "
+                                              "test/NAME; checkpoint.monitor's metric is added", role=EVALUATION)
 
 
 @declares_roles
@@ -98,9 +102,12 @@ class CheckpointConfig:
     """What checkpoints/ keeps (``checkpoint.*``)."""
 
     save_top_k: int = option(3, "best-k by the monitored metric (checkpoint.monitor), plus last.ckpt", role=RUN)
-    monitor: str = option("auto", "what best-k and early stopping rank by: val_bleu (greedy, detokenized sacreBLEU "
-                                  "over train.val_bleu_max_sentences of the first validation set) | val_loss | "
-                                  "auto: val_bleu, or val_loss when val BLEU is off", role=EVALUATION)
+    monitor: str = option("auto", "what best-k and early stopping rank by: val_NAME for any registered metric "
+                                  "(val_bleu: greedy, detokenized sacreBLEU over train.val_bleu_max_sentences of the "
+                                  "first validation set, with data.pairs the mean of the pairs'; val_comet, "
+                                  "val_chrf, val_ter ...: in the metric's direction) | val_NAME/en-de (data.pairs: "
+                                  "one pair's) | val_loss | auto: val_bleu, or val_loss when validation metrics are "
+                                  "off", role=EVALUATION)
     patience: int | None = option(None, "stop after this many validations without a better monitored value "
                                          "(Lightning's EarlyStopping); null: never", role=EVALUATION)
     every_n_train_steps: int | None = option(None, "last.ckpt after every validation, and also every N optimizer "
@@ -197,6 +204,9 @@ class TrainAppConfig:
                                        "BLEU is greedy", factory=DecodeConfig, role=RUN)
     ablation: dict[str, Any] = option(help="free knobs an experiment interpolates into other settings "
                                             "(ablation.n_layers)", factory=dict, role=RUN)
+    metric: MetricOptions = option(help="each metric's settings (metric.comet.model=DIR ...): metrics/; a directory "
+                                        "on the machine that evaluates, in neither fingerprint",
+                                   factory=MetricOptions, role=RUN)
 
 
 @dataclass

@@ -82,7 +82,11 @@ TRAINER_NOT_RESULTS = roles.trainer_keys(Role.RUN, Role.MAY_CHANGE) + tuple(
 RESULT_KEYS = roles.result_keys()  # the evaluation-only options outside those groups: run_test, checkpoint.monitor...
 EXTENDS = roles.extends()  # Role.LENGTH: a larger value trains longer
 FORMAT, FINGERPRINT_FORMAT = "fingerprint_format", 2  # 2 (2026-12-03): the whole config minus NOT_TRAINING
-TRAIN_DIGEST = "data.train_sha256"  # the training files' contents (_train_data_digest)
+TRAIN_DIGEST = "data.train_sha256"  # the training files' contents (_split_digest)
+# The validation and test files' contents, in the results fingerprint (not the run's: a resume may not change them
+# silently either way, but a finished run scored on other val or test files has other results); results files
+# written before 2026-12-04 lack them and are compared without them.
+EVAL_DIGESTS = {"data.val_sha256": "val", "data.test_sha256": "test"}
 INIT_DIGEST = "init_from.sha256"  # init_from's checkpoint (its bytes), in place of its path
 # The settings that a fine-tune (init_from) takes from the command rather than from its checkpoint (app.build_module):
 # the model fields declared run_setting
@@ -156,18 +160,20 @@ def _callbacks_as_configured(cfg: DictConfig) -> dict[str, Any]:
     return out
 
 
-def _train_data_digest(cfg: DictConfig) -> str | None:
-    """A sha256 over the training files' sizes and contents (``corpus.file_fingerprint``, memoized in the user's
+def _split_digest(cfg: DictConfig, split: str = "train") -> str | None:
+    """A sha256 over ``split``'s files' sizes and contents (``corpus.file_fingerprint``, memoized in the user's
     cache, as the data set-up's own keys are), so that new pairs under the same path are another run; None where
-    there are no training files to read (not configured, or missing: the data set-up then stops and says why) or
+    there are no such files to read (not configured, or missing: the data set-up then stops and says why) or
     they come from the hub (their id is in the config). A file that exists but cannot be read is an error, here as
-    in the data set-up: every rank must compute the same fingerprint."""
+    in the data set-up: every rank must compute the same fingerprint. The run fingerprint holds train's; the
+    results fingerprint val's and test's too (``EVAL_DIGESTS``)."""
     try:
         known = {f.name for f in dataclasses.fields(DataConfig)}  # not a retired key an older config holds
         data = DataConfig(**{k: v for k, v in OmegaConf.to_container(cfg.data, resolve=True).items() if k in known})
-        if not data.train:
+        if not getattr(data, split):
             return None
-        inputs = split_inputs(data.corpus_spec(), "train")
+        specs = list(data.pair_specs().values()) or [data.corpus_spec()]  # data.pairs: every pair's files
+        inputs = list(dict.fromkeys(path for spec in specs for path in split_inputs(spec, split)))
     except (CorpusError, TypeError, ValueError):
         return None
     if any(i.startswith("hub:") for i in inputs):
@@ -230,7 +236,7 @@ def run_fingerprint(cfg: DictConfig, trainer=None, recorded_run: dict[str, Any] 
             _flatten(OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node, key, found)
     found.update({FORMAT: FINGERPRINT_FORMAT, "world_size": world_size, PRECISION: precision,
                   "trainer.accumulate_grad_batches": accumulate})
-    found[TRAIN_DIGEST] = _train_data_digest(cfg)
+    found[TRAIN_DIGEST] = _split_digest(cfg)
     if cfg.get("init_from"):
         _init_settings(cfg, found, recorded_run)
     found[PRODUCT] = found["data.max_tokens"] * accumulate * world_size
@@ -246,6 +252,8 @@ def results_fingerprint(cfg: DictConfig, trainer=None, recorded_run: dict[str, A
     for key in EVALUATION + RESULT_KEYS:
         value = OmegaConf.select(cfg, key)
         found[key] = OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+    for key, split in EVAL_DIGESTS.items():
+        found[key] = _split_digest(cfg, split)
     return dict(sorted(found.items()))
 
 
@@ -282,7 +290,7 @@ def _ignored(saved: dict[str, Any], current: dict[str, Any]) -> set[str]:
     keys added since an older ``saved`` fingerprint was written that it lacks (it is then compared as it was:
     data.max_tokens and accumulation, without the world size; a finished run's config without an option of
     ``RESULT_KEYS``, which did not exist then)."""
-    ignored = set(RETIRED) | {key for key in ADDED + RESULT_KEYS if key not in saved}
+    ignored = set(RETIRED) | {key for key in ADDED + RESULT_KEYS + tuple(EVAL_DIGESTS) if key not in saved}
     if PRODUCT in saved and PRODUCT in current:
         ignored |= set(FACTORS)
     if FORMAT not in saved:  # written before format 2: what it held (the groups, seed, ADDED), compared as then

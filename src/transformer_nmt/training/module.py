@@ -3,8 +3,9 @@ LightningModule that ties them to a ``Transformer``.
 
 The ``Transformer`` it wraps is a plain ``nn.Module``; everything Lightning-specific lives here:
 one training step is teacher-forced cross-entropy with label smoothing over the non-padding target
-tokens; validation adds greedy-decoded corpus BLEU (sacreBLEU) over the first
-``val_bleu_max_sentences`` sentences of the split, gathered from every DDP rank. With several validation sets
+tokens; validation adds greedy-decoded corpus metrics (``train.val_metrics``, registered in metrics/: BLEU by
+default, COMET and others on request) over the first ``val_bleu_max_sentences`` sentences of the split, gathered
+from every DDP rank. With several validation sets
 (``data.val=[A,B]``) each is scored and logged under its own name (``val/``, ``val_NAME/``: DataConfig.val_splits).
 """
 
@@ -18,7 +19,6 @@ from dataclasses import asdict
 from functools import partial
 
 import lightning.pytorch as pl
-import sacrebleu
 import torch
 from torch import Tensor
 
@@ -33,15 +33,18 @@ from transformer_nmt.checkpoint import (
     tokenizer_entries,
 )
 from transformer_nmt.data.config import DataConfig
+from transformer_nmt.data.language_tags import LanguageTags
 from transformer_nmt.data.tokenizer import Tokenizer
 from transformer_nmt.generation.config import DecodeConfig
-from transformer_nmt.generation.search import greedy_decode
+from transformer_nmt.generation.strategies import SearchBatch, generate
+from transformer_nmt.metrics import catalog
 from transformer_nmt.model.transformer import Transformer, TransformerConfig
 from transformer_nmt.training.config import TrainConfig
 from transformer_nmt.training.ema import WeightEMA, check_decay, take_average, take_trained
 from transformer_nmt.training.freezing import freeze
 from transformer_nmt.training.lightning_adapter import is_logging_step
 
+VALIDATION_DECODE = DecodeConfig(strategy="greedy", beam=1)  # validation BLEU: greedy, through generation/
 LOSS_SCALE_TOKENS = 1000.0  # backward runs on (summed token loss) / this; see training_step
 
 log = logging.getLogger(__name__)
@@ -236,13 +239,15 @@ class TranslationModule(pl.LightningModule):
     ``TrainConfig`` (training/config.py; missing ones take its default, unknown ones are a TypeError). Both
     are plain dicts, so checkpoints stay loadable with ``torch.load(weights_only=True)``. ``tokenizer``
     decodes hypotheses for BLEU and is embedded in every checkpoint, as is ``data_config`` (so that
-    ``evaluate`` can find the test split); ``seed`` drives the dropout masks (``dropout_seed``).
+    ``evaluate`` can find the test split); ``seed`` drives the dropout masks (``dropout_seed``). ``metric_options``:
+    the metrics' settings (``metric.*``, a plain dict of ``catalog.MetricOptions``), not saved in checkpoints.
     """
 
     def __init__(self, model_config: dict, train_config: dict | None = None, tokenizer: Tokenizer | None = None,
-                 seed: int = 0, data_config: dict | None = None):
+                 seed: int = 0, data_config: dict | None = None, metric_options: dict | None = None):
         super().__init__()
-        self.save_hyperparameters(ignore=["tokenizer", "data_config"])  # plain containers only
+        # plain containers only; the metrics' settings (a COMET directory) are the evaluating machine's, not the model's
+        self.save_hyperparameters(ignore=["tokenizer", "data_config", "metric_options"])
         self.data_config = data_config
         self.model = Transformer(TransformerConfig(**model_config))
         self.tokenizer = tokenizer
@@ -262,9 +267,14 @@ class TranslationModule(pl.LightningModule):
             self.model.compile()  # compiles forward in place: parameter names and checkpoints stay as they are
         self.seed = seed
         self.bleu_limits = {"val": self.optim["val_bleu_max_sentences"], "test": self.optim["test_bleu_max_sentences"]}
+        options = catalog.read_options(metric_options)
+        self.metrics = [catalog.build(name, options, (data_config or {}).get("tgt_lang"), "train.val_metrics")
+                        for name in catalog.check_names(self.optim["val_metrics"], "train.val_metrics")]
         # The validation sets' names, in the order of the datamodule's loaders (dataloader_idx).
         self.val_splits = (DataConfig.from_record(data_config, "data config").val_splits()
                            if data_config and data_config.get("val") else ["val"])
+        tags = LanguageTags.of(data_config)
+        self._decoder_tags = tags is not None and tags.style == "decoder"  # validation forces each target's tag
         self._step_sums = None  # (4,) float64 on the device: source tokens, target tokens, loss sum, nll sum
         self._first_bad_step = None  # () int64 on the device: the first optimizer step not finite (-1: none yet)
         self._step_started = None  # time.perf_counter() at the last optimizer step
@@ -474,29 +484,49 @@ class TranslationModule(pl.LightningModule):
             return
         rows = torch.arange(len(src), device=src.device)
         if limit is not None:
-            rows = (batch["index"] < limit).nonzero().squeeze(1)  # (b,)
+            rows = (self._eval_positions(split, batch["index"]) < limit).nonzero().squeeze(1)  # (b,)
         if len(rows):
             tok = self.tokenizer
-            hypotheses = greedy_decode(self.model, src[rows], bos_id=tok.bos_id, eos_id=tok.eos_id,
-                                       max_len_offset=DecodeConfig().max_len_offset)
-            for index, ids in zip(batch["index"][rows].tolist(), hypotheses):
-                state["hypotheses"][index] = tok.decode(ids)
+            indices = batch["index"][rows].tolist()
+            # data.lang_tags=decoder: each target starts with its language's tag, forced, then dropped
+            prefix = tgt[rows, 1:2] if self._decoder_tags else None
+            search = SearchBatch(src[rows], tok.bos_id, tok.eos_id, indices, prefix)
+            for index, hyps in zip(indices, generate(self.model, search, VALIDATION_DECODE)):
+                state["hypotheses"][index] = tok.decode(hyps[0].tokens[1:] if self._decoder_tags else hyps[0].tokens)
+
+    def _eval_positions(self, split: str, index: Tensor) -> Tensor:
+        """(b,) each pair's position in its split; with data.pairs, in its direction's part (so that a limit on
+        BLEU sentences takes each direction's first ones)."""
+        datamodule = getattr(self.trainer, "datamodule", None)
+        groups = datamodule.pair_indices(split) if hasattr(datamodule, "pair_indices") else None
+        if groups is None:
+            return index
+        positions = torch.zeros(sum(len(g) for g in groups.values()), dtype=torch.long)
+        for group in groups.values():
+            positions[torch.as_tensor(group)] = torch.arange(len(group))
+        return positions.to(index.device)[index]
 
     def _log_evaluation(self, split: str) -> None:
         sums = self.trainer.strategy.reduce(self._eval[split]["sums"].to(self.device), reduce_op="sum")
         n = sums[2].clamp(min=1)
         metrics = {f"{split}/loss": (sums[0] / n).float(), f"{split}/ppl": torch.exp(sums[1] / n).float()}
-        bleu = self._corpus_bleu(split)
-        if bleu is not None:  # NCCL reduces device tensors only
-            metrics[f"{split}/bleu"] = torch.tensor(bleu[0], device=self.device)
-            metrics[f"{split}/bleu_sentences"] = torch.tensor(float(bleu[1]), device=self.device)
+        scored = self._corpus_metrics(split)
+        if scored is not None:  # NCCL reduces device tensors only
+            values, count, per_pair = scored
+            for name, value in values.items():
+                metrics[f"{split}/{name}"] = torch.tensor(value, device=self.device)
+            metrics[f"{split}/bleu_sentences"] = torch.tensor(float(count), device=self.device)  # sentences scored
+            for (name, pair), value in per_pair.items():  # data.pairs: each direction's (split/NAME: their mean)
+                metrics[f"{split}/{name}/{pair}"] = torch.tensor(value, device=self.device)
         # Every rank holds the same values already; sync_dist only keeps Lightning's bookkeeping uniform.
         self.log_dict(metrics, prog_bar=split in ("val", "test"), sync_dist=True, add_dataloader_idx=False)
         self._eval[split] = {}
 
-    def _corpus_bleu(self, split: str) -> tuple[float, int] | None:
-        """(sacreBLEU, number of sentences) over the hypotheses of all ranks against the datamodule's raw
-        references; None when BLEU is off (limit 0, or no tokenizer or references to decode against)."""
+    def _corpus_metrics(self, split: str) -> tuple[dict[str, float], int, dict[tuple[str, str], float]] | None:
+        """({metric name: value}, number of sentences, {(metric name, pair): value}): each of ``train.val_metrics``
+        over the hypotheses of all ranks against the datamodule's raw references (and sources, for a metric that
+        needs them); None when they are off (limit 0, or no tokenizer or references to decode against). With
+        data.pairs each direction is scored alone and the first values are their means; else {}."""
         datamodule = getattr(self.trainer, "datamodule", None)
         if self._bleu_limit(split) == 0 or self.tokenizer is None or not hasattr(datamodule, "references"):
             return None
@@ -505,13 +535,31 @@ class TranslationModule(pl.LightningModule):
             gathered = [None] * self.trainer.world_size
             torch.distributed.all_gather_object(gathered, hypotheses)
             hypotheses = {k: v for part in gathered for k, v in part.items()}
-        if not hypotheses:  # e.g. limit_val_batches left out every sentence below the limit
-            return 0.0, 0
+        if not hypotheses:  # e.g. limit_val_batches left out every sentence below the limit: the worst value
+            return {metric.name: 0.0 if metric.higher_is_better else math.inf for metric in self.metrics}, 0, {}
         references = datamodule.references(split)
         indices = sorted(hypotheses)
         self.hypotheses[split] = {i: hypotheses[i] for i in indices}  # kept for significance tests (train.py)
-        bleu = sacrebleu.corpus_bleu([hypotheses[i] for i in indices], [[references[i] for i in indices]])
-        return bleu.score, len(indices)
+        sources = datamodule.sources(split) if any(metric.needs_sources for metric in self.metrics) else None
+        groups = datamodule.pair_indices(split) if hasattr(datamodule, "pair_indices") else None
+        if groups is None:
+            return ({metric.name: self._corpus_value(metric, hypotheses, references, sources, indices)
+                     for metric in self.metrics}, len(indices), {})
+        chosen = {pair: [i for i in group.tolist() if i in hypotheses] for pair, group in groups.items()}
+        chosen = {pair: rows for pair, rows in chosen.items() if rows}
+        per_pair = {(metric.name, pair): self._corpus_value(metric, hypotheses, references, sources, rows)
+                    for metric in self.metrics for pair, rows in chosen.items()}
+        values = {metric.name: sum(per_pair[(metric.name, pair)] for pair in chosen) / len(chosen)
+                  for metric in self.metrics}
+        return values, len(indices), per_pair
+
+    @staticmethod
+    def _corpus_value(metric, hypotheses: dict[int, str], references: list[str], sources: list[str] | None,
+                      indices: list[int]) -> float:
+        """The corpus value of ``metric`` over the hypotheses at ``indices`` against their references (and
+        sources, where given)."""
+        return float(metric.compute([hypotheses[i] for i in indices], [references[i] for i in indices],
+                                    None if sources is None else [sources[i] for i in indices]).value)
 
     def _bleu_limit(self, split: str) -> int | None:
         """train.val_bleu_max_sentences for every validation set, train.test_bleu_max_sentences for test."""

@@ -1,0 +1,115 @@
+"""One model for several languages against one model per pair, at the same total budget in updates, on the bundled
+Multi30k (issue 50).
+
+    python studies/multilingual.py experiment=multi30k_tiny "seeds=[1]" steps=8000 out=docs/quality/multilingual.json
+
+1. Three bilingual models, en -> each of ``targets`` (``experiment`` with ``overrides``, data.src_lang=en,
+   data.tgt_lang=X), each ``steps`` updates.
+2. One one-to-many model over the same pairs (data.pairs=[en-de,en-fr,en-cs], target tags <2de>, ...), as many
+   updates as the bilingual models together (``steps`` x the number of targets): the same total budget.
+3. One many-to-many model over ``many_langs`` (en, de, fr: every pair with English, both ways), ``steps`` x its
+   number of pairs updates; it never sees de -> fr or fr -> de.
+4. Every model's final weights scored per pair on each split of ``splits`` (evaluate: sacreBLEU, and the Multi30k
+   convention, lowercased and Moses-tokenized, for each target language alike), beam ``beam``; the many-to-many
+   model also on the zero-shot directions between the non-English languages (zero_shot=true), scored against the
+   line-aligned references of ``test``, and the same directions pivoted through English (X -> en, then en -> Y,
+   both by the many-to-many model).
+
+Every step is skipped when its output exists: run the same command again and the study goes on where it stopped.
+Writes ``out`` (JSON: each run's scores per pair, the zero-shot and pivot scores, the means over seeds, the step
+times, the provenance); runs and evaluations go under ``work`` (default outputs/multilingual/, which git ignores).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from itertools import permutations
+from pathlib import Path
+
+from study_steps import SCORES, mean, parallel_files, run_step  # studies/: the steps of a multi-step study
+
+from transformer_nmt.inference.evaluate import main as evaluate
+from transformer_nmt.inference.translate import main as translate
+from transformer_nmt.options import parse_options
+from transformer_nmt.provenance import PROVENANCE_KEY
+from transformer_nmt.provenance import collect as collect_provenance
+
+OPTIONS = {"experiment": "multi30k_tiny", "overrides": [], "seeds": [1], "steps": 8000, "source": "en",
+           "targets": ["de", "fr", "cs"], "many_langs": ["en", "de", "fr"], "test": "data/multi30k/test_2016_flickr",
+           "beam": 5, "splits": ["val", "test"], "out": "multilingual.json", "work": "outputs/multilingual"}
+USAGE = "python studies/multilingual.py [experiment=multi30k_tiny] [steps=8000] [seeds=[1]] [out=FILE.json]"
+
+
+def pair_scores(ckpt: Path, pairs: list[str], splits: list[str], beam: int, out: Path) -> dict:
+    """{pair: {split: evaluate's scores}} of ``ckpt`` on each pair of its own data (``pairs`` None: its one pair)."""
+    scores = {}
+    for pair in pairs:
+        src, tgt = pair.split("-")
+        for split in splits:
+            result = evaluate([f"ckpt={ckpt}", f"split={split}", f"beam={beam}", f"out={out}", f"name={split}.{pair}",
+                               f"src_lang={src}", f"tgt_lang={tgt}"])
+            scores.setdefault(pair, {})[split] = {key: result.get(key) for key in SCORES}
+    return scores
+
+
+def zero_shot_scores(ckpt: Path, options: dict, out: Path) -> dict:
+    """{de-fr: {"direct": scores, "pivot": scores}, ...}: the many-to-many model on each direction between two
+    non-English languages, directly (zero_shot=true) and through English, against ``test``'s aligned lines."""
+    hub, test, beam = options["source"], options["test"], options["beam"]
+    rows = {}
+    for src, tgt in permutations([lang for lang in options["many_langs"] if lang != hub], 2):
+        name = f"{src}-{tgt}"
+        source, reference = parallel_files(test, src, tgt)  # PREFIX.SRC / PREFIX.TGT, .gz too
+        direct = evaluate([f"ckpt={ckpt}", f"src={source}", f"ref={reference}", f"src_lang={src}",
+                           f"tgt_lang={tgt}", "zero_shot=true", f"beam={beam}", f"out={out}", f"name={name}.direct"])
+        pivot_text = out / f"{name}.pivot.{hub}"
+        if not pivot_text.exists():
+            translate([f"ckpt={ckpt}", f"input={source}", f"output={pivot_text}", f"src_lang={src}",
+                       f"tgt_lang={hub}", f"beam={beam}"])
+        pivot = evaluate([f"ckpt={ckpt}", f"src={pivot_text}", f"ref={reference}", f"src_lang={hub}",
+                          f"tgt_lang={tgt}", f"beam={beam}", f"out={out}", f"name={name}.pivot"])
+        rows[name] = {"direct": {key: direct.get(key) for key in SCORES},
+                      "pivot": {key: pivot.get(key) for key in SCORES}}
+    return rows
+
+
+def main(argv: list[str]) -> dict:
+    options = parse_options(argv, OPTIONS, __doc__, USAGE)
+    provenance = collect_provenance({"options": options}, argv=[sys.argv[0], *argv])
+    work, hub, steps = Path(options["work"]), options["source"], int(options["steps"])
+    one_to_many = [f"{hub}-{tgt}" for tgt in options["targets"]]
+    many_to_many = [f"{a}-{b}" for a, b in permutations(options["many_langs"], 2) if hub in (a, b)]
+    models = {f"bilingual {pair}": ([pair], [f"data.src_lang={pair.split('-')[0]}",
+                                             f"data.tgt_lang={pair.split('-')[1]}"], steps) for pair in one_to_many}
+    models["one-to-many"] = (one_to_many, [f"data.pairs=[{','.join(one_to_many)}]"], steps * len(one_to_many))
+    models["many-to-many"] = (many_to_many, [f"data.pairs=[{','.join(many_to_many)}]"], steps * len(many_to_many))
+    seconds, runs = {}, []
+    for name, (pairs, data, updates) in models.items():
+        for seed in options["seeds"]:
+            run_dir = work / "runs" / name.replace(" ", "_") / f"seed{seed}"
+            step = f"{name}, seed {seed}"
+            seconds[step] = run_step(step, run_dir / "results.json", [
+                "transformer_nmt.train", f"experiment={options['experiment']}", *options["overrides"], *data,
+                f"trainer.max_steps={updates}", f"seed={seed}", f"name=multilingual_{name.replace(' ', '_')}",
+                f"hydra.run.dir={run_dir}"])
+            ckpt = run_dir / "checkpoints" / "last.ckpt"
+            evaluations = work / "eval" / run_dir.relative_to(work / "runs")
+            run = {"model": name, "seed": seed, "pairs": pairs, "updates": updates, "run_dir": str(run_dir),
+                   "scores": pair_scores(ckpt, pairs, options["splits"], options["beam"], evaluations)}
+            if name == "many-to-many":
+                run["zero_shot"] = zero_shot_scores(ckpt, options, evaluations)
+            runs.append(run)
+    means = {name: {pair: {split: mean([r["scores"][pair][split]["bleu"] for r in runs if r["model"] == name])
+                           for split in options["splits"]} for pair in pairs} for name, (pairs, _, _) in models.items()}
+    result = {"options": options, "runs": runs, "mean_bleu": means, "seconds": seconds, PROVENANCE_KEY: provenance}
+    Path(options["out"]).parent.mkdir(parents=True, exist_ok=True)
+    Path(options["out"]).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    for name, row in means.items():
+        print(f"{name}: " + "; ".join(f"{pair} " + ", ".join(f"{split} BLEU {bleu}" for split, bleu in by.items())
+                                      for pair, by in row.items()))
+    return result
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

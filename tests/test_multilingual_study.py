@@ -1,0 +1,52 @@
+"""studies/multilingual.py on the toy languages at a toy budget: three bilingual runs, a one-to-many run with as
+many updates as the three together, a many-to-many run; every pair scored, the zero-shot directions scored direct and
+pivoted through English, and a second launch redoes nothing."""
+
+import json
+from pathlib import Path
+
+from study_scripts import load_study, train_steps_in_process
+from toy_languages import write_toy_languages
+
+from transformer_nmt.checkpoint import read_checkpoint
+
+
+def quoted(overrides: list[str]) -> str:
+    return "[" + ",".join(f"'{o}'" for o in overrides) + "]"
+
+
+def test_the_study_trains_scores_and_resumes(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)  # the runs record their data paths relative: evaluate reads them from here
+    corpus = write_toy_languages(Path("toy"), n_train=40, n_eval=4)
+    overrides = ["model=tiny", f"data.train={corpus}/train", f"data.val={corpus}/val", f"data.test={corpus}/test",
+                 "data.cache_dir=cache", "data.vocab_size=60", "data.max_tokens=512", "data.num_proc=1",
+                 "trainer.precision=32-true", "trainer.enable_progress_bar=false", "trainer.limit_val_batches=0",
+                 "validate_at_end=false", "run_test=false", "attention_maps.every_n_validations=0"]
+    argv = ["experiment=smoke", f"overrides={quoted(overrides)}", "seeds=[1]", "steps=1", f"test={corpus}/test",
+            "beam=1", "splits=[test]", "out=study.json", "work=work"]
+    study = load_study("multilingual")
+    trained = train_steps_in_process(monkeypatch, study)
+    result = study.main(argv)
+    assert len(trained) == 5
+    runs = {run["model"]: run for run in result["runs"]}
+    assert list(runs) == ["bilingual en-de", "bilingual en-fr", "bilingual en-cs", "one-to-many", "many-to-many"]
+    assert [runs[m]["updates"] for m in runs] == [1, 1, 1, 3, 4]  # the same total budget: 3 x 1 updates
+    for name, run in runs.items():
+        checkpoint = read_checkpoint(Path(run["run_dir"]) / "checkpoints" / "last.ckpt")
+        assert checkpoint["global_step"] == run["updates"]
+        assert checkpoint["data_config"]["pairs"] == (None if name.startswith("bilingual") else run["pairs"])
+        for pair in run["pairs"]:
+            assert run["scores"][pair]["test"]["sentences"] == 4, (name, pair)
+    assert runs["many-to-many"]["pairs"] == ["en-de", "en-fr", "de-en", "fr-en"]
+    zero = runs["many-to-many"]["zero_shot"]
+    assert set(zero) == {"de-fr", "fr-de"} and all(set(row) == {"direct", "pivot"} for row in zero.values())
+    direct = json.loads(Path("work/eval/many-to-many/seed1/de-fr.direct.json").read_text())
+    assert direct["direction"] == {"src_lang": "de", "tgt_lang": "fr", "zero_shot": True}
+    assert len(Path("work/eval/many-to-many/seed1/de-fr.pivot.en").read_text().splitlines()) == 4
+    # the one-to-many model scored each pair on that pair's references
+    refs = {pair: Path(f"work/eval/one-to-many/seed1/test.{pair}.ref").read_text().splitlines()
+            for pair in runs["one-to-many"]["pairs"]}
+    assert all(refs[f"en-{t}"] == (corpus / f"test.{t}").read_text().splitlines() for t in ("de", "fr", "cs"))
+    capsys.readouterr()
+    study.main(argv)  # again: every run found done
+    assert capsys.readouterr().out.count("done already") == 5
