@@ -5,7 +5,7 @@ second launch redoes nothing."""
 
 from pathlib import Path
 
-from study_scripts import load_study
+from study_scripts import load_study, train_steps_in_process
 from tiny_corpus import tiny_overrides, write_tiny_corpus
 
 from transformer_nmt.checkpoint import checkpoint_tokenizer, read_checkpoint
@@ -26,7 +26,10 @@ def test_the_forward_runs_read_real_back_translated_and_tagged_pairs(tmp_path, m
         "data.cache_dir=cache", "trainer.max_steps=2", "trainer.limit_val_batches=0", "validate_at_end=false"]
     argv = ["experiment=smoke", f"overrides={quoted(common)}", f"reverse_overrides={quoted(common)}", "seeds=[1]",
             f"train={corpus}/train", "vocab_size=300", "beam=2", "splits=[val]", "out=study.json", "work=work"]
-    result = study_module().main(argv)
+    study = study_module()
+    trained = train_steps_in_process(monkeypatch, study)  # the train steps in this process
+    result = study.main(argv)
+    assert trained
     de = (corpus / "train.de").read_text().splitlines()
     assert Path("work/split/real.de").read_text().splitlines() == de[:20]
     assert Path("work/split/mono.de").read_text().splitlines() == de[20:]
@@ -45,5 +48,5 @@ def test_the_forward_runs_read_real_back_translated_and_tagged_pairs(tmp_path, m
     assert vocabularies[0].piece_id("<BT>") is not None
     assert all(run["scores"]["val"]["sentences"] == 8 for run in result["runs"])
     capsys.readouterr()
-    study_module().main(argv)  # again: every step found done
+    study.main(argv)  # again: every step found done
     assert capsys.readouterr().out.count("done already") == 5

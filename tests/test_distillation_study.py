@@ -5,7 +5,7 @@ every run is scored, and a second launch redoes nothing."""
 import json
 from pathlib import Path
 
-from study_scripts import load_study
+from study_scripts import load_study, train_steps_in_process
 from tiny_corpus import tiny_config, tiny_overrides, write_tiny_corpus
 
 from transformer_nmt.checkpoint import checkpoint_tokenizer, read_checkpoint
@@ -25,7 +25,10 @@ def test_students_learn_from_the_teachers_translations_with_its_vocabulary(tmp_p
         "trainer.max_steps=2", "trainer.limit_val_batches=0", "validate_at_end=false"]
     argv = [f"teacher={teacher}", "student=smoke", "student_overrides=[" + ",".join(f"'{o}'" for o in student) + "]",
             "seeds=[1]", "beam=2", "splits=[val]", "out=study.json", "work=work"]
-    result = study_module().main(argv)
+    study = study_module()
+    trained = train_steps_in_process(monkeypatch, study)  # the train steps in this process
+    result = study.main(argv)
+    assert trained
     sources = (corpus / "train.en").read_text().splitlines()
     distilled = Path("work/distilled/train")
     assert Path(f"{distilled}.en").read_text().splitlines() == sources
@@ -41,5 +44,5 @@ def test_students_learn_from_the_teachers_translations_with_its_vocabulary(tmp_p
         assert run["scores"]["val"]["sentences"] == 8
     assert json.loads(Path("study.json").read_text())["mean_bleu"].keys() == {"original", "distilled"}
     capsys.readouterr()
-    study_module().main(argv)  # again: every step found done
+    study.main(argv)  # again: every step found done
     assert capsys.readouterr().out.count("done already") == 3

@@ -5,7 +5,7 @@ scratch run does not; every run is scored on the new task and on the parent's ow
 from pathlib import Path
 
 import torch
-from study_scripts import load_study
+from study_scripts import load_study, train_steps_in_process
 from tiny_corpus import tiny_config, tiny_overrides, write_tiny_corpus
 
 from transformer_nmt.checkpoint import checkpoint_tokenizer, read_checkpoint
@@ -27,7 +27,10 @@ def test_fine_tuned_runs_start_from_the_parent_and_are_scored_on_both_tasks(tmp_
     argv = [f"parent={parent}", "experiment=smoke", "overrides=[" + ",".join(f"'{o}'" for o in common) + "]",
             "pairs=16", "seeds=[1]", "beam=2", "splits=[val]", "freeze=[encoder_layers.*]", "out=study.json",
             "work=work"]
-    result = study_module().main(argv)
+    study = study_module()
+    trained = train_steps_in_process(monkeypatch, study)  # the train steps in this process
+    result = study.main(argv)
+    assert trained
     assert Path("work/pairs/train.de").read_text().splitlines() == (corpus / "train.de").read_text().splitlines()[:16]
     parent_ckpt = read_checkpoint(parent)
     runs = {run["kind"]: read_checkpoint(Path(run["run_dir"]) / "checkpoints" / "last.ckpt") for run in result["runs"]}
@@ -44,5 +47,5 @@ def test_fine_tuned_runs_start_from_the_parent_and_are_scored_on_both_tasks(tmp_
     for run in result["runs"]:
         assert run["scores"]["val"]["sentences"] == 8 and run["parent_task"]["sentences"] == 8
     capsys.readouterr()
-    study_module().main(argv)  # again: every step found done
+    study.main(argv)  # again: every step found done
     assert capsys.readouterr().out.count("done already") == 3
