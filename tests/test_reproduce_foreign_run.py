@@ -62,7 +62,7 @@ def steps(monkeypatch):
     """reproduce's steps recorded instead of run: each evaluate "writes" its NAME.json with a score."""
     calls = []
 
-    def run_step(name, args, timings, root):
+    def run_step(name, args, timings, root, log=None):  # reproduce.run_step's signature
         calls.append(args)
         options = dict(arg.split("=", 1) for arg in args[1:])
         if args[0] == "transformer_nmt.evaluate":
