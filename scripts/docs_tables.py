@@ -582,14 +582,16 @@ def readme_suite(root: Path) -> str:
 
 
 def suite_runs(root: Path) -> str:
-    """The table of every fresh-clone run of ``bash .ci/run`` (docs/benchmarks/suite.json), oldest first."""
+    """The table of every fresh-clone run of ``bash .ci/run`` or of README's commands in a fresh venv
+    (docs/benchmarks/suite.json), oldest first."""
     lines = ["| commit | date | CPU flags | quiet | workers | pytest (s) | in all (min) | passed | failed |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in read_json(root, BENCHMARKS / "suite.json")["runs"]:
         failed = str(r["failed"]) + (f" ({'; '.join(r['failed_tests'])})" if r["failed_tests"] else "")
+        in_all = f"{r['ci_run_seconds'] / 60:.1f}" if r["ci_run_seconds"] is not None else "- (pytest alone)"
         lines.append(f"| {r['commit']} | {r['date_utc'][:10]} | `{' '.join(r['cpu_flags'])}` | "
                      f"{'yes' if r.get('quiet', True) else 'no'} | {r.get('workers', 1)} | {r['pytest_seconds']:.0f} | "
-                     f"{r['ci_run_seconds'] / 60:.1f} | {r['passed']} | {failed} |")
+                     f"{in_all} | {r['passed']} | {failed} |")
     return "\n".join(lines)
 
 
