@@ -100,6 +100,11 @@ def test_the_multilingual_splits_tag_mix_and_sample_pairs(tmp_path):
     train = dm.splits["train"]
     counts = np.bincount(train.pair_of, minlength=3)
     assert counts.tolist() == epoch_counts([200, 200, 50], 5.0) and counts.sum() == 450
+    # each index's position in its direction's part: what validation's sentence limit counts per direction
+    positions = dm.pair_positions("train")
+    for group in dm.pair_indices("train").values():
+        assert positions[group].tolist() == list(range(len(group)))
+    assert dm.pair_positions("train") is positions  # computed once per prepared split
     # every source is led by its pair's tag; every target spelled in its language's letters
     for pair, group in dm.pair_indices("val").items():
         tgt = pair.split("-")[1]

@@ -134,3 +134,18 @@ class MultilingualSplits:
         if s.pair_of is None:
             return None
         return {name: np.flatnonzero(s.pair_of == i) for i, name in enumerate(self.pair_specs)}
+
+    def pair_positions(self, split: str) -> np.ndarray | None:
+        """(n_kept,) each index's position within its direction's part of a split of data.pairs (so that a limit on
+        scored sentences takes each direction's first ones); None for one pair. Computed once per prepared split."""
+        s = self._split(split)
+        if s.pair_of is None:
+            return None
+        cached = getattr(self, "_pair_positions", {}).get(split)
+        if cached is not None and cached[0] is s:
+            return cached[1]
+        positions = np.zeros(len(s.pair_of), dtype=np.int64)
+        for group in self.pair_indices(split).values():
+            positions[group] = np.arange(len(group))
+        self._pair_positions = {**getattr(self, "_pair_positions", {}), split: (s, positions)}
+        return positions

@@ -496,15 +496,12 @@ class TranslationModule(pl.LightningModule):
 
     def _eval_positions(self, split: str, index: Tensor) -> Tensor:
         """(b,) each pair's position in its split; with data.pairs, in its direction's part (so that a limit on
-        BLEU sentences takes each direction's first ones)."""
+        BLEU sentences takes each direction's first ones: the datamodule's pair_positions)."""
         datamodule = getattr(self.trainer, "datamodule", None)
-        groups = datamodule.pair_indices(split) if hasattr(datamodule, "pair_indices") else None
-        if groups is None:
+        positions = datamodule.pair_positions(split) if hasattr(datamodule, "pair_positions") else None
+        if positions is None:
             return index
-        positions = torch.zeros(sum(len(g) for g in groups.values()), dtype=torch.long)
-        for group in groups.values():
-            positions[torch.as_tensor(group)] = torch.arange(len(group))
-        return positions.to(index.device)[index]
+        return torch.from_numpy(positions).to(index.device)[index]
 
     def _log_evaluation(self, split: str) -> None:
         sums = self.trainer.strategy.reduce(self._eval[split]["sums"].to(self.device), reduce_op="sum")
