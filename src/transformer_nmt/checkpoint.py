@@ -105,17 +105,18 @@ def read_checkpoint(path: str | os.PathLike, mmap: bool = False, training_state:
 VIEWS_PER_VALUE = 4
 
 
-def tensors_of(node) -> list[torch.Tensor]:
-    """Every tensor inside ``node`` (a checkpoint: dicts, lists, tuples at any depth)."""
-    found, stack = [], [node]
+def tensors_of(node) -> list[tuple[str, torch.Tensor]]:
+    """(where, tensor) for every tensor inside ``node`` (a checkpoint: dicts, lists, tuples at any depth), ``where``
+    its path (``state_dict/model.x``, ``optimizer_states[0]/...``) for an error."""
+    found, stack = [], [("", node)]
     while stack:
-        item = stack.pop()
+        where, item = stack.pop()
         if isinstance(item, torch.Tensor):
-            found.append(item)
+            found.append((where or "a tensor", item))
         elif isinstance(item, dict):
-            stack.extend(item.values())
+            stack.extend((f"{where}/{key}" if where else str(key), value) for key, value in item.items())
         elif isinstance(item, (list, tuple)):
-            stack.extend(item)
+            stack.extend((f"{where}[{i}]", value) for i, value in enumerate(item))
     return found
 
 
@@ -126,11 +127,11 @@ def check_stored_sizes(checkpoint: dict, source: str) -> None:
     Adam's state cast to its parameter's dtype), and all of them together no more than ``VIEWS_PER_VALUE`` times the
     values stored (many views of one storage). Every reader of a checkpoint runs it (``read_checkpoint``), before
     anything is copied; it reads no tensor's data (memory-mapped files stay unread)."""
-    tensors = tensors_of(checkpoint)
-    for tensor in tensors:
+    named = tensors_of(checkpoint)
+    tensors = [tensor for _, tensor in named]
+    for name, tensor in named:
         values = tensor.untyped_storage().nbytes() // max(tensor.element_size(), 1)
         if tensor.numel() > values:
-            name = _tensor_name(checkpoint, tensor)
             raise CheckpointError(f"{source}: {name} has shape {tuple(tensor.shape)} ({tensor.numel():,} values) but "
                                   f"its storage holds {values:,} (a view that repeats stored values): the file is "
                                   f"damaged or crafted; refusing to read it")
@@ -139,20 +140,6 @@ def check_stored_sizes(checkpoint: dict, source: str) -> None:
         raise CheckpointError(f"{source}: its tensors describe {described:,} values but the file stores {held:,} "
                               f"(more than {VIEWS_PER_VALUE} views of each stored value): the file is damaged or "
                               f"crafted; refusing to read it")
-
-
-def _tensor_name(checkpoint: dict, tensor: torch.Tensor) -> str:
-    """Where ``tensor`` lies in ``checkpoint`` (``state_dict/model.x``), for an error; ``a tensor`` if not found."""
-    stack = [("", checkpoint)]
-    while stack:
-        where, item = stack.pop()
-        if item is tensor:
-            return where or "a tensor"
-        if isinstance(item, dict):
-            stack.extend((f"{where}/{key}" if where else str(key), value) for key, value in item.items())
-        elif isinstance(item, (list, tuple)):
-            stack.extend((f"{where}[{i}]", value) for i, value in enumerate(item))
-    return "a tensor"
 
 
 _SEPARATE_QKV = re.compile(r"(.*)\.q_proj\.(weight|bias)")
