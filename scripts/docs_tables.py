@@ -229,6 +229,62 @@ def recipe_headline(root: Path) -> str:
             f"({rep['train_minutes']:.1f} of training, {epochs(rep, res):.1f} epochs).")
 
 
+PUBLISHED_TINY = 41.02  # Wu et al. 2021's text-only Transformer-Tiny, test2016, the Multi30k convention
+SEEDS = QUALITY / "seeds"
+
+
+def recipe_seed_runs(root: Path) -> list[tuple[str, dict, dict]]:
+    """(name, reproduce.json, results.json) of every seed studies/recipe_seeds.py kept, by name."""
+    return [(f.name.removesuffix("_reproduce.json"), read_json(root, f.relative_to(root)),
+             read_json(root, f.with_name(f.name.replace("_reproduce.json", "_results.json")).relative_to(root)))
+            for f in sorted((root / SEEDS).glob("*_reproduce.json"))]
+
+
+def mean_std(values: list[float]) -> str:
+    """"m ± s" with the sample standard deviation (n - 1), or the one value where there is one."""
+    if len(values) < 2:
+        return f"{values[0]:.2f}"
+    return f"{statistics.mean(values):.2f} ± {statistics.stdev(values):.2f}"
+
+
+def seeds_verdict(values: list[float]) -> str:
+    """What the seeds allow against the published 41.02: "above" where the mean less one sample standard deviation
+    is above it, "below" where the mean plus one is below it, else "on par". One seed allows no verdict."""
+    if len(values) < 2:
+        return "one seed so far, no verdict yet"
+    mean, std = statistics.mean(values), statistics.stdev(values)
+    return "above" if mean - std > PUBLISHED_TINY else "below" if mean + std < PUBLISHED_TINY else "on par"
+
+
+SEED_SCORES = {"val (cased)": ("val_beam4", "bleu"), "val (convention)": ("val_beam4", "bleu_multi30k"),
+               "test (cased)": ("test_beam4", "bleu"), "test (convention)": ("test_beam4", "bleu_multi30k")}
+
+
+def recipe_seeds(root: Path) -> str:
+    """Each seed of the CPU hour at run I's 5,194 updates (studies/recipe_seeds.py), then the mean and sample
+    standard deviation of every score over them."""
+    runs = recipe_seed_runs(root)
+    rows = []
+    for name, rep, res in runs:
+        s = rep["scores"]
+        rows.append([name, " ".join(rep["cpu_flags"]), f"{res['steps']:,}", f"{rep['train_minutes']:.1f} min",
+                     rep["chosen"].removesuffix(".ckpt"), f"{rep['search']['alpha']:g}",
+                     *(f"{s[split][key]:.2f}" for split, key in SEED_SCORES.values())])
+    rows.append([f"**mean ± std ({len(runs)})**", "", "", "", "", "",
+                 *(f"**{mean_std([rep['scores'][split][key] for _, rep, _ in runs])}**"
+                   for split, key in SEED_SCORES.values())])
+    return table(["seed run", "CPU flags", "updates", "train wall time", "chosen", "alpha", *SEED_SCORES], rows)
+
+
+def readme_recipe_seeds(root: Path) -> str:
+    runs = recipe_seed_runs(root)
+    test = [rep["scores"]["test_beam4"]["bleu_multi30k"] for _, rep, _ in runs]
+    cased = [rep["scores"]["test_beam4"]["bleu"] for _, rep, _ in runs]
+    return (f"Over {len(runs)} seed{'s' if len(runs) > 1 else ''} of the hour at run I's 5,194 updates "
+            f"(studies/recipe_seeds.py, a CPU with native bf16): **{mean_std(test)}** in the convention, "
+            f"{mean_std(cased)} cased, against the published {PUBLISHED_TINY:.2f}: **{seeds_verdict(test)}**.")
+
+
 def ceiling(reproduce: dict) -> float:
     """The bf16 matmul ceiling (GFLOP/s) the run measured in its training process."""
     return reproduce["time_budget"]["mfu"]["ceiling"]["ceiling_gflops"]
@@ -902,6 +958,8 @@ BLOCKS = {
     "quality-fine-tuning": fine_tuning,
     "quality-avx2-estimate": avx2_estimate,
     "quality-beam": recipe_beam,
+    "quality-recipe-seeds": recipe_seeds,
+    "readme-recipe-seeds": readme_recipe_seeds,
     "ablations-study": table3_study,
     "ablations-table": table3_full,
     "benchmarks-cold-start": lambda root: cold_start(root, "cold_start.json", {"after": "main (issue 27)"}),
