@@ -264,6 +264,8 @@ def recipe_seeds(root: Path) -> str:
     """Each seed of the CPU hour at run I's 5,194 updates (studies/recipe_seeds.py), then the mean and sample
     standard deviation of every score over them."""
     runs = recipe_seed_runs(root)
+    if not runs:
+        return "No seed run is committed yet."
     rows = []
     for name, rep, res in runs:
         s = rep["scores"]
@@ -278,6 +280,8 @@ def recipe_seeds(root: Path) -> str:
 
 def readme_recipe_seeds(root: Path) -> str:
     runs = recipe_seed_runs(root)
+    if not runs:
+        return "No seed of the hour at run I's updates is committed yet (studies/recipe_seeds.py)."
     test = [rep["scores"]["test_beam4"]["bleu_multi30k"] for _, rep, _ in runs]
     cased = [rep["scores"]["test_beam4"]["bleu"] for _, rep, _ in runs]
     return (f"Over {len(runs)} seed{'s' if len(runs) > 1 else ''} of the hour at run I's 5,194 updates "
