@@ -1,5 +1,4 @@
-"""Head importance: silence one attention head at a time, measure what BLEU (or the metrics of ``metrics=``) and
-loss lose.
+"""Head importance: silence one attention head at a time, measure what BLEU (or another metric) and loss lose.
 
 After Michel, Levy and Neubig (2019), "Are Sixteen Heads Really Better than One?": each head's output
 is multiplied by a gate (1 = on, 0 = off) at evaluation, with no retraining (head_gates.py).
