@@ -5,7 +5,8 @@
 
 For every size K of ``sizes``, the newest K checkpoints of RUN/checkpoints/recent averaged (K=1: the newest alone),
 each scored on val with beam ``beam`` under the ``length_penalty`` form at every exponent of ``alphas``: a grid of
-val BLEU. The cell with the best val BLEU is then scored on test, with the run's own setting (``reference``: the
+val BLEU. The cell with the best val BLEU (``select_on=NAME``: the best value of another registered metric, in
+its direction: the smallest TER) is then scored on test, with the run's own setting (``reference``: the
 recipe's K and alpha) beside it, so the table says what val's choice is worth against the recipe as it stands.
 The test set is never used for a choice. Writes ``out`` (JSON: every cell's cased, lowercased and
 Multi30k-convention BLEU, chrF, length ratio and decode seconds; the choice; the provenance) and prints the grid.
@@ -17,33 +18,36 @@ import json
 import sys
 from pathlib import Path
 
-from ensemble_study import SCORES  # studies/: the scores a row keeps
+from ensemble_study import SCORES, SELECT_ON, kept, metrics_argument, selection_metric  # studies/: a row's scores
 
 from transformer_nmt.checkpoint import atomic_torch_save
 from transformer_nmt.inference.average import average_checkpoints, last_checkpoints
 from transformer_nmt.inference.evaluate import main as evaluate
+from transformer_nmt.metrics import catalog
 from transformer_nmt.options import parse_options
 from transformer_nmt.provenance import PROVENANCE_KEY
 from transformer_nmt.provenance import collect as collect_provenance
 
 OPTIONS = {"run": None, "sizes": [1, 3, 5, 10], "alphas": [0.6, 0.8, 1.0, 1.2, 1.5], "length_penalty": "power",
-           "beam": 5, "reference": [10, 1.0], "threads": 0, "max_tokens": 4096,
+           "beam": 5, "reference": [10, 1.0], "threads": 0, "max_tokens": 4096, "select_on": SELECT_ON,
            "out": "averaging_and_length_penalty.json", "work": None}
 WORK = Path("outputs") / "averaging_and_length_penalty"
-USAGE = "python studies/averaging_and_length_penalty.py run=RUN [sizes=[1,3,5,10]] [alphas=[...]] [out=FILE.json]"
+USAGE = ("python studies/averaging_and_length_penalty.py run=RUN [sizes=[1,3,5,10]] [alphas=[...]] [select_on=bleu] "
+         "[out=FILE.json]")
 
 
 def score(ckpt: Path, split: str, alpha: float, options: dict, out: Path) -> dict:
     result = evaluate([f"ckpt={ckpt}", f"split={split}", f"beam={options['beam']}", f"alpha={alpha}",
                        f"length_penalty={options['length_penalty']}", f"out={out}", f"threads={options['threads']}",
-                       f"max_tokens={options['max_tokens']}"])
-    return {key: result.get(key) for key in SCORES}
+                       f"max_tokens={options['max_tokens']}", *metrics_argument(options["select_on"])])
+    return {key: result.get(key) for key in kept(SCORES, options["select_on"])}
 
 
 def main(argv: list[str]) -> dict:
     options = parse_options(argv, OPTIONS, __doc__, USAGE)
     if not options["run"]:
         raise SystemExit("give run=RUN: a run directory with checkpoints/recent")
+    selection_metric(options["select_on"])
     sizes, alphas = list(options["sizes"]), [float(a) for a in options["alphas"]]
     if not sizes or any(not isinstance(k, int) or k < 1 for k in sizes):
         raise SystemExit(f"sizes={sizes}: give whole numbers >= 1")
@@ -64,9 +68,11 @@ def main(argv: list[str]) -> dict:
     grid = [{"size": size, "alpha": alpha,
              "val": score(models[size], "val", alpha, options, work / f"k{size}_a{alpha}")}
             for size in sizes for alpha in alphas]
-    best = max(grid, key=lambda cell: cell["val"]["bleu"])
-    chosen = {"size": best["size"], "alpha": best["alpha"], "val": best["val"],
-              "test": score(models[best["size"]], "test", best["alpha"], options, work / "chosen")}
+    best_cell = catalog.best(grid, lambda cell: cell["val"][options["select_on"]], options["select_on"], "select_on")
+    if best_cell is None:
+        raise SystemExit(f"select_on={options['select_on']}: evaluate gave no value of it on val for any cell")
+    chosen = {"size": best_cell["size"], "alpha": best_cell["alpha"], "val": best_cell["val"],
+              "test": score(models[best_cell["size"]], "test", best_cell["alpha"], options, work / "chosen")}
     ref_val = next((c["val"] for c in grid if (c["size"], c["alpha"]) == reference), None)
     ref = {"size": reference[0], "alpha": reference[1],
            "val": ref_val or score(models[reference[0]], "val", reference[1], options, work / "reference"),

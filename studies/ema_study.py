@@ -11,7 +11,8 @@ RUN trained with ``train.ema_decay``: each of its checkpoints/recent/ holds the 
 - the moving average of the newest checkpoint;
 - the moving averages of the newest ``last`` averaged (what ``reproduce`` averages for such a run).
 
-The row with the best BLEU on the first split (val) is chosen (the test set is never used for a choice). Writes
+The row with the best BLEU on the first split (val) is chosen (``select_on=NAME``: the best value of another
+registered metric, in its direction); the test set is never used for a choice. Writes
 ``out`` (JSON: every row's cased, lowercased and Multi30k-convention BLEU, chrF, length ratio and decode seconds
 per split, the choice, the provenance) and prints the table; the models and evaluate's files go under ``work``
 (default outputs/ema_study/<out's stem>/, which git ignores).
@@ -23,7 +24,13 @@ import json
 import sys
 from pathlib import Path
 
-from ensemble_study import choose_on_val, markdown, score_row  # studies/: one way of scoring a row
+from ensemble_study import (  # studies/: one way of scoring a row and choosing on val
+    SELECT_ON,
+    choose_on_val,
+    markdown,
+    score_row,
+    selection_metric,
+)
 
 from transformer_nmt.checkpoint import atomic_torch_save, read_checkpoint
 from transformer_nmt.inference.average import average_checkpoints, last_checkpoints
@@ -33,9 +40,9 @@ from transformer_nmt.provenance import collect as collect_provenance
 from transformer_nmt.training.ema import CKPT_EMA, CKPT_RAW_WEIGHTS
 
 OPTIONS = {"run": None, "last": 5, "beam": 4, "splits": ["val", "test"], "threads": 0, "max_tokens": 4096,
-           "out": "ema_study.json", "work": None}
+           "select_on": SELECT_ON, "out": "ema_study.json", "work": None}
 WORK = Path("outputs") / "ema_study"
-USAGE = "python studies/ema_study.py run=RUN [last=5] [beam=4] [out=FILE.json]"
+USAGE = "python studies/ema_study.py run=RUN [last=5] [beam=4] [select_on=bleu] [out=FILE.json]"
 TRAINING_STATE = ("optimizer_states", "lr_schedulers", "loops", "callbacks", CKPT_RAW_WEIGHTS)
 
 
@@ -60,6 +67,7 @@ def main(argv: list[str]) -> dict:
         raise SystemExit("give run=RUN: a run trained with train.ema_decay")
     if not isinstance(options["last"], int) or options["last"] < 2:
         raise SystemExit(f"last={options['last']}: give a whole number >= 2")
+    selection_metric(options["select_on"])
     provenance = collect_provenance({"options": options}, argv=[sys.argv[0], *argv])
     run = Path(options["run"])
     recent = last_checkpoints(run / "checkpoints" / "recent", options["last"])
@@ -76,7 +84,7 @@ def main(argv: list[str]) -> dict:
             score_row("newest moving average", [recent[-1]], options, work),
             score_row(f"moving averages averaged over {k}", [averages["moving"]], options, work)]
     ema = read_checkpoint(recent[-1])[CKPT_EMA]
-    chosen = {"weights": choose_on_val(rows, options["splits"][0])}
+    chosen = {"weights": choose_on_val(rows, options["splits"][0], options["select_on"])}
     result = {"options": options, "ema": ema, "checkpoints": [str(p) for p in recent],
               "groups": {"weights": rows}, "chosen_on": options["splits"][0], "chosen": chosen,
               PROVENANCE_KEY: provenance}

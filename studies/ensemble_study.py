@@ -13,7 +13,8 @@ seconds beside (``threads``: 0 is torch's default):
   each row named by the seed its results.json records), each alone and all as one ensemble; each size of
   ``sizes`` below their number adds an ensemble of the first that many.
 
-Within each comparison the row with the best BLEU on the first split (val) is chosen, and its scores on the other
+Within each comparison the row with the best BLEU on the first split (val) is chosen (``select_on=NAME``: the best
+value of another registered metric, in its direction: the smallest TER), and its scores on the other
 splits are the ones to report (the test set is never used for a choice). Writes ``out`` (JSON: every row with
 cased, lowercased and Multi30k-convention BLEU, chrF, length ratio and decode seconds per split, the choice, and
 the provenance: commit, versions, machine, command) and prints the table as Markdown; docs/quality.md's
@@ -30,18 +31,42 @@ from pathlib import Path
 from transformer_nmt import run_files
 from transformer_nmt.checkpoint import atomic_torch_save
 from transformer_nmt.inference.average import average_checkpoints, last_checkpoints
+from transformer_nmt.inference.evaluate import REPORTED
 from transformer_nmt.inference.evaluate import main as evaluate
+from transformer_nmt.metrics import catalog
 from transformer_nmt.options import parse_options
 from transformer_nmt.provenance import PROVENANCE_KEY
 from transformer_nmt.provenance import collect as collect_provenance
 
+SELECT_ON = "bleu"  # the metric the studies choose by on val unless select_on= names another registered one
 OPTIONS = {"run": None, "last": 5, "sizes": [], "seeds": [], "beam": 4, "splits": ["val", "test"],
-           "threads": 0, "max_tokens": 4096, "out": "ensemble_study.json", "work": None}
+           "threads": 0, "max_tokens": 4096, "select_on": SELECT_ON, "out": "ensemble_study.json", "work": None}
 WORK = Path("outputs") / "ensemble_study"  # evaluate's files and the averages, under WORK/<out's stem> unless work=
 USAGE = ("python studies/ensemble_study.py [run=RUN] [last=5] [sizes=[2,3]] [seeds=[RUN_A,RUN_B]] [beam=4] "
-         "[out=FILE.json]")
+         "[select_on=bleu] [out=FILE.json]")
 SCORES = ("bleu", "bleu_lowercase", "bleu_multi30k", "chrf", "length_ratio", "decode_seconds", "sentences",
           "threads")
+
+
+def selection_metric(name: str) -> str:
+    """``select_on``'s metric, checked against the registry before anything runs; a SystemExit naming the option
+    and the registered names where it is none of them."""
+    try:
+        catalog.metric_class(name, "select_on")
+    except ValueError as error:
+        raise SystemExit(str(error)) from None
+    return name
+
+
+def metrics_argument(select_on: str) -> list[str]:
+    """What evaluate is told so that it computes ``select_on`` too: nothing where its default metrics
+    (evaluate.REPORTED) hold it, else ``metrics=[...]``, the defaults and it."""
+    return [] if select_on in REPORTED else [f"metrics=[{','.join([*REPORTED, select_on])}]"]
+
+
+def kept(scores: tuple[str, ...], select_on: str) -> tuple[str, ...]:
+    """The keys a row keeps of evaluate's result: ``scores``, and the metric chosen by where it is not one of them."""
+    return tuple(dict.fromkeys((*scores, select_on)))
 
 
 def run_checkpoint(run: Path) -> Path:
@@ -80,20 +105,25 @@ def study_sizes(sizes: list[int], largest: int) -> list[int]:
 
 
 def score_row(name: str, ckpt: list[Path], options: dict, work: Path) -> dict:
-    """evaluate's scores and decode seconds of one model (one path) or ensemble (several) on every split."""
+    """evaluate's scores and decode seconds of one model (one path) or ensemble (several) on every split (and the
+    metric ``select_on`` where evaluate's defaults lack it)."""
     row = {"name": name, "models": len(ckpt), "checkpoints": [str(p) for p in ckpt]}
     spec = f"[{','.join(str(p) for p in ckpt)}]" if len(ckpt) > 1 else str(ckpt[0])
     out = work / name.replace(" ", "_")
+    select_on = options.get("select_on", SELECT_ON)
     for split in options["splits"]:
         result = evaluate([f"ckpt={spec}", f"split={split}", f"beam={options['beam']}", f"out={out}",
-                           f"threads={options['threads']}", f"max_tokens={options['max_tokens']}"])
-        row[split] = {key: result.get(key) for key in SCORES}
+                           f"threads={options['threads']}", f"max_tokens={options['max_tokens']}",
+                           *metrics_argument(select_on)])
+        row[split] = {key: result.get(key) for key in kept(SCORES, select_on)}
     return row
 
 
-def choose_on_val(rows: list[dict], split: str) -> str | None:
-    """The name of the row with the highest BLEU on ``split`` (the first split: val); the first such row on a tie."""
-    return max(rows, key=lambda row: row[split]["bleu"])["name"] if rows else None
+def choose_on_val(rows: list[dict], split: str, select_on: str = SELECT_ON) -> str | None:
+    """The name of the row with the best value of the metric ``select_on`` on ``split`` (the first split: val), in
+    its direction (catalog.best: the largest BLEU, the smallest TER); the first such row on a tie."""
+    chosen = catalog.best(rows, lambda row: row[split][select_on], select_on, "select_on")
+    return chosen["name"] if chosen else None
 
 
 def markdown(groups: dict[str, list[dict]], chosen: dict[str, str], splits: list[str]) -> str:
@@ -138,6 +168,7 @@ def main(argv: list[str]) -> dict:
         raise SystemExit(f"sizes={options['sizes']}: give whole numbers >= 2 (ensembles and averages of that many)")
     if not options["splits"]:
         raise SystemExit("splits=[]: give at least one split; the first is the one choices are made on (val)")
+    selection_metric(options["select_on"])
     provenance = collect_provenance({"options": options}, argv=[sys.argv[0], *argv])  # the load as it starts
     models = seed_models([Path(r) for r in options["seeds"]])  # every seed's checkpoint found before decoding
     work = Path(options["work"] or WORK / Path(options["out"]).stem)
@@ -148,7 +179,7 @@ def main(argv: list[str]) -> dict:
         groups["recent checkpoints"] = recent_group(Path(options["run"]), options, work)
     if models:
         groups["seeded runs"] = seeds_group(models, options, work)
-    chosen = {group: choose_on_val(rows, options["splits"][0]) for group, rows in groups.items()}
+    chosen = {group: choose_on_val(rows, options["splits"][0], options["select_on"]) for group, rows in groups.items()}
     result = {"options": options, "groups": groups, "chosen_on": options["splits"][0], "chosen": chosen,
               PROVENANCE_KEY: provenance}
     Path(options["out"]).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")

@@ -1,6 +1,7 @@
 """Summarize ablation runs in the layout of the paper's Table 3: one row per configuration, over seeds.
 
-    python -m transformer_nmt.summarize_ablation SWEEP_DIR [SWEEP_DIR ...] [--out DIR] [--resamples N]
+    python -m transformer_nmt.summarize_ablation SWEEP_DIR [SWEEP_DIR ...] [--out DIR] [--resamples N] \
+        [--metrics bleu chrf ...]
     python -m transformer_nmt.summarize_ablation multirun/ablation_heads/RUN multirun/ablation_base/RUN
 
 Reads every ``results.json`` under the given directories, at any depth (a Hydra sweep's numbered run
@@ -18,6 +19,16 @@ directory):
 - ``bleu_vs_heads.png`` (row A and the base: BLEU against h, error bars ± std), ``bleu_vs_params.png`` (every
   configuration, error bars ± std) and ``ablation_rows.png`` (BLEU difference to the base per configuration,
   the base's ± std as a band).
+
+BLEU is the default of ``--metrics``: any registered metric (metrics/catalog.py) can be named instead or beside it.
+Each gets its own columns (NAME (dev), n, ΔNAME, p, p<0.05: the first metric's where BLEU's are above, further ones
+after them; in the csv the first metric's as BLEU's are, ``NAME_mean``, ``NAME_std``, ``NAME_n``, ``NAME_p_max``,
+``NAME_p_seeds`` for each further one), its own plots (``NAME_vs_heads.png``, ``NAME_vs_params.png``;
+``ablation_rows_NAME.png`` for a further one) and a note of its direction where lower is better. A run's value is
+its results.json ``val_NAME`` (what training measured), else the metric computed from its hypotheses and the
+references (a metric that needs the sources has none then). p is the metric's own paired test
+(``Metric.paired_bootstrap``: sacreBLEU's PairedTest for the sacreBLEU metrics, the same bootstrap on sentence values
+for a mean of them such as COMET); a metric without one gets none.
 
 Each run's hypotheses are its ``val_hypotheses.txt``; the references, ``val_references.txt`` beside it or in
 a directory above it (docs/table3 keeps one copy). Runs without hypotheses get no p-value.
@@ -42,10 +53,14 @@ import matplotlib.pyplot as plt
 from omegaconf import OmegaConf
 
 from transformer_nmt import run_files
+from transformer_nmt.metrics import catalog
+from transformer_nmt.metrics.base import Metric
+from transformer_nmt.metrics.significance import DEFAULT_SEED, SEED_ENV
 from transformer_nmt.model.transformer import TransformerConfig
 
 RESULTS, HYPOTHESES, REFERENCES = run_files.RESULTS, run_files.HYPOTHESES, run_files.REFERENCES
-SEED_ENV, DEFAULT_SEED, DEFAULT_RESAMPLES = "SACREBLEU_SEED", "12345", 1000
+DEFAULT_RESAMPLES = 1000
+DEFAULT_METRICS = ("bleu",)  # what the summary reports unless --metrics names others
 ALPHA = 0.05
 # A configuration: (results.json key, column), in the paper's column order.
 CONFIG = [("n_layers", "N"), ("d_model", "d_model"), ("d_ff", "d_ff"), ("n_heads", "h"), ("d_k", "d_k"),
@@ -206,23 +221,41 @@ def mean_std(values: list[float]) -> tuple[float | None, float | None]:
     return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else None
 
 
-def summarize_groups(runs: list[dict], base: tuple | None) -> list[dict]:
-    """One record per configuration: settings, row, n, BLEU and PPL mean/std, parameters, minutes, seeds;
-    ordered base first, then rows A-E, each by its settings."""
+def run_value(run: dict, metric: str) -> float | None:
+    """The run's dev value of ``metric``: results.json's ``val_NAME`` where training measured it, else the metric
+    computed from the run's hypotheses and the references (None without them, or for a metric that needs the
+    sources, which a run does not keep)."""
+    if run.get(f"val_{metric}") is not None:
+        return run[f"val_{metric}"]
+    hypotheses, references = run["path"] / HYPOTHESES, references_for(run["path"])
+    if catalog.metric_class(metric).needs_sources or not hypotheses.is_file() or references is None:
+        return None
+    return catalog.build(metric).compute(read_lines(hypotheses), read_lines(references)).value
+
+
+def summarize_groups(runs: list[dict], base: tuple | None, metrics: list[str] = DEFAULT_METRICS) -> list[dict]:
+    """One record per configuration: settings, row, n, each metric's and PPL's mean/std (NAME_mean, NAME_std,
+    NAME_n; ``n``: the first metric's), parameters, minutes, seeds; ordered base first, then rows A-E, each by its
+    settings."""
     groups = defaultdict(list)
     for run in runs:
         groups[run["config"]].append(run)
     records = []
     for config, members in groups.items():
         members.sort(key=lambda r: (r.get("seed") is None, r.get("seed") or 0))
-        bleu = [r["val_bleu"] for r in members if r.get("val_bleu") is not None]
+        for run in members:
+            run["values"] = {metric: run_value(run, metric) for metric in metrics}
         ppl = [r["val_ppl"] for r in members if r.get("val_ppl") is not None]
         minutes = [r["wall_seconds"] / 60 for r in members if r.get("wall_seconds") is not None]
         record = dict(zip(KEYS, config))
-        record.update(config=config, row=table_row(config, base), runs=members, n=len(bleu),
+        record.update(config=config, row=table_row(config, base), runs=members,
                       seeds=[r.get("seed") for r in members], parameters=members[0]["parameters"],
                       minutes=statistics.fmean(minutes) if minutes else None)
-        record["bleu_mean"], record["bleu_std"] = mean_std(bleu)
+        for metric in metrics:
+            values = [r["values"][metric] for r in members if r["values"][metric] is not None]
+            record[f"{metric}_mean"], record[f"{metric}_std"] = mean_std(values)
+            record[f"{metric}_n"] = len(values)
+        record["n"] = record[f"{metrics[0]}_n"]
         record["ppl_mean"], record["ppl_std"] = mean_std(ppl)
         records.append(record)
     def order(record: dict) -> tuple:  # by row, then by which settings differ from the base, then their values
@@ -247,16 +280,16 @@ def references_for(run_dir: Path) -> Path | None:
     return None
 
 
-def paired_p_values(records: list[dict], resamples: int) -> dict:
+def paired_p_values(records: list[dict], resamples: int, metric: str = DEFAULT_METRICS[0]) -> dict:
     """{configuration: (largest p over paired seeds, paired seeds)} against the base, seed by seed: for every
-    seed the base has, one PairedTest of the base run (baseline) against every other configuration's run of
-    that seed, on the validation sentences both translated (same references, checked)."""
+    seed the base has, one paired bootstrap of ``metric`` (its own: ``Metric.paired_bootstrap``; for BLEU,
+    sacreBLEU's PairedTest) of the base run (baseline) against every other configuration's run of that seed, on the
+    validation sentences both translated (same references, checked). Empty for a metric without a paired test or
+    one that needs the sources (the runs keep none)."""
     base = next((r for r in records if r["row"] == "base"), None)
-    if base is None:
+    scorer = catalog.build(metric)
+    if base is None or scorer.needs_sources:
         return {}
-    from sacrebleu.metrics import BLEU
-    from sacrebleu.significance import PairedTest
-
     os.environ.setdefault(SEED_ENV, DEFAULT_SEED)
     p_values = defaultdict(list)
     for base_run in base["runs"]:
@@ -277,11 +310,13 @@ def paired_p_values(records: list[dict], resamples: int) -> dict:
             systems.append((record["config"], read_lines(run["path"] / HYPOTHESES)))
         if len(systems) < 2:
             continue
-        _, scores = PairedTest(systems, {"BLEU": BLEU()}, [refs], test_type="bs", n_samples=resamples)()
-        for (config, hyps), result in zip(systems[1:], scores["BLEU"][1:]):
+        found = scorer.paired_bootstrap(systems[0][1], [hyps for _, hyps in systems[1:]], refs, resamples=resamples)
+        if found is None:
+            return {}
+        for (config, hyps), p in zip(systems[1:], found):
             # sacreBLEU (after MultEval) counts only resampled differences > the observed one, so identical
             # outputs get p = 1 / (resamples + 1); with nothing different there is nothing to test: p = 1.
-            p_values[config].append((1.0 if hyps == systems[0][1] else result.p_value, seed))
+            p_values[config].append((1.0 if hyps == systems[0][1] else p, seed))
     return {config: (max(p for p, _ in pairs), [s for _, s in pairs]) for config, pairs in p_values.items()}
 
 
@@ -297,60 +332,101 @@ def cell(mean, std, digits: int = 2) -> str:
     return f"{mean:.{digits}f} ± {std:.{digits}f}" if std is not None else f"{mean:.{digits}f}"
 
 
-def markdown_table(records: list[dict], p_values: dict) -> str:
-    """The paper's layout: settings equal to the base's are left blank (all shown in the base row)."""
+def title(metric: str) -> str:
+    """The metric's name in a header: "BLEU" for bleu (metrics/: its ``title``)."""
+    return catalog.metric_class(metric).heading()
+
+
+def delta(record: dict, base: dict | None, metric: str) -> float | None:
+    """The configuration's mean of ``metric`` less the base's (None for the base itself, or where either is
+    missing)."""
+    if base is None or record is base or record[f"{metric}_mean"] is None or base[f"{metric}_mean"] is None:
+        return None
+    return record[f"{metric}_mean"] - base[f"{metric}_mean"]
+
+
+def markdown_table(records: list[dict], p_values: dict, metrics: list[str] = DEFAULT_METRICS) -> str:
+    """The paper's layout: settings equal to the base's are left blank (all shown in the base row); per metric its
+    mean ± std, n, the difference to the base, p and the ✓ (``p_values``: {metric: paired_p_values'})."""
     base = next((r for r in records if r["row"] == "base"), None)
     others = any(extra_changes(r, base) for r in records)  # a column for EXTRA's fields where any run sets one
-    header = ["", *(name for _, name in CONFIG), *(["other"] if others else []), "params", "PPL (dev)", "BLEU (dev)",
-              "n", "ΔBLEU", "p", "p<0.05"]
+    header = ["", *(name for _, name in CONFIG), *(["other"] if others else []), "params", "PPL (dev)",
+              *(column for metric in metrics for column in (f"{title(metric)} (dev)", "n", f"Δ{title(metric)}", "p",
+                                                            "p<0.05"))]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for record in records:
         settings = [("" if base is not None and record is not base and record[key] == base[key] else str(record[key]))
                     for key, _ in CONFIG] + ([extra_changes(record, base)] if others else [])
-        delta = (record["bleu_mean"] - base["bleu_mean"]) if base is not None and record is not base and \
-            record["bleu_mean"] is not None and base["bleu_mean"] is not None else None
-        p = p_values.get(record["config"])
+        columns = []
+        for metric in metrics:
+            p = p_values.get(metric, {}).get(record["config"])
+            columns += [cell(record[f"{metric}_mean"], record[f"{metric}_std"]), str(record[f"{metric}_n"]),
+                        fmt(delta(record, base, metric), "{:+.2f}"), fmt(p and p[0], "{:.3f}"),
+                        ("✓" if p[0] < ALPHA else "") if p else ""]
         lines.append("| " + " | ".join([
             record["row"], *settings, f"{record['parameters']:,}", cell(record["ppl_mean"], record["ppl_std"]),
-            cell(record["bleu_mean"], record["bleu_std"]), str(record["n"]), fmt(delta, "{:+.2f}"),
-            fmt(p and p[0], "{:.3f}"), ("✓" if p[0] < ALPHA else "") if p else ""]) + " |")
+            *columns]) + " |")
     return "\n".join(lines) + "\n"
 
 
-def notes(records: list[dict], resamples: int) -> str:
-    """What the table's columns mean, and the base's noise."""
+def notes(records: list[dict], resamples: int, metrics: list[str] = DEFAULT_METRICS) -> str:
+    """What the table's columns mean, each metric's direction where lower is better and its paired test where it
+    is not sacreBLEU's, and the base's noise."""
     base = next((r for r in records if r["row"] == "base"), None)
     hypotheses = [r["path"] / HYPOTHESES for r in (base or records[0])["runs"] if (r["path"] / HYPOTHESES).is_file()]
     sentences = f"{len(read_lines(hypotheses[0])):,} validation sentences" if hypotheses else "the validation set"
-    text = [f"\nBLEU and PPL: mean ± sample std over n seeds (dev: greedy BLEU on {sentences}). p: paired "
+    titles = [title(metric) for metric in metrics]
+    listed = " and ".join([", ".join(titles[:-1]), titles[-1]] if len(titles) > 1 else titles)
+    text = [f"\n{', '.join(titles)} and PPL: mean ± sample std over n seeds (dev: greedy {listed} on {sentences}). "
+            f"p: paired "
             f"bootstrap (sacrebleu.significance.PairedTest, {resamples} resamples, seed {SEED_ENV}="
             f"{os.environ.get(SEED_ENV, DEFAULT_SEED)}) of each configuration's run against the base run of the same "
             f"seed; the largest p over the seeds both have. ✓: p < {ALPHA} under every paired seed."]
+    for metric in metrics:
+        cls = catalog.metric_class(metric)
+        if not cls.higher_is_better:
+            text.append(f"{title(metric)}: lower is better (a negative Δ{title(metric)} is an improvement).")
+        if cls.needs_sources:
+            text.append(f"{title(metric)}: no p (it needs the source sentences, which the runs do not keep).")
+        elif cls.paired_bootstrap is Metric.paired_bootstrap:
+            text.append(f"{title(metric)}: p from the same bootstrap over its sentence values "
+                        f"(metrics/significance.py); none where it has no sentence values.")
     if base is not None and base["n"]:
-        bleus = [r["val_bleu"] for r in base["runs"] if r.get("val_bleu") is not None]
-        text.append(f"Base noise: n={base['n']} seeds, BLEU {cell(base['bleu_mean'], base['bleu_std'])}, range "
-                    f"{min(bleus):.2f}-{max(bleus):.2f}.")
+        for metric in metrics:
+            values = [r["values"][metric] for r in base["runs"] if r["values"][metric] is not None]
+            if values:
+                text.append(f"Base noise: n={base[f'{metric}_n']} seeds, {title(metric)} "
+                            f"{cell(base[f'{metric}_mean'], base[f'{metric}_std'])}, range "
+                            f"{min(values):.2f}-{max(values):.2f}.")
     else:
-        text.append("No run of the base configuration: no ΔBLEU and no p-values.")
+        text.append(f"No run of the base configuration: no {', '.join('Δ' + title(m) for m in metrics)} and no "
+                    f"p-values.")
     return "\n".join(text) + "\n"
 
 
-def write_csv(records: list[dict], p_values: dict, path: Path) -> None:
+def write_csv(records: list[dict], p_values: dict, path: Path, metrics: list[str] = DEFAULT_METRICS) -> None:
     """One line per configuration; an ``other`` column (EXTRA's fields that differ from the base, as the markdown
-    table's) where any configuration sets one."""
+    table's) where any configuration sets one. The first metric's columns are NAME_mean, NAME_std, n, seeds, p_max,
+    p_seeds; each further metric's come last: NAME_mean, NAME_std, NAME_n, NAME_p_max, NAME_p_seeds."""
     base = next((r for r in records if r["row"] == "base"), None)
     others = any(extra_changes(r, base) for r in records)
+    first, *further = metrics
     with open(path, "w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(["row", *(name for _, name in CONFIG), *(["other"] if others else []), "params", "ppl_mean",
-                         "ppl_std", "bleu_mean", "bleu_std", "n", "seeds", "p_max", "p_seeds", "minutes_mean"])
+                         "ppl_std", f"{first}_mean", f"{first}_std", "n", "seeds", "p_max", "p_seeds", "minutes_mean",
+                         *(f"{m}_{c}" for m in further for c in ("mean", "std", "n", "p_max", "p_seeds"))])
         for r in records:
-            p = p_values.get(r["config"])
-            writer.writerow([r["row"], *(r[key] for key, _ in CONFIG), *([extra_changes(r, base)] if others else []),
-                             r["parameters"],
-                             *(_raw(r[k]) for k in ("ppl_mean", "ppl_std", "bleu_mean", "bleu_std")), r["n"],
-                             " ".join(map(str, r["seeds"])), _raw(p[0]) if p else "",
-                             " ".join(map(str, p[1])) if p else "", _raw(r["minutes"])])
+            p = p_values.get(first, {}).get(r["config"])
+            row = [r["row"], *(r[key] for key, _ in CONFIG), *([extra_changes(r, base)] if others else []),
+                   r["parameters"], *(_raw(r[k]) for k in ("ppl_mean", "ppl_std", f"{first}_mean", f"{first}_std")),
+                   r["n"], " ".join(map(str, r["seeds"])), _raw(p[0]) if p else "",
+                   " ".join(map(str, p[1])) if p else "", _raw(r["minutes"])]
+            for metric in further:
+                p = p_values.get(metric, {}).get(r["config"])
+                row += [_raw(r[f"{metric}_mean"]), _raw(r[f"{metric}_std"]), r[f"{metric}_n"],
+                        _raw(p[0]) if p else "", " ".join(map(str, p[1])) if p else ""]
+            writer.writerow(row)
 
 
 def _raw(value):
@@ -362,15 +438,23 @@ def _errorbar(ax, points, **kwargs):
     ax.errorbar(xs, ys, yerr=[e or 0.0 for e in errs], marker="o", capsize=3, **kwargs)
 
 
-def plot_bleu_vs_heads(records: list[dict], path: Path) -> None:
-    """Dev BLEU ± std against h, one line per model shape (N, d_model, d_ff) among the runs with d_k = d_model / h."""
+def axis_label(metric: str) -> str:
+    """A plot's axis for ``metric``: "BLEU (dev, greedy), mean ± std", and its direction where lower is better."""
+    lower = "" if catalog.higher_is_better(metric) else "; lower is better"
+    return f"{title(metric)} (dev, greedy), mean ± std{lower}"
+
+
+def plot_vs_heads(records: list[dict], path: Path, metric: str = DEFAULT_METRICS[0]) -> None:
+    """Dev ``metric`` ± std against h, one line per model shape (N, d_model, d_ff) among the runs with
+    d_k = d_model / h."""
+    mean, std = f"{metric}_mean", f"{metric}_std"
     fig, ax = plt.subplots(figsize=(5, 3.5))
     shapes = defaultdict(list)
     for r in records:
         per_head = r["d_model"] // r["n_heads"]
-        if r["bleu_mean"] is not None and r["d_k"] == per_head and r["row"] in ("base", "A", "other"):
+        if r[mean] is not None and r["d_k"] == per_head and r["row"] in ("base", "A", "other"):
             shapes[(r["n_layers"], r["d_model"], r["d_ff"], r["dropout"], r["label_smoothing"], r["positions"])].append(
-                (r["n_heads"], r["bleu_mean"], r["bleu_std"]))
+                (r["n_heads"], r[mean], r[std]))
     for (n_layers, d_model, d_ff, *_), points in sorted(shapes.items(), key=lambda kv: str(kv[0])):
         _errorbar(ax, sorted(points), label=f"N {n_layers}, d_model {d_model}, d_ff {d_ff}")
     heads = sorted({r["n_heads"] for r in records})
@@ -378,7 +462,7 @@ def plot_bleu_vs_heads(records: list[dict], path: Path) -> None:
     ax.set_xticks(heads, [str(h) for h in heads])
     ax.minorticks_off()
     ax.set_xlabel("attention heads h (d_k = d_v = d_model / h)")
-    ax.set_ylabel("BLEU (dev, greedy), mean ± std")
+    ax.set_ylabel(axis_label(metric))
     ax.grid(alpha=0.3)
     if shapes:
         ax.legend(fontsize=7)
@@ -409,58 +493,63 @@ def label(record: dict, base: dict | None) -> str:
                      *filter(None, [extra_changes(record, base)])])
 
 
-def plot_bleu_vs_params(records: list[dict], path: Path) -> None:
-    """Dev BLEU ± std against parameters. The cells whose parameter count differs from the base's each get a marker
-    and a legend entry (the one setting they change, the first in Table 3's order); those with the base's count
-    (h, P_drop, ε_ls) share its x and are drawn grey as one legend entry: labels on the points would pile up."""
+def plot_vs_params(records: list[dict], path: Path, metric: str = DEFAULT_METRICS[0]) -> None:
+    """Dev ``metric`` ± std against parameters. The cells whose parameter count differs from the base's each get a
+    marker and a legend entry (the one setting they change, the first in Table 3's order); those with the base's
+    count (h, P_drop, ε_ls) share its x and are drawn grey as one legend entry: labels on the points would pile up."""
+    mean, std = f"{metric}_mean", f"{metric}_std"
     fig, ax = plt.subplots(figsize=(7.5, 4))
     base = next((r for r in records if r["row"] == "base"), None)
-    points = [r for r in records if r["bleu_mean"] is not None]
+    points = [r for r in records if r[mean] is not None]
     names = dict(CONFIG)
     same, labelled = [], []
     for r in points:
         (same if base is not None and r is not base and r["parameters"] == base["parameters"] else labelled).append(r)
     if same:
-        ax.errorbar([r["parameters"] for r in same], [r["bleu_mean"] for r in same],
-                    yerr=[r["bleu_std"] or 0.0 for r in same], fmt="o", capsize=3, color="#999999", alpha=0.7,
+        ax.errorbar([r["parameters"] for r in same], [r[mean] for r in same],
+                    yerr=[r[std] or 0.0 for r in same], fmt="o", capsize=3, color="#999999", alpha=0.7,
                     label=f"{len(same)} cells with the base's parameters (h, P_drop, ε_ls)")
     markers, colors = "osD^vP*Xhp<>", [f"C{k}" for k in range(10) if k != 7]  # C7 is grey, the same-count cells'
-    for i, r in enumerate(sorted(labelled, key=lambda r: (r["parameters"], r["bleu_mean"]))):
+    for i, r in enumerate(sorted(labelled, key=lambda r: (r["parameters"], r[mean]))):
         if r is base:
             text = "base"
         else:
             key = next((k for k, _ in CONFIG if r[k] != base[k]), None) if base is not None else None
             text = f"{names[key]} {r[key]}" if key and not extra_changes(r, base) else label(r, base)
-        ax.errorbar(r["parameters"], r["bleu_mean"], yerr=r["bleu_std"] or 0.0, fmt=markers[i % len(markers)],
+        ax.errorbar(r["parameters"], r[mean], yerr=r[std] or 0.0, fmt=markers[i % len(markers)],
                     capsize=3, color="black" if r is base else colors[i % len(colors)],
                     label=f"{text} ({r['parameters'] / 1e6:.2f}M)")
     ax.set_xscale("log")
     ax.set_xlabel("parameters (log scale)")
-    ax.set_ylabel("BLEU (dev, greedy), mean ± std")
+    ax.set_ylabel(axis_label(metric))
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5))  # beside the plot: points stay visible
+    if points:
+        ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5))  # beside the plot: points stay visible
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
 
-def plot_rows(records: list[dict], p_values: dict, path: Path) -> None:
-    """ΔBLEU to the base per configuration (± its std), grouped by row; the base's ± std as a grey band."""
+def plot_rows(records: list[dict], p_values: dict, path: Path, metric: str = DEFAULT_METRICS[0]) -> None:
+    """Δ``metric`` to the base per configuration (± its std), grouped by row; the base's ± std as a grey band
+    (``p_values``: the metric's paired_p_values)."""
+    mean, std = f"{metric}_mean", f"{metric}_std"
     base = next((r for r in records if r["row"] == "base"), None)
-    others = [r for r in records if r is not base and r["bleu_mean"] is not None]
+    others = [r for r in records if r is not base and r[mean] is not None]
     fig, ax = plt.subplots(figsize=(6, 1.6 + 0.3 * max(len(others), 1)))
-    if base is not None and base["bleu_mean"] is not None:
-        ax.axvspan(-(base["bleu_std"] or 0.0), base["bleu_std"] or 0.0, color="grey", alpha=0.25,
-                   label=f"base ± std (n={base['n']})")
+    if base is not None and base[mean] is not None:
+        ax.axvspan(-(base[std] or 0.0), base[std] or 0.0, color="grey", alpha=0.25,
+                   label=f"base ± std (n={base[f'{metric}_n']})")
         ax.axvline(0.0, color="grey", lw=1)
         for y, r in enumerate(others):
             p = p_values.get(r["config"])
-            ax.errorbar(r["bleu_mean"] - base["bleu_mean"], y, xerr=r["bleu_std"] or 0.0, marker="o", capsize=3,
+            ax.errorbar(r[mean] - base[mean], y, xerr=r[std] or 0.0, marker="o", capsize=3,
                         color="C3" if p and p[0] < ALPHA else "C0")
         ax.legend(fontsize=7, loc="lower right")
     ax.set_yticks(range(len(others)), [f"({r['row']}) {label(r, base)}" for r in others], fontsize=7)
     ax.invert_yaxis()
-    ax.set_xlabel("ΔBLEU (dev) to the base; red: p < 0.05 under every paired seed", fontsize=8)
+    lower = "" if catalog.higher_is_better(metric) else " (lower is better)"
+    ax.set_xlabel(f"Δ{title(metric)} (dev) to the base{lower}; red: p < 0.05 under every paired seed", fontsize=8)
     ax.grid(alpha=0.3, axis="x")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -468,19 +557,40 @@ def plot_rows(records: list[dict], p_values: dict, path: Path) -> None:
 
 
 def summarize(directories: list[Path], out: Path, resamples: int = DEFAULT_RESAMPLES,
-              base_experiment: str = "ablation_base") -> str:
-    """Write ablation.md, ablation.csv and the plots into ``out``; returns the markdown."""
+              base_experiment: str = "ablation_base", metrics: list[str] = DEFAULT_METRICS) -> str:
+    """Write ablation.md, ablation.csv and the plots into ``out``, for each of ``metrics`` (registered names, the
+    first one's in the columns BLEU's have by default); returns the markdown."""
+    metrics = catalog.check_names(metrics, "metrics")
+    if not metrics:
+        raise SystemExit("metrics: name at least one registered metric (" + ", ".join(catalog.names()) + ")")
     runs = load_runs(directories)
-    records = summarize_groups(runs, base_config(base_experiment))
-    p_values = paired_p_values(records, resamples)
-    text = markdown_table(records, p_values) + notes(records, resamples)
+    records = summarize_groups(runs, base_config(base_experiment), metrics)
+    p_values = {metric: paired_p_values(records, resamples, metric) for metric in metrics}
+    text = markdown_table(records, p_values, metrics) + notes(records, resamples, metrics)
     out.mkdir(parents=True, exist_ok=True)
     (out / "ablation.md").write_text(text, encoding="utf-8")
-    write_csv(records, p_values, out / "ablation.csv")
-    plot_bleu_vs_heads(records, out / "bleu_vs_heads.png")
-    plot_bleu_vs_params(records, out / "bleu_vs_params.png")
-    plot_rows(records, p_values, out / "ablation_rows.png")
+    write_csv(records, p_values, out / "ablation.csv", metrics)
+    for number, metric in enumerate(metrics):
+        plot_vs_heads(records, out / f"{metric}_vs_heads.png", metric)
+        plot_vs_params(records, out / f"{metric}_vs_params.png", metric)
+        plot_rows(records, p_values[metric], out / ("ablation_rows.png" if number == 0 else
+                                                    f"ablation_rows_{metric}.png"), metric)
     return text
+
+
+def add_metrics_option(parser: argparse.ArgumentParser) -> None:
+    """``--metrics NAME ...``: the registered metrics to summarize (summarize_ablation's and table3's)."""
+    parser.add_argument("--metrics", nargs="+", default=list(DEFAULT_METRICS), metavar="NAME",
+                        help="the registered metrics to summarize, each with its columns, plots and paired test: "
+                             + ", ".join(catalog.names()) + f" (default: {' '.join(DEFAULT_METRICS)})")
+
+
+def metrics(parser: argparse.ArgumentParser, args) -> list[str]:
+    """``--metrics`` checked against the registry; a usage error naming the unknown one."""
+    try:
+        return catalog.check_names(args.metrics, "--metrics")
+    except ValueError as error:
+        parser.error(str(error))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -491,10 +601,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--resamples", type=int, default=DEFAULT_RESAMPLES, help="paired bootstrap resamples")
     parser.add_argument("--base-experiment", default="ablation_base",
                         help="the experiment whose configuration is the base (conf/experiment/NAME.yaml)")
+    add_metrics_option(parser)
     args = parser.parse_args(argv)
     missing = [str(d) for d in args.directories if not d.is_dir()]
     if missing:
         parser.error(f"not a directory: {', '.join(missing)}")
-    text = summarize(args.directories, args.out or args.directories[0], args.resamples, args.base_experiment)
+    text = summarize(args.directories, args.out or args.directories[0], args.resamples, args.base_experiment,
+                     metrics(parser, args))
     print(text, end="")
 

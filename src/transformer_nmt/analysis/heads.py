@@ -1,4 +1,4 @@
-"""Head importance: silence one attention head at a time, measure what BLEU and loss lose.
+"""Head importance: silence one attention head at a time, measure what BLEU (or another metric) and loss lose.
 
 After Michel, Levy and Neubig (2019), "Are Sixteen Heads Really Better than One?": each head's output
 is multiplied by a gate (1 = on, 0 = off) at evaluation, with no retraining (head_gates.py).
@@ -14,6 +14,10 @@ Writes to ``out=DIR`` (default ``heads/`` beside the checkpoint):
   loss increase when the head alone is masked), in ``steps`` equal fractions of all heads.
 BLEU is greedy (``beam=1``, fast) unless ``beam`` says otherwise; loss is the mean per-token
 cross-entropy of the references under teacher forcing.
+
+``metrics=[bleu,chrf,...]`` (registered names, metrics/; default ``[bleu]``) measures each of them instead: the
+tables get NAME and delta_NAME columns for each, the heatmaps and the pruning plot show the first one, coloured by
+its direction (red where masking makes it worse: a lower value for BLEU, a higher one for TER).
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from transformer_nmt.model.transformer import Transformer
 from transformer_nmt.options import command_argv, option, option_of, parse_options, require_checkpoint, values_of
 
 USAGE = "python -m transformer_nmt.analyze_heads ckpt=PATH (split=val|test | src=FILE ref=FILE) [key=value ...]"
+DEFAULT_METRICS = ["bleu"]  # what is measured unless metrics= names others
 
 
 @dataclass
@@ -57,6 +62,10 @@ class HeadsOptions(SearchConfig):
     max_sentences: int = option(300, "the first this many sentences; 0: all")
     beam: int = option_of(DecodeConfig, "beam", default=1, help="beam size of the BLEU decoding; 1: greedy (fast)")
     steps: int = option(10, "the pruning curve's points: heads removed in this many equal fractions")
+    metrics: list[str] = option(DEFAULT_METRICS, "the registered metrics measured with each head masked (the first is "
+                                          "plotted): " + ", ".join(catalog.names()) + " (metrics/)")
+    metric: catalog.MetricOptions = option(help="each metric's settings: metric.comet.model=DIR ...",
+                                           factory=catalog.MetricOptions)
 
 
 OPTIONS = HeadsOptions
@@ -91,28 +100,40 @@ def _pad(rows: list[list[int]], pad_id: int) -> torch.Tensor:
     return out
 
 
-def measure(model, tokenizer, sources, references, decode: DecodeConfig) -> tuple[float, float]:
-    """(BLEU, loss) of the model as currently gated; BLEU of a ``decode`` search."""
+def measure(model, tokenizer, sources, references, decode: DecodeConfig,
+            metrics=None) -> tuple[dict[str, float], float]:
+    """({name: value} of each of ``metrics``, loss) of the model as currently gated: the metrics of a ``decode``
+    search's output (``metrics``: built ``Metric`` objects; None: BLEU), the loss of the references."""
+    metrics = metrics or [catalog.build(name) for name in DEFAULT_METRICS]
     hypotheses = [h[0][0] for h in translate_lines(model, tokenizer, sources, decode)]
-    return (catalog.build("bleu").compute(hypotheses, references).value,
+    return ({metric.name: metric.compute(hypotheses, references, sources).value for metric in metrics},
             reference_loss(model, tokenizer, sources, references, decode.max_tokens))
 
 
-def head_ablation(model, tokenizer, sources, references, decode: DecodeConfig, log=print) -> tuple[dict, list]:
-    """BLEU (of a ``decode`` search) and loss of the full model, then with each head masked alone."""
+def shown(values: dict[str, float], base: dict[str, float] | None = None, width: int = 0) -> str:
+    """"BLEU 27.31" (", chrF 55.02" ...), each ``width`` wide, with its change from ``base`` where given."""
+    return ", ".join(f"{catalog.metric_class(name).heading()} {value:{width}.2f}" +
+                     (f" ({value - base[name]:+.2f})" if base is not None else "") for name, value in values.items())
+
+
+def head_ablation(model, tokenizer, sources, references, decode: DecodeConfig, log=print,
+                  metrics=None) -> tuple[dict, list]:
+    """Each metric of ``metrics`` (built ``Metric`` objects; None: BLEU) of a ``decode`` search, and the loss, of
+    the full model, then with each head masked alone."""
     set_gates(model, set())
-    base_bleu, base_loss = measure(model, tokenizer, sources, references, decode)
-    log(f"full model: BLEU {base_bleu:.2f}, loss {base_loss:.4f} on {len(sources)} sentences")
+    base_values, base_loss = measure(model, tokenizer, sources, references, decode, metrics)
+    log(f"full model: {shown(base_values)}, loss {base_loss:.4f} on {len(sources)} sentences")
     rows = []
     for kind, layer, head in all_heads(model):
         set_gates(model, {(kind, layer, head)})
-        bleu, loss = measure(model, tokenizer, sources, references, decode)
-        rows.append({"kind": kind, "layer": layer, "head": head, "bleu": bleu, "loss": loss,
-                     "delta_bleu": bleu - base_bleu, "delta_loss": loss - base_loss})
-        log(f"  {kind:7s} layer {layer} head {head}: BLEU {bleu:6.2f} ({bleu - base_bleu:+.2f}), "
+        values, loss = measure(model, tokenizer, sources, references, decode, metrics)
+        rows.append({"kind": kind, "layer": layer, "head": head, **values, "loss": loss,
+                     **{f"delta_{name}": value - base_values[name] for name, value in values.items()},
+                     "delta_loss": loss - base_loss})
+        log(f"  {kind:7s} layer {layer} head {head}: {shown(values, base_values, width=6)}, "
             f"loss {loss:.4f} ({loss - base_loss:+.4f})")
     set_gates(model, set())
-    return {"bleu": base_bleu, "loss": base_loss}, rows
+    return {**base_values, "loss": base_loss}, rows
 
 
 def pruning_order(rows: list[dict]) -> list[tuple[str, int, int]]:
@@ -149,19 +170,25 @@ def pruned_heads(rows: list[dict], fraction: float) -> set[tuple[str, int, int]]
     return set(order[: round(fraction * len(order))])
 
 
-def pruning_curve(model, tokenizer, sources, references, rows, steps: int, decode: DecodeConfig, log=print):
-    """Remove heads least important first (smallest loss increase alone); BLEU (of a ``decode`` search) at
-    ``steps`` fractions."""
+def pruning_curve(model, tokenizer, sources, references, rows, steps: int, decode: DecodeConfig, log=print,
+                  metrics=None):
+    """Remove heads least important first (smallest loss increase alone); each of ``metrics`` (built ``Metric``
+    objects; None: BLEU) of a ``decode`` search at ``steps`` fractions."""
     curve = []
     for step in range(steps + 1):
         removed = pruned_heads(rows, step / steps)
         set_gates(model, removed)
-        bleu, loss = measure(model, tokenizer, sources, references, decode)
-        curve.append({"fraction_removed": len(removed) / len(rows), "heads_removed": len(removed), "bleu": bleu,
+        values, loss = measure(model, tokenizer, sources, references, decode, metrics)
+        curve.append({"fraction_removed": len(removed) / len(rows), "heads_removed": len(removed), **values,
                       "loss": loss})
-        log(f"  pruned {len(removed):3d}/{len(rows)} heads: BLEU {bleu:.2f}, loss {loss:.4f}")
+        log(f"  pruned {len(removed):3d}/{len(rows)} heads: {shown(values)}, loss {loss:.4f}")
     set_gates(model, set())
     return curve
+
+
+def measured(base: dict) -> list[str]:
+    """The metrics' names in a result of ``head_ablation`` (its base: every key but the loss), in order."""
+    return [name for name in base if name != "loss"]
 
 
 def write_table(rows: list[dict], base: dict, out_dir: Path) -> None:
@@ -169,67 +196,96 @@ def write_table(rows: list[dict], base: dict, out_dir: Path) -> None:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
-    lines = [f"Full model: BLEU {base['bleu']:.2f}, loss {base['loss']:.4f}.", "",
-             "| kind | layer | head | BLEU masked | change | loss masked | change |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
-    lines += [f"| {r['kind']} | {r['layer']} | {r['head']} | {r['bleu']:.2f} | {r['delta_bleu']:+.2f} | "
+    names = measured(base)
+    titles = [catalog.metric_class(name).heading() for name in names]
+    lines = ["Full model: " + ", ".join(f"{t} {base[name]:.2f}" for t, name in zip(titles, names)) +
+             f", loss {base['loss']:.4f}.", "",
+             "| kind | layer | head | " + " | ".join(f"{t} masked | change" for t in titles) +
+             " | loss masked | change |",
+             "| --- | --- | --- | " + "--- | --- | " * len(names) + "--- | --- |"]
+    lines += [f"| {r['kind']} | {r['layer']} | {r['head']} | " +
+              "".join(f"{r[name]:.2f} | {r['delta_' + name]:+.2f} | " for name in names) +
               f"{r['loss']:.4f} | {r['delta_loss']:+.4f} |" for r in rows]
     (out_dir / "head_importance.md").write_text("\n".join(lines) + "\n")
 
 
-def plot_heatmaps(rows: list[dict], out_path: Path) -> None:
+def plot_heatmaps(rows: list[dict], out_path: Path, metric: str = "bleu") -> None:
+    """Each head's change of ``metric`` when masked alone, one panel per kind; red where the metric gets worse
+    (in its direction: down for BLEU, up for TER)."""
+    delta = f"delta_{metric}"
     fig, axes = plt.subplots(1, len(KINDS), figsize=(4 * len(KINDS), 3.2), squeeze=False)
-    limit = max(abs(r["delta_bleu"]) for r in rows) or 1.0
+    limit = max(abs(r[delta]) for r in rows) or 1.0
     for ax, kind in zip(axes[0], KINDS):
         kind_rows = [r for r in rows if r["kind"] == kind]
         n_layers = max(r["layer"] for r in kind_rows) + 1
         n_heads = max(r["head"] for r in kind_rows) + 1
         grid = torch.zeros(n_layers, n_heads)
         for r in kind_rows:
-            grid[r["layer"], r["head"]] = r["delta_bleu"]
-        image = ax.imshow(grid, cmap="RdBu", vmin=-limit, vmax=limit)
+            grid[r["layer"], r["head"]] = r[delta]
+        cmap = "RdBu" if catalog.higher_is_better(metric) else "RdBu_r"  # red: worse, either way
+        image = ax.imshow(grid, cmap=cmap, vmin=-limit, vmax=limit)
         for r in kind_rows:
-            ax.text(r["head"], r["layer"], f"{r['delta_bleu']:+.1f}", ha="center", va="center", fontsize=8)
+            ax.text(r["head"], r["layer"], f"{r[delta]:+.1f}", ha="center", va="center", fontsize=8)
         ax.set_title(f"{kind} attention")
         ax.set_xlabel("head")
         ax.set_ylabel("layer")
         ax.set_xticks(range(n_heads))
         ax.set_yticks(range(n_layers))
-    fig.colorbar(image, ax=axes[0].tolist(), label="BLEU change when masked")
+    fig.colorbar(image, ax=axes[0].tolist(), label=f"{catalog.metric_class(metric).heading()} change when masked")
     fig.savefig(out_path, dpi=120, bbox_inches="tight")
     plt.close(fig)
 
 
-def plot_pruning(curve: list[dict], out_path: Path) -> None:
+def plot_pruning(curve: list[dict], out_path: Path, metric: str = "bleu") -> None:
     fig, ax = plt.subplots(figsize=(5, 3.5))
-    ax.plot([100 * c["fraction_removed"] for c in curve], [c["bleu"] for c in curve], marker="o")
+    ax.plot([100 * c["fraction_removed"] for c in curve], [c[metric] for c in curve], marker="o")
     ax.set_xlabel("% of attention heads removed (least important first)")
-    ax.set_ylabel("BLEU")
+    ax.set_ylabel(catalog.metric_class(metric).heading() +
+                  ("" if catalog.higher_is_better(metric) else " (lower is better)"))
     ax.grid(alpha=0.3)
     fig.savefig(out_path, dpi=120, bbox_inches="tight")
     plt.close(fig)
+
+
+def built_metrics(options: HeadsOptions) -> list:
+    """The metrics of ``metrics=``, built with their ``metric.NAME`` settings and checked; a SystemExit naming the
+    option where one is unknown, named twice or cannot work."""
+    try:
+        names = catalog.check_names(options.metrics)
+        if not names:
+            raise ValueError("metrics=[]: name at least one registered metric (" + ", ".join(catalog.names()) + ")")
+        built = [catalog.build(name, options.metric) for name in names]
+        for metric in built:
+            metric.check()
+    except ValueError as error:
+        raise SystemExit(str(error)) from None
+    return built
 
 
 def main(argv: list[str] | None = None) -> dict:
     options = parse_options(command_argv(argv), HeadsOptions, __doc__, USAGE)
     require_checkpoint(options)
     ckpt = options.ckpt
+    metrics = built_metrics(options)  # a misnamed metric or a COMET directory that is not one stops here
     model, tokenizer, meta = load_checkpoint(ckpt, map_location=options.device)
+    tgt_lang = (meta.get("data_config") or {}).get("tgt_lang")  # for a metric whose tokenizer depends on it
+    for metric in metrics:
+        metric.tgt_lang = tgt_lang
     sources, references, _ = evaluation_pairs(options, meta)
     n = options.max_sentences
     sources, references = (sources[:n], references[:n]) if n else (sources, references)
     out_dir = Path(options.out or Path(ckpt).parent / "heads")
     out_dir.mkdir(parents=True, exist_ok=True)
     decode = values_of(DecodeConfig, options)  # beam and max_tokens from the options, the rest DecodeConfig's
-    base, rows = head_ablation(model, tokenizer, sources, references, decode)
+    base, rows = head_ablation(model, tokenizer, sources, references, decode, metrics=metrics)
     write_table(rows, base, out_dir)
-    plot_heatmaps(rows, out_dir / "head_importance.png")
-    curve = pruning_curve(model, tokenizer, sources, references, rows, options.steps, decode)
+    plot_heatmaps(rows, out_dir / "head_importance.png", metrics[0].name)
+    curve = pruning_curve(model, tokenizer, sources, references, rows, options.steps, decode, metrics=metrics)
     with open(out_dir / "pruning.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(curve[0]))
         writer.writeheader()
         writer.writerows(curve)
-    plot_pruning(curve, out_dir / "pruning.png")
+    plot_pruning(curve, out_dir / "pruning.png", metrics[0].name)
     print(f"wrote {out_dir}/head_importance.{{csv,md,png}} and pruning.{{csv,png}}")
     return {"base": base, "heads": rows, "pruning": curve}
 

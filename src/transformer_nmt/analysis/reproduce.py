@@ -186,9 +186,8 @@ def run_directory(train_overrides: list[str], root: Path) -> Path:
 
 def choose(candidates: dict, metric: str):
     """The key of ``candidates`` ({key: evaluate's record}) whose ``metric`` is best in its direction (a registered
-    metric's: higher BLEU, lower TER); of equals, the first."""
-    sign = 1 if catalog.higher_is_better(metric, "select_on") else -1
-    return max(candidates, key=lambda key: sign * candidates[key][metric])
+    metric's: higher BLEU, lower TER); of equals, the first (catalog.best, as the studies choose)."""
+    return catalog.best(list(candidates), lambda key: candidates[key][metric], metric, "select_on")
 
 
 def evaluate(ckpt: Path, split: str, search: dict, out: Path, timings: dict, root: Path,

@@ -2,7 +2,7 @@
 
     python -m transformer_nmt.table3 status [--study DIR]   # every (cell, seed) of the plan: done or missing, time left
     python -m transformer_nmt.table3 run [--max-runs N] [--cells base heads1 ...]   # the missing runs, one at a time
-    python -m transformer_nmt.table3 table                  # STUDY/ablation.md, ablation.csv, plots
+    python -m transformer_nmt.table3 table [--metrics bleu ...]   # STUDY/ablation.md, ablation.csv, plots
 
 The study's kept files go to ``--study`` (default ``table3/`` in the launch directory; this repository's committed
 study is ``--study docs/table3``); the runs to outputs/table3/ there.
@@ -247,12 +247,13 @@ def run(study: Study, cells: list[str] | None, max_runs: int | None) -> None:
               f"min (load average at start {started_on['load_average_1min']})", flush=True)
 
 
-def table(study: Study) -> None:
-    """Build docs/table3/ablation.md (+ csv, plots) from the kept runs; add how, where and how long they ran."""
-    from transformer_nmt.analysis.ablation import summarize
+def table(study: Study, metrics: list[str] | None = None) -> None:
+    """Build docs/table3/ablation.md (+ csv, plots) from the kept runs, for ``metrics`` (registered names; None:
+    the summary's default, BLEU); add how, where and how long they ran."""
+    from transformer_nmt.analysis.ablation import DEFAULT_METRICS, summarize
 
     docs = study.docs
-    text = summarize([docs], docs)
+    text = summarize([docs], docs, metrics=metrics or DEFAULT_METRICS)
     results = [json.loads(p.read_text()) for p in sorted(docs.glob(f"*/seed*/{RESULTS}"))]
     setups = sorted({(r.get("precision"), " ".join(reported_cpu_flags(r.get("cpu_flags", []))),
                       r.get("machine", {}).get("cpu_model"), r.get("torch_threads")) for r in results}, key=str)
@@ -273,13 +274,16 @@ def table(study: Study) -> None:
 
 def main(argv: list[str], root: Path) -> None:
     """The command line of ``python -m transformer_nmt.table3``, launched in ``root``."""
+    from transformer_nmt.analysis.ablation import add_metrics_option, metrics
     parser = argparse.ArgumentParser(prog="python -m transformer_nmt.table3", description=__doc__.split("\n\n")[0])
     parser.add_argument("command", choices=("status", "run", "table"))
     parser.add_argument("--study", default="table3", help="where the study's kept files go (relative: to the launch "
                                                            "directory); this repository's: docs/table3")
     parser.add_argument("--cells", nargs="+", choices=[cell for cell, _, _ in PLAN], help="only these cells")
     parser.add_argument("--max-runs", type=int, help="run: stop after this many runs")
+    add_metrics_option(parser)
     args = parser.parse_args(argv)
+    chosen = metrics(parser, args)
     study = Study.of(root, args.study)
     study.docs.mkdir(parents=True, exist_ok=True)
     if args.command == "status":
@@ -287,4 +291,4 @@ def main(argv: list[str], root: Path) -> None:
     elif args.command == "run":
         run(study, args.cells, args.max_runs)
     else:
-        table(study)
+        table(study, chosen)

@@ -40,6 +40,7 @@ class Metric(ABC):
     needs_sources: ClassVar[bool] = False
     Options: ClassVar[Optional[type]] = None  # a dataclass of its settings: metric.NAME.KEY=VALUE
     digits: ClassVar[int] = 2  # decimals of the value in a best checkpoint's file name (step0001000-bleu27.31)
+    title: ClassVar[Optional[str]] = None  # its name in a table's header ("BLEU"); None: the name
 
     def __init__(self, options=None, tgt_lang: Optional[str] = None):
         self.options = options if options is not None or self.Options is None else self.Options()
@@ -49,6 +50,32 @@ class Metric(ABC):
     def compute(self, hypotheses: list[str], references: list[str],
                 sources: Optional[list[str]] = None) -> MetricResult:
         """The corpus value over parallel lists (``sources`` given where ``needs_sources``)."""
+
+    @classmethod
+    def heading(cls) -> str:
+        """What a table's column calls it: ``title``, else the name."""
+        return cls.title or cls.name
+
+    def sentence_values(self, hypotheses: list[str], references: list[str],
+                        sources: Optional[list[str]] = None) -> Optional[list[float]]:
+        """One value per sentence whose mean is the corpus value, where the metric is such a mean (COMET); None
+        where it is not (BLEU, chrF, TER: ratios of corpus-wide counts)."""
+        return None
+
+    def paired_bootstrap(self, baseline: list[str], systems: list[list[str]], references: list[str],
+                         sources: Optional[list[str]] = None, resamples: int = 1000) -> Optional[list[float]]:
+        """The p-value of each of ``systems`` against ``baseline`` (hypotheses of the same sentences) under a paired
+        bootstrap (significance.py: sacreBLEU's test, the seed SACREBLEU_SEED), or None where the metric has no
+        paired test. By default it resamples ``sentence_values``; the sacreBLEU metrics run sacreBLEU's own."""
+        for hypotheses in (baseline, *systems):
+            self.check_inputs(hypotheses, references, sources)
+        values = self.sentence_values(baseline, references, sources)
+        if values is None:
+            return None
+        from transformer_nmt.metrics.significance import paired_bootstrap_of_means
+
+        return paired_bootstrap_of_means(values, [self.sentence_values(hyps, references, sources) for hyps in systems],
+                                         resamples)
 
     def check(self) -> None:
         """A ValueError naming the option where the metric's settings cannot work (a missing model directory),

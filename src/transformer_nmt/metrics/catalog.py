@@ -84,3 +84,13 @@ def compute(metric_names, hypotheses: list[str], references: list[str], sources:
     metric_names = check_names(metric_names)
     built = [build(name, options, tgt_lang) for name in metric_names]
     return {metric.name: metric.compute(hypotheses, references, sources) for metric in built}
+
+
+def best(items, value, name: str, option: str = "metrics"):
+    """The item of ``items`` whose ``value(item)``, a value of the metric ``name``, is best in that metric's direction
+    (the largest BLEU, the smallest TER); the first such item on a tie. Items whose value is None (a metric that
+    could not be computed) are passed over; None where no item has a value."""
+    scored = [item for item in items if value(item) is not None]
+    if not scored:
+        return None
+    return (max if higher_is_better(name, option) else min)(scored, key=value)

@@ -249,6 +249,7 @@ class Comet(Metric):
 
     name, higher_is_better, needs_sources, Options = "comet", True, True, CometOptions
     digits = 4  # values near 0..1
+    title = "COMET"
 
     def __init__(self, options=None, tgt_lang: Optional[str] = None):
         super().__init__(options, tgt_lang)

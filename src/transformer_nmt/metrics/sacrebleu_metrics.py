@@ -9,6 +9,7 @@ from typing import Optional
 from sacrebleu.metrics import BLEU, CHRF, TER
 
 from transformer_nmt.metrics.base import Metric, MetricResult, register
+from transformer_nmt.metrics.significance import sacrebleu_paired_bootstrap
 
 
 class SacreBLEUMetric(Metric):
@@ -27,6 +28,13 @@ class SacreBLEUMetric(Metric):
     def details(self, result) -> dict:
         return {}
 
+    def paired_bootstrap(self, baseline: list[str], systems: list[list[str]], references: list[str],
+                         sources: Optional[list[str]] = None, resamples: int = 1000) -> list[float]:
+        """sacreBLEU's own paired bootstrap (significance.sacrebleu_paired_bootstrap) of this metric."""
+        for hypotheses in (baseline, *systems):
+            self.check_inputs(hypotheses, references, sources)
+        return sacrebleu_paired_bootstrap(self.make(), baseline, systems, references, resamples)
+
 
 @register
 class Bleu(SacreBLEUMetric):
@@ -34,6 +42,7 @@ class Bleu(SacreBLEUMetric):
     brevity penalty."""
 
     name, higher_is_better = "bleu", True
+    title = "BLEU"
 
     def make(self):
         return BLEU()
@@ -48,6 +57,7 @@ class BleuLowercase(SacreBLEUMetric):
     """sacreBLEU's BLEU on lowercased text (``-lc``)."""
 
     name, higher_is_better = "bleu_lowercase", True
+    title = "BLEU lc"
 
     def make(self):
         return BLEU(lowercase=True)
@@ -58,6 +68,7 @@ class Chrf(SacreBLEUMetric):
     """chrF (Popović 2015): character n-gram F-score, beta 2."""
 
     name, higher_is_better = "chrf", True
+    title = "chrF"
 
     def make(self):
         return CHRF()
@@ -68,6 +79,7 @@ class ChrfPlusPlus(SacreBLEUMetric):
     """chrF++ (Popović 2017): chrF with word unigrams and bigrams (sacreBLEU's ``word_order=2``)."""
 
     name, higher_is_better = "chrfpp", True
+    title = "chrF++"
 
     def make(self):
         return CHRF(word_order=2)
@@ -78,6 +90,7 @@ class Ter(SacreBLEUMetric):
     """TER (Snover et al. 2006): edits per reference word, in percent; lower is better."""
 
     name, higher_is_better = "ter", False
+    title = "TER"
 
     def make(self):
         return TER()
