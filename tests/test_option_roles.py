@@ -49,7 +49,7 @@ DEFAULT_CALLBACKS = {
     "last_checkpoint": "transformer_nmt.training.callbacks.LastCheckpoint",
     "attention_maps": "transformer_nmt.training.callbacks.attention_maps",
     "progress_bar": "transformer_nmt.training.callbacks.progress_bar",
-    "slurm_requeue": "transformer_nmt.training.launch.SlurmRequeue",
+    "slurm_requeue": "transformer_nmt.training.slurm.SlurmRequeue",
 }
 
 

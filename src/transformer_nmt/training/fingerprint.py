@@ -258,7 +258,7 @@ def results_fingerprint(cfg: DictConfig, trainer=None, recorded_run: dict[str, A
 
 
 def fingerprint_digest(cfg: DictConfig) -> str:
-    """A short hash of ``run_fingerprint(cfg)``: names a ``torchrun --standalone`` run dir (launch.job_identity)."""
+    """A short hash of ``run_fingerprint(cfg)``: names a ``torchrun --standalone`` run dir (run_dir.job_identity)."""
     encoded = json.dumps(run_fingerprint(cfg), sort_keys=True, default=str).encode()
     return hashlib.sha256(encoded).hexdigest()[:10]
 
@@ -338,7 +338,7 @@ def check_resume(cfg: DictConfig, path: Path | None, sweep_overrides: list[str] 
     fingerprint than ``cfg``'s (``trainer``: the run's, whose world size and precision count), or, in a sweep
     (``sweep_overrides``: this job's), by a job with other overrides; ``force_resume=true`` and explicit
     checkpoint paths are not checked. ``own_checkpoint``: whether ``path`` is the run dir's own (default: as
-    ``cfg.ckpt_path`` is ``auto`` or ``last``; a requeued job's resume, ``launch.requeued_resume``, is too)."""
+    ``cfg.ckpt_path`` is ``auto`` or ``last``; a requeued job's resume, ``resume.requeued_resume``, is too)."""
     if own_checkpoint is None:
         own_checkpoint = cfg.ckpt_path in ("auto", "last")
     if path is None or not own_checkpoint or cfg.get("force_resume"):
