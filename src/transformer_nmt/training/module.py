@@ -217,7 +217,7 @@ class TranslationModule(pl.LightningModule):
         """``NonFiniteError`` if an optimizer step of this fit had a loss or gradient that is not finite (one host
         read of a device scalar: where values are read anyway, a logging step or a checkpoint's save). It names
         the step, and the last checkpoint written, which holds finite weights (every save checks them)."""
-        self._non_finite.check(self.trainer.callbacks)
+        self._non_finite.check(self.trainer)
 
     def _log_step(self, optimizer, sums: Tensor, grad_norm: Tensor) -> None:
         """Log this optimizer step's loss, perplexity, tokens, gradient norm and learning rate, and the

@@ -42,16 +42,16 @@ class FirstNonFiniteStep:
             self.step = torch.full((), -1, dtype=torch.long, device=sums.device)
         self.step.masked_fill_(bad & (self.step < 0), step)
 
-    def check(self, callbacks) -> None:
+    def check(self, trainer) -> None:
         """``NonFiniteError`` if a step was noted, naming it and the last checkpoint written (the first of
-        ``callbacks``, the trainer's, that records its ``path`` and ``saved_step``), which holds finite weights
-        (every save checks them)."""
+        ``trainer``'s callbacks that records its ``path`` and ``saved_step``), which holds finite weights (every
+        save checks them)."""
         if self.step is None:
             return
         step = int(self.step)
         if step < 0:
             return
-        last = next((c for c in callbacks if hasattr(c, "saved_step") and hasattr(c, "path")), None)
+        last = next((c for c in trainer.callbacks if hasattr(c, "saved_step") and hasattr(c, "path")), None)
         kept = (f"the last checkpoint, {last.path} (step {last.saved_step}), holds finite weights: resume from it "
                 f"with other settings" if last is not None and last.saved_step is not None
                 else "no checkpoint was written after it")

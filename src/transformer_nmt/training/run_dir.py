@@ -16,15 +16,12 @@ tokens per step (other settings, another dir). A sweep's directory is named by `
 from __future__ import annotations
 
 import functools
-import logging
 import os
 import time
 import uuid
 from pathlib import Path
 
 from transformer_nmt.training.fingerprint import fingerprint_digest
-
-log = logging.getLogger(__name__)
 
 TIME_FORMAT = "%Y-%m-%d_%H-%M-%S"
 
