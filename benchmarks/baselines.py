@@ -9,7 +9,7 @@ search table counts the outputs identical to the baseline's ("same").
 - ``previous_greedy``, ``previous_beam``: decoding.py's batched searches before issue 31 (commit 9584b1c), before
   ensembles, prefixes and log-probabilities (benchmarks/benchmark_decode.py's ``search`` table: "before issue 31").
 - ``unchunked_loss``: the label-smoothed loss before it ran in chunks (benchmarks/benchmark_loss.py's "before");
-  ``previous_loss``: the chunked one before its fused log_softmax/softmax kernels (training.module's
+  ``previous_loss``: the chunked one before its fused log_softmax/softmax kernels (training.loss's
   ``_SmoothedCrossEntropy``), in the chunks of then (benchmarks/benchmark_step.py ``--previous-loss``).
 - ``with_torch_dropout``: torch's ``nn.Dropout`` in place of dropout.py's; ``with_32bit_dropout``: dropout.py's mask
   before it drew 16-bit integers (two elements per 64-bit draw, ``dropout_32bit``), both ``--previous-dropout``.
@@ -33,7 +33,7 @@ from transformer_nmt.generation.search import (
 )
 from transformer_nmt.model.dropout import Dropout
 from transformer_nmt.model.transformer import Transformer
-from transformer_nmt.training.module import LOSS_CHUNK_ELEMENTS, label_smoothed_cross_entropy
+from transformer_nmt.training.loss import LOSS_CHUNK_ELEMENTS, label_smoothed_cross_entropy
 
 
 # --- decoding: the search as it was (commit b8dae0a), one Python loop over sentences per step ----------------

@@ -28,7 +28,7 @@ from recipe import recipe_adam
 
 from transformer_nmt.model.transformer import Transformer, TransformerConfig
 from transformer_nmt.provenance import provenance_line
-from transformer_nmt.training.module import label_smoothed_cross_entropy
+from transformer_nmt.training.loss import label_smoothed_cross_entropy
 
 VARIANTS = ("before", "chunked", "chunked, in place")
 

@@ -20,7 +20,7 @@ from recipe import recipe_adam, small_recipe  # benchmarks/
 from transformer_nmt.hardware import cpu_native_bf16
 from transformer_nmt.model.transformer import Transformer, TransformerConfig
 from transformer_nmt.provenance import provenance_line
-from transformer_nmt.training.module import label_smoothed_cross_entropy
+from transformer_nmt.training.loss import label_smoothed_cross_entropy
 from transformer_nmt.training.precision import resolve_precision
 
 SMALL = small_recipe()[0]

@@ -25,7 +25,7 @@ Variants (every one at every batch size): each precision with each attention ker
 every precision's ``auto`` kernel with one part as it was (benchmarks/baselines.py, checked against the current
 code before timing): ``--previous-loss`` the loss before its fused log_softmax/softmax kernels (in the chunks of
 then, 2^25 logits), called by training_step in place of today's; ``--previous-chunks`` today's loss in chunks
-of 2^25 logits (128 MiB in fp32), as it ran on CPU before training.LOSS_CHUNK_ELEMENTS_CPU;
+of 2^25 logits (128 MiB in fp32), as it ran on CPU before training.loss.LOSS_CHUNK_ELEMENTS_CPU;
 ``--previous-dropout`` torch's ``nn.Dropout`` in place of dropout.py's. Every round runs one step of every
 variant in turn, on the same batch per batch size (compiled variants first warm up on every batch of the
 pool, their compile time reported apart); tokens/s is the median over rounds, and every "vs" column the
@@ -68,7 +68,8 @@ from transformer_nmt.hardware import reported_cpu_flags
 from transformer_nmt.model.attention import MultiHeadAttention, auto_kernel
 from transformer_nmt.model.flops import FlopCount, matmul_ceiling
 from transformer_nmt.provenance import provenance_line
-from transformer_nmt.training.module import LOSS_CHUNK_ELEMENTS, TranslationModule, label_smoothed_cross_entropy
+from transformer_nmt.training.loss import LOSS_CHUNK_ELEMENTS, label_smoothed_cross_entropy
+from transformer_nmt.training.module import TranslationModule
 from transformer_nmt.training.precision import compute_dtype
 
 REPO = Path(__file__).resolve().parents[1]

@@ -22,7 +22,7 @@ from transformer_nmt.training.app import ConfigError, build_callbacks, build_tra
 from transformer_nmt.training.callbacks import AttentionMaps, LastCheckpoint, TokenProgressBar
 from transformer_nmt.training.config import ModelConfig, PrepareAppConfig, TrainAppConfig, option_rows, register_configs
 from transformer_nmt.training.fingerprint import RecordFingerprint
-from transformer_nmt.training.launch import SlurmRequeue
+from transformer_nmt.training.slurm import SlurmRequeue
 from transformer_nmt.training.time_budget import TimeBudget
 
 REPO = Path(__file__).resolve().parents[1]

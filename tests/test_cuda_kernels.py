@@ -7,7 +7,7 @@ import torch
 
 from transformer_nmt.model.attention import ATTENTION_KERNELS
 from transformer_nmt.model.transformer import Transformer, TransformerConfig
-from transformer_nmt.training.module import label_smoothed_cross_entropy
+from transformer_nmt.training.loss import label_smoothed_cross_entropy
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}

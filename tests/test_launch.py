@@ -10,16 +10,9 @@ from hydra import compose, initialize_config_dir
 from transformer_nmt.checkpoint import CKPT_MODEL_CONFIG, CKPT_TOKENIZER
 from transformer_nmt.conf import CONF_DIR
 from transformer_nmt.training.config import register_configs
-from transformer_nmt.training.launch import (
-    LaunchError,
-    forget_requeue,
-    is_requeue_resume,
-    job_identity,
-    launch_time,
-    note_requeue,
-    requeued_resume,
-    resume_checkpoint,
-)
+from transformer_nmt.training.resume import is_requeue_resume, requeued_resume, resume_checkpoint
+from transformer_nmt.training.run_dir import LaunchError, job_identity, launch_time
+from transformer_nmt.training.slurm import forget_requeue, note_requeue
 
 LAUNCHERS = ("SLURM_JOB_ID", "TORCHELASTIC_RUN_ID", "WORLD_SIZE")
 

@@ -20,9 +20,11 @@ from tiny_corpus import tiny_config, write_tiny_corpus
 from transformer_nmt import run_files
 from transformer_nmt.data.datamodule import TranslationDataModule
 from transformer_nmt.train import rank_overrides
-from transformer_nmt.training import launch
+from transformer_nmt.training import resume
 from transformer_nmt.training.app import train
-from transformer_nmt.training.launch import RESUME_ENV, RunDirBusy, agree_on_resume, launch_time, run_dir_lock, run_name
+from transformer_nmt.training.resume import RESUME_ENV, agree_on_resume
+from transformer_nmt.training.run_dir import launch_time, run_name
+from transformer_nmt.training.run_dir_lock import RunDirBusy, run_dir_lock
 
 
 @pytest.fixture(scope="module")
@@ -33,12 +35,11 @@ def corpus(tmp_path_factory):
 # --- one launch per run dir ---------------------------------------------------------------------------------------
 
 
-def test_a_second_launch_into_a_held_run_dir_refuses_naming_the_dir_and_the_holder(corpus, tmp_path, monkeypatch):
+def test_a_second_launch_into_a_held_run_dir_refuses_naming_the_dir_and_the_holder(corpus, tmp_path):
     run_dir = tmp_path / "run"
     with run_dir_lock(run_dir):
-        holder = json.loads((run_dir / launch.LOCK).read_text())
+        holder = json.loads((run_dir / run_files.LOCK).read_text())
         assert holder["pid"] == os.getpid()
-        monkeypatch.setattr(launch, "_held", set())  # from here on, as another process would see it
         with pytest.raises(RunDirBusy) as refused:
             train(tiny_config(corpus), run_dir)
     message = str(refused.value)
@@ -50,8 +51,8 @@ def test_a_second_launch_into_a_held_run_dir_refuses_naming_the_dir_and_the_hold
 
 
 def test_wait_for_run_dir_waits_for_the_holder_to_end(tmp_path):
-    (tmp_path / launch.LOCK).write_text(json.dumps({"pid": 4321, "host": "elsewhere", "since": "then"}))
-    other = open(tmp_path / launch.LOCK)  # another launch's hold: flock conflicts between open files
+    (tmp_path / run_files.LOCK).write_text(json.dumps({"pid": 4321, "host": "elsewhere", "since": "then"}))
+    other = open(tmp_path / run_files.LOCK)  # another launch's hold: flock conflicts between open files
     fcntl.flock(other, fcntl.LOCK_EX)
     release = threading.Timer(0.5, other.close)
     started = time.monotonic()
@@ -61,7 +62,7 @@ def test_wait_for_run_dir_waits_for_the_holder_to_end(tmp_path):
             pass
     with run_dir_lock(tmp_path, wait=True):
         assert time.monotonic() - started >= 0.4
-        assert json.loads((tmp_path / launch.LOCK).read_text())["pid"] == os.getpid()
+        assert json.loads((tmp_path / run_files.LOCK).read_text())["pid"] == os.getpid()
     release.join()
 
 
@@ -90,7 +91,7 @@ def test_peer_ranks_join_the_process_group_and_resume_rank_0s_choice(tmp_path, c
     rank0 = [str(tmp_path / "hpc_ckpt_4.ckpt"), "from hpc_ckpt_4.ckpt, step 4 (ckpt_path=auto)"]
     strategy = FakeStrategy(rank0)
     trainer = SimpleNamespace(world_size=2, global_rank=1, strategy=strategy)
-    with caplog.at_level(logging.WARNING, logger=launch.__name__):
+    with caplog.at_level(logging.WARNING, logger=resume.__name__):
         assert agree_on_resume(own, trainer) == (tmp_path / "hpc_ckpt_4.ckpt", rank0[1])
     assert strategy.joined == 1  # joined before the broadcast (Lightning's own set-up then finds it joined)
     assert f"rank 1 found {own[0]} in the run dir, rank 0 {tmp_path / 'hpc_ckpt_4.ckpt'}" in caplog.text

@@ -16,7 +16,7 @@ import transformer_nmt.training.module as module_
 from transformer_nmt import run_files
 from transformer_nmt.checkpoint import read_checkpoint
 from transformer_nmt.training.app import train
-from transformer_nmt.training.module import NonFiniteError
+from transformer_nmt.training.non_finite import NonFiniteError
 
 BAD_STEP = 4  # the optimizer step (counted from 1) whose loss or gradient is made non-finite
 

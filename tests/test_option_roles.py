@@ -49,7 +49,7 @@ DEFAULT_CALLBACKS = {
     "last_checkpoint": "transformer_nmt.training.callbacks.LastCheckpoint",
     "attention_maps": "transformer_nmt.training.callbacks.attention_maps",
     "progress_bar": "transformer_nmt.training.callbacks.progress_bar",
-    "slurm_requeue": "transformer_nmt.training.launch.SlurmRequeue",
+    "slurm_requeue": "transformer_nmt.training.slurm.SlurmRequeue",
 }
 
 
@@ -138,3 +138,14 @@ def test_the_summary_lists_the_options_set_by_role():
     assert lines[0].startswith("options     defines training: ") and "model.d_model=64" in lines[0]
     assert [line.split(":")[0].split(None, 1)[1] for line in lines] == [
         "defines training", "evaluation-only", "may change on resume", "run management"]
+
+
+def test_a_config_naming_a_default_callback_where_it_lived_before_is_the_same_run():
+    """A config.yaml written before training/launch.py was split names SlurmRequeue there: the same run as today's
+    (a finished sweep job's results rebuilt from it still match); another class under that name still counts."""
+    cfg = compose_train("data.train=a", "data.val=b", "data.test=c")
+    today = fingerprint.run_fingerprint(cfg)
+    cfg.callbacks.slurm_requeue._target_ = "transformer_nmt.training.launch.SlurmRequeue"
+    assert fingerprint.run_fingerprint(cfg) == today
+    cfg.callbacks.slurm_requeue._target_ = "somewhere.else.SlurmRequeue"
+    assert fingerprint.run_fingerprint(cfg)["callbacks.slurm_requeue._target_"] == "somewhere.else.SlurmRequeue"

@@ -18,7 +18,7 @@ def test_imports_register_no_resolver_register_resolvers_does_and_a_second_call_
     """One fresh interpreter (importing the training modules is most of its cost): nothing is registered by the
     imports; after register_resolvers() the configs resolve, and calling it again changes nothing."""
     out = in_fresh_interpreter(
-        "import transformer_nmt.training.launch, transformer_nmt.training.precision, transformer_nmt.training.app, "
+        "import transformer_nmt.training.run_dir, transformer_nmt.training.precision, transformer_nmt.training.app, "
         "transformer_nmt.training.resolvers\n"
         f"from omegaconf import OmegaConf\nprint([n for n in {NAMES!r} if OmegaConf.has_resolver(n)])\n"
         "from transformer_nmt.training.resolvers import register_resolvers\n"

@@ -30,7 +30,7 @@ from transformer_nmt.training.fingerprint import (
     results_fingerprint,
     run_fingerprint,
 )
-from transformer_nmt.training.launch import LaggedAgreement
+from transformer_nmt.training.lagged_agreement import LaggedAgreement
 
 
 @pytest.fixture(scope="module")
@@ -442,7 +442,7 @@ AGREEMENT = textwrap.dedent("""
     import json, os, signal, sys
     from types import SimpleNamespace
     import torch, torch.distributed as dist
-    from transformer_nmt.training.launch import SlurmRequeue
+    from transformer_nmt.training.slurm import SlurmRequeue
 
     rank, port, out = int(sys.argv[1]), sys.argv[2], sys.argv[3]
     dist.init_process_group("gloo", rank=rank, world_size=2, init_method=f"tcp://127.0.0.1:{port}")

@@ -11,16 +11,17 @@ from conftest import KEPT
 from tiny_corpus import tiny_config, tiny_overrides, write_tiny_corpus
 
 from transformer_nmt import run_files
-from transformer_nmt.training import launch
+from transformer_nmt.training import planted_links
 from transformer_nmt.training.app import train
-from transformer_nmt.training.launch import LaunchError, run_dir_lock
+from transformer_nmt.training.run_dir import LaunchError
+from transformer_nmt.training.run_dir_lock import run_dir_lock
 
 
 @pytest.mark.parametrize("link", ["symlink", "hardlink"])
 def test_a_lock_file_planted_as_a_link_is_refused_and_its_target_untouched(tmp_path, victim, link):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    lock = run_dir / launch.LOCK
+    lock = run_dir / run_files.LOCK
     lock.symlink_to(victim) if link == "symlink" else os.link(victim, lock)
     with pytest.raises(LaunchError, match=rf"{lock} is (a symbolic link|linked from elsewhere).*remove it"):
         with run_dir_lock(run_dir):
@@ -31,7 +32,7 @@ def test_a_lock_file_planted_as_a_link_is_refused_and_its_target_untouched(tmp_p
 def test_the_lock_is_still_taken_in_a_fresh_and_a_used_run_dir(tmp_path):
     for _ in range(2):  # the second time, the first launch's lock file is there
         with run_dir_lock(tmp_path / "run"):
-            assert (tmp_path / "run" / launch.LOCK).is_file()
+            assert (tmp_path / "run" / run_files.LOCK).is_file()
 
 
 def test_config_and_hypotheses_replace_planted_links_and_never_write_through_them(tmp_path, victim):
@@ -65,7 +66,7 @@ def plant_links(run_dir, victim, kept_dir):
 
 def test_the_command_refuses_a_run_dir_with_planted_links_before_hydra_writes_anything(tmp_path, victim):
     """Hydra writes .hydra/ and train.log before the app takes its lock: the job log's handler
-    (launch.RunDirLogFile) refuses the run dir first, naming every link; nothing is written through one."""
+    (planted_links.RunDirLogFile) refuses the run dir first, naming every link; nothing is written through one."""
     corpus = write_tiny_corpus(tmp_path / "corpus", n_train=24, n_eval=4)
     kept_dir = tmp_path / "home" / "models"
     kept_dir.mkdir()
@@ -112,12 +113,12 @@ def test_planted_links_names_only_the_run_dirs_own_entries(tmp_path, victim):
     (run_dir / run_files.CHECKPOINTS / run_files.RECENT).mkdir(parents=True)
     (run_dir / "train.log").write_text("a log\n")
     (run_dir / run_files.CHECKPOINTS / run_files.LAST).write_text("weights")
-    assert launch.planted_links(run_dir) == []
+    assert planted_links.planted_links(run_dir) == []
     (run_dir / run_files.RESULTS).symlink_to(victim)
     (run_dir / run_files.HYDRA).symlink_to(victim.parent, target_is_directory=True)
-    assert launch.planted_links(run_dir, replaced=False) == [f"{run_dir / run_files.HYDRA} is a symbolic link "
+    assert planted_links.planted_links(run_dir, replaced=False) == [f"{run_dir / run_files.HYDRA} is a symbolic link "
                                                             f"(to {str(victim.parent)!r})"]
-    assert launch.planted_links(run_dir)[1:] == [f"{run_dir / run_files.RESULTS} is a symbolic link "
+    assert planted_links.planted_links(run_dir)[1:] == [f"{run_dir / run_files.RESULTS} is a symbolic link "
                                                  f"(to {str(victim)!r})"]
 
 
@@ -154,10 +155,10 @@ def launch_train(tmp_path, corpus, run_dir, job_logging: str, *overrides: str) -
 
 @pytest.mark.parametrize("job_logging", JOB_LOGGING)
 def test_every_job_logging_choice_trains_and_refuses_planted_links(tmp_path, victim, job_logging):
-    """conf/train.yaml makes Hydra's file handler the guarded one (launch.RunDirLogFile) whatever the choice;
+    """conf/train.yaml makes Hydra's file handler the guarded one (planted_links.RunDirLogFile) whatever the choice;
     where the choice has no file handler the entry is the guard alone, and where no logging is configured at all
-    (``none``) the callback launch.RunDirGuard refuses. Each choice trains (2 steps), and each refuses a run dir with
-    planted links before Hydra writes anything there."""
+    (``none``) the callback planted_links.RunDirGuard refuses. Each choice trains (2 steps), and each refuses a run
+    dir with planted links before Hydra writes anything there."""
     corpus = write_tiny_corpus(tmp_path / "corpus", n_train=24, n_eval=4)
     run_dir = tmp_path / "run"
     trained = launch_train(tmp_path, corpus, run_dir, job_logging, "trainer.max_steps=2",

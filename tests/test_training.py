@@ -30,15 +30,10 @@ from transformer_nmt.generation.config import DecodeConfig
 from transformer_nmt.model.transformer import Transformer
 from transformer_nmt.training.app import train
 from transformer_nmt.training.callbacks import TokenProgressBar
-from transformer_nmt.training.module import (
-    TranslationModule,
-    dropout_seed,
-    inverse_sqrt_lr,
-    label_smoothed_cross_entropy,
-    loss_chunk_elements,
-    peak_lr,
-    warmup_inverse_sqrt_lr,
-)
+from transformer_nmt.training.dropout_seeds import dropout_seed
+from transformer_nmt.training.loss import label_smoothed_cross_entropy, loss_chunk_elements
+from transformer_nmt.training.module import TranslationModule
+from transformer_nmt.training.schedules import inverse_sqrt_lr, peak_lr, warmup_inverse_sqrt_lr
 
 # --- loss -------------------------------------------------------------------------------------
 
@@ -402,7 +397,8 @@ def test_accumulated_gradient_is_the_per_token_mean_over_the_whole_optimizer_ste
 
     from transformer_nmt.data.config import DataConfig
     from transformer_nmt.data.datamodule import TranslationDataModule
-    from transformer_nmt.training.module import TranslationModule, label_smoothed_cross_entropy
+    from transformer_nmt.training.loss import label_smoothed_cross_entropy
+    from transformer_nmt.training.module import TranslationModule
 
     datamodule = TranslationDataModule(DataConfig(train=f"{corpus}/train", val=f"{corpus}/val", test=None,
                                                   cache_dir=str(tmp_path / "cache"), vocab_size=256, max_tokens=300,
@@ -489,7 +485,7 @@ def test_padding_to_a_multiple_of_8_keeps_the_token_budget():
 
 
 def test_resume_from_last_without_a_checkpoint_names_the_run_dir_option(corpus, tmp_path):
-    from transformer_nmt.training.launch import LaunchError
+    from transformer_nmt.training.run_dir import LaunchError
 
     with pytest.raises(LaunchError, match="ckpt_path=last: no checkpoints/last.ckpt in .*hydra.run.dir"):
         train(tiny_config(corpus, "ckpt_path=last"), tmp_path / "fresh_run")

@@ -23,7 +23,8 @@ table, with no exception):
                                 and maps, ensembles, scoring, synthesize (no Lightning)
     interchange/                MarianMT (transformers) directories to and from our checkpoints (no Lightning;
                                 transformers imported inside its functions)
-    training/                   Lightning: the module, callbacks, launch, fingerprints, precision, the run
+    training/                   Lightning: the module, loss, schedules, callbacks, the run dir (name, lock, links),
+                                resume, SLURM, fingerprints, precision, the run
     analysis/                   head gates and importance, the explorer, alignment AER; the studies
                                 (Table 3's summary and plan, the Multi30k reproduction)
     train.py, prepare.py, translate.py, evaluate.py, average.py, export.py, import_marian.py, analyze_heads.py,

@@ -13,7 +13,7 @@ once: the app, the callbacks, the resume logic and the scripts that read runs al
     RUN_DIR/train.log                    Hydra's job log (train_rank_N.log: another rank's)
 
 ``WRITTEN_INTO`` and ``WRITTEN_IN_PLACE`` name what of these a launch writes into or through (a directory, a file
-opened for writing or appending), ``REPLACED`` what it replaces atomically: launch.refuse_planted_links checks them.
+opened for writing or appending), ``REPLACED`` what it replaces atomically: training/planted_links.py checks them.
 """
 
 from __future__ import annotations
@@ -29,9 +29,9 @@ RECENT = "recent"
 AVERAGED = "averaged.ckpt"  # what transformer_nmt.reproduce averages the recent window into
 TENSORBOARD = "tensorboard"
 HPC_PATTERN = "hpc_ckpt_*.ckpt"
-REQUEUED = "requeued.json"  # launch.SlurmRequeue's note: this SLURM job requeued itself; its next launch resumes
+REQUEUED = "requeued.json"  # slurm.SlurmRequeue's note: this SLURM job requeued itself; its next launch resumes
 EVAL = "eval"  # beside a checkpoint: what evaluate writes by default
-LOCK = ".lock"  # held (flock) by the launch that runs there, and naming it (launch.run_dir_lock)
+LOCK = ".lock"  # held (flock) by the launch that runs there, and naming it (run_dir_lock.run_dir_lock)
 HYDRA = ".hydra"  # hydra.output_subdir: Hydra writes the command's configs there before the app runs
 HYDRA_FILES = ("config.yaml", "hydra.yaml", "overrides.yaml")
 LOG_PATTERN = "*.log"  # Hydra's job log, RUN_DIR/${hydra.job.name}.log (train.log; train_rank_N.log)

@@ -17,9 +17,9 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from transformer_nmt.training.app import finished_already, train
+from transformer_nmt.training.app import train
 from transformer_nmt.training.config import register_configs
-from transformer_nmt.training.launch import refuse_planted_links, run_dir_lock
+from transformer_nmt.training.planted_links import refuse_planted_links
 from transformer_nmt.training.resolvers import register_resolvers
 
 register_configs()  # conf/train.yaml composes over the schemas (training/config.py)
@@ -35,13 +35,10 @@ def app(cfg: DictConfig) -> None:
     hydra_config = HydraConfig.get()
     overrides, sweep = list(hydra_config.overrides.task), hydra_config.mode == RunMode.MULTIRUN
     run_dir = Path(hydra_config.runtime.output_dir)
-    # the job log's handler (launch.RunDirLogFile) refused these before Hydra wrote .hydra/; again here where
+    # the job log's handler (planted_links.RunDirLogFile) refused these before Hydra wrote .hydra/; again here where
     # hydra.job_logging was replaced: before the lock, the skip decision's read of results.json and the run
     refuse_planted_links(run_dir)
-    with run_dir_lock(run_dir, wait=cfg.wait_for_run_dir):  # the skip decision too: no other launch writes there
-        if sweep and finished_already(cfg, run_dir, overrides):
-            return
-        train(cfg, run_dir, overrides=overrides, sweep=sweep)
+    train(cfg, run_dir, overrides=overrides, sweep=sweep)  # under the run dir's lock; a finished sweep job: skipped
 
 
 def rank_overrides(environ=os.environ) -> list[str]:

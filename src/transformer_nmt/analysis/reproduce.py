@@ -421,7 +421,7 @@ def main(argv: list[str], root: Path | None = None) -> dict:
         catalog.metric_class(select_on, "select_on")
     except ValueError as error:
         sys.exit(str(error))
-    from transformer_nmt.training.launch import run_name
+    from transformer_nmt.training.run_dir import run_name
     overrides = [a for a in argv if a.partition("=")[0] not in own]
     if not any(a.startswith("run_id=") for a in overrides):
         overrides.append(f"run_id={run_name(None)}")  # fixed here, so that this script knows the run dir

@@ -16,7 +16,7 @@ of it). (torch's CPU kernel rounds the scale to x's dtype first, which biases bf
 value is rounded once, as torch's CUDA kernel does.) Other devices use ``F.dropout`` (on CUDA a fused Philox
 kernel), and so does code being compiled (``torch.compile`` cannot trace ``random_``; inductor fuses
 its own dropout). Both are seeded by torch's generator of the input's device, so a seeded step draws the same
-mask every time (the training step seeds each one: training.dropout_seed).
+mask every time (the training step seeds each one: training.dropout_seeds).
 """
 
 from __future__ import annotations

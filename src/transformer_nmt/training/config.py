@@ -31,6 +31,10 @@ from transformer_nmt.options import Role, declares_roles, option, show
 TRAINING, EVALUATION, LENGTH, MAY_CHANGE, RUN = (Role.TRAINING, Role.EVALUATION, Role.LENGTH, Role.MAY_CHANGE,
                                                Role.RUN)  # each option's role (options.Role, training/roles.py)
 
+
+class ConfigError(ValueError):
+    """A config value that cannot work; the message names the key and what to do."""
+
 # The ``model`` node: TransformerConfig's fields but vocab_size, which the tokenizer sets at run time.
 _model_types = typing.get_type_hints(TransformerConfig)
 ModelConfig = dataclasses.make_dataclass(

@@ -98,6 +98,8 @@ NOT_TRAINING = roles.not_training()
 # The callbacks of conf/callbacks/default.yaml, read from it: they observe, save, log or stop (their settings are
 # checkpoint.* and attention_maps.* options). One of these names with another class, or any other entry, counts.
 DEFAULT_CALLBACKS = roles.default_callbacks()
+# Where a default callback's class lived before (a config.yaml written then names it there): the same callback.
+FORMER_TARGETS = {"transformer_nmt.training.launch.SlurmRequeue": "transformer_nmt.training.slurm.SlurmRequeue"}
 
 
 # What a fingerprint written before an option existed means by its absence: the option's default, read from the
@@ -154,7 +156,8 @@ def _callbacks_as_configured(cfg: DictConfig) -> dict[str, Any]:
     callbacks = cfg.get("callbacks") or {}
     for name in callbacks:
         node = callbacks[name]
-        if name in DEFAULT_CALLBACKS and (node is None or node.get("_target_") == DEFAULT_CALLBACKS[name]):
+        target = None if node is None else FORMER_TARGETS.get(node.get("_target_"), node.get("_target_"))
+        if name in DEFAULT_CALLBACKS and (node is None or target == DEFAULT_CALLBACKS[name]):
             continue
         _flatten(OmegaConf.to_container(node, resolve=True) if node is not None else None, f"callbacks.{name}", out)
     return out
@@ -258,7 +261,7 @@ def results_fingerprint(cfg: DictConfig, trainer=None, recorded_run: dict[str, A
 
 
 def fingerprint_digest(cfg: DictConfig) -> str:
-    """A short hash of ``run_fingerprint(cfg)``: names a ``torchrun --standalone`` run dir (launch.job_identity)."""
+    """A short hash of ``run_fingerprint(cfg)``: names a ``torchrun --standalone`` run dir (run_dir.job_identity)."""
     encoded = json.dumps(run_fingerprint(cfg), sort_keys=True, default=str).encode()
     return hashlib.sha256(encoded).hexdigest()[:10]
 
@@ -338,7 +341,7 @@ def check_resume(cfg: DictConfig, path: Path | None, sweep_overrides: list[str] 
     fingerprint than ``cfg``'s (``trainer``: the run's, whose world size and precision count), or, in a sweep
     (``sweep_overrides``: this job's), by a job with other overrides; ``force_resume=true`` and explicit
     checkpoint paths are not checked. ``own_checkpoint``: whether ``path`` is the run dir's own (default: as
-    ``cfg.ckpt_path`` is ``auto`` or ``last``; a requeued job's resume, ``launch.requeued_resume``, is too)."""
+    ``cfg.ckpt_path`` is ``auto`` or ``last``; a requeued job's resume, ``resume.requeued_resume``, is too)."""
     if own_checkpoint is None:
         own_checkpoint = cfg.ckpt_path in ("auto", "last")
     if path is None or not own_checkpoint or cfg.get("force_resume"):

@@ -1,12 +1,13 @@
-"""Training: the loss (paper section 5.4), the optimizer and its schedule (5.3), and the
-LightningModule that ties them to a ``Transformer``.
+"""The LightningModule that trains a ``Transformer`` with the paper's recipe: the training step (teacher-forced
+label-smoothed cross-entropy, loss.py, over the non-padding target tokens; gradients turned into the per-token
+mean of the optimizer step), Adam and the lr schedule (5.3, schedules.py), and evaluation.
 
-The ``Transformer`` it wraps is a plain ``nn.Module``; everything Lightning-specific lives here:
-one training step is teacher-forced cross-entropy with label smoothing over the non-padding target
-tokens; validation adds greedy-decoded corpus metrics (``train.val_metrics``, registered in metrics/: BLEU by
-default, COMET and others on request) over the first ``val_bleu_max_sentences`` sentences of the split, gathered
-from every DDP rank. With several validation sets
-(``data.val=[A,B]``) each is scored and logged under its own name (``val/``, ``val_NAME/``: DataConfig.val_splits).
+The ``Transformer`` it wraps is a plain ``nn.Module``; everything Lightning-specific lives here. Validation adds
+greedy-decoded corpus metrics (``train.val_metrics``, registered in metrics/: BLEU by default, COMET and others on
+request) over the first ``val_bleu_max_sentences`` sentences of the split, gathered from every DDP rank. With
+several validation sets (``data.val=[A,B]``) each is scored and logged under its own name (``val/``, ``val_NAME/``:
+DataConfig.val_splits). A loss or gradient that is not finite stops the run (non_finite.py); each micro-batch's
+dropout masks are seeded by where training is (dropout_seeds.py).
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ import math
 import time
 import uuid
 from dataclasses import asdict
-from functools import partial
 
 import lightning.pytorch as pl
 import torch
@@ -40,110 +40,18 @@ from transformer_nmt.generation.strategies import SearchBatch, generate
 from transformer_nmt.metrics import catalog
 from transformer_nmt.model.transformer import Transformer, TransformerConfig
 from transformer_nmt.training.config import TrainConfig
+from transformer_nmt.training.dropout_seeds import seed_dropout_masks
 from transformer_nmt.training.ema import WeightEMA, check_decay, take_average, take_trained
 from transformer_nmt.training.freezing import freeze
 from transformer_nmt.training.lightning_adapter import is_logging_step
+from transformer_nmt.training.loss import label_smoothed_cross_entropy
+from transformer_nmt.training.non_finite import FirstNonFiniteStep, NonFiniteError, first_non_finite
+from transformer_nmt.training.schedules import check_schedule, lr_lambda
 
 VALIDATION_DECODE = DecodeConfig(strategy="greedy", beam=1)  # validation BLEU: greedy, through generation/
 LOSS_SCALE_TOKENS = 1000.0  # backward runs on (summed token loss) / this; see training_step
 
 log = logging.getLogger(__name__)
-
-
-# Logits per chunk of the loss, so that its fp32 temporaries stay the same size whatever the batch. On a GPU, 128 MiB
-# (few kernel launches); on CPU 4 MiB, which stays in cache through the chunk's passes (measured: docs/benchmarks.md,
-# "Dropout masks and loss chunks").
-LOSS_CHUNK_ELEMENTS = 2 ** 25
-LOSS_CHUNK_ELEMENTS_CPU = 2 ** 20
-
-
-class NonFiniteError(RuntimeError):
-    """Training met a loss or gradient that is not finite (NaN or inf); the message names the optimizer step and
-    the last finite checkpoint."""
-
-
-def loss_chunk_elements(device_type: str) -> int:
-    """Logits per chunk of the loss on ``device_type`` ("cpu", "cuda", ...)."""
-    return LOSS_CHUNK_ELEMENTS_CPU if device_type == "cpu" else LOSS_CHUNK_ELEMENTS
-
-
-class _SmoothedCrossEntropy(torch.autograd.Function):
-    """Label-smoothed cross-entropy summed over the non-pad rows, computed in fp32 over chunks of rows.
-
-    Per row with log-probabilities l = log_softmax(x) and label y: loss = (1 - eps) * (-l_y) + eps * (-mean_j l_j),
-    nll = -l_y. Nothing but the logits is kept for the backward pass, which recomputes softmax chunk by chunk:
-    d loss / d x_j = softmax(x)_j - (1 - eps) * [j = y] - eps / V, times [y != pad]. No (N, V) buffer is made
-    besides the logits themselves, one fp32 chunk, and, unless ``overwrite`` lets the gradient take their place,
-    their gradient.
-
-    Both passes use torch's fused (vectorized, one pass per row) log_softmax and softmax kernels, in fp32
-    whatever the logits' dtype (``dtype=torch.float32``), rather than log-sum-exp written out (max, subtract,
-    exp, sum: a temporary per step): faster, same values (tests/test_training.py; measured in docs/benchmarks.md,
-    "The training step against the matmul ceiling").
-    """
-
-    @staticmethod
-    def forward(ctx, logits, labels, epsilon: float, pad_id: int, overwrite: bool, rows: int):
-        # logits (N, V) in the compute dtype, labels (N,); ``rows`` per chunk
-        n, vocab = logits.shape
-        keep = (labels != pad_id).float()  # (N,): 1 for a real target token, 0 for padding
-        sums = torch.zeros(2, dtype=torch.float32, device=logits.device)  # (smoothed loss, nll)
-        with torch.autocast(logits.device.type, enabled=False):
-            for start in range(0, n, rows):
-                chunk = slice(start, start + rows)
-                log_probs = torch.log_softmax(logits[chunk], dim=-1, dtype=torch.float32)  # (n_c, V)
-                nll = -log_probs.gather(-1, labels[chunk, None]).squeeze(-1)  # (n_c,)
-                smoothed = (1.0 - epsilon) * nll - epsilon * log_probs.mean(dim=-1)  # (n_c,)
-                sums += torch.stack([smoothed, nll]) @ keep[chunk]  # masked sums: no boolean indexing
-        ctx.save_for_backward(logits, labels, keep)
-        ctx.epsilon, ctx.overwrite, ctx.rows = epsilon, overwrite, rows
-        loss, nll = sums.unbind()
-        ctx.mark_non_differentiable(nll)
-        return loss, nll
-
-    @staticmethod
-    def backward(ctx, grad_loss, grad_nll):
-        logits, labels, keep = ctx.saved_tensors
-        n, vocab = logits.shape
-        eps = ctx.epsilon
-        grad = logits if ctx.overwrite else torch.empty_like(logits)  # (N, V)
-        rows = ctx.rows
-        with torch.autocast(logits.device.type, enabled=False):
-            for start in range(0, n, rows):
-                chunk = slice(start, start + rows)
-                g = torch.softmax(logits[chunk], dim=-1, dtype=torch.float32)  # (n_c, V)
-                g -= eps / vocab
-                g.scatter_add_(-1, labels[chunk, None], g.new_full((g.shape[0], 1), eps - 1.0))
-                g *= (keep[chunk] * grad_loss)[:, None]
-                grad[chunk] = g
-        return grad, None, None, None, None, None
-
-
-def label_smoothed_cross_entropy(logits: Tensor, labels: Tensor, epsilon: float, pad_id: int,
-                                 overwrite_logits: bool = False,
-                                 chunk_elements: int | None = None) -> tuple[Tensor, Tensor, Tensor]:
-    """Section 5.4: cross-entropy against q = (1 - epsilon) * one_hot(label) + epsilon / V.
-
-    This is the uniform label smoothing of Szegedy et al. (2016), which the paper cites, and equals
-    ``F.cross_entropy(..., label_smoothing=epsilon, ignore_index=pad_id, reduction="sum")``.
-    logits (B, T, V), labels (B, T) -> (smoothed loss summed over non-pad tokens, plain NLL summed over
-    the same tokens (for perplexity; not differentiable), number of those tokens); all scalars on the logits'
-    device, the sums computed in float32 in chunks of rows, so that at the paper's batch (25k tokens x 37k
-    vocabulary) no float32 copy of the logits or of the log-probabilities is ever held. With
-    ``overwrite_logits`` the backward pass writes the gradient into the logits' memory: pass it when the
-    logits feed nothing but this loss (the training step), and the loss holds no (tokens x V) buffer of its own.
-    ``chunk_elements``: logits per chunk (None: ``loss_chunk_elements`` of the logits' device); the values do
-    not depend on it beyond fp32 rounding of the sums.
-    """
-    vocab = logits.shape[-1]
-    if chunk_elements is None:
-        chunk_elements = loss_chunk_elements(logits.device.type)
-    elif chunk_elements < 1:
-        raise ValueError(f"chunk_elements must be >= 1, got {chunk_elements}")
-    rows = max(1, chunk_elements // vocab)
-    loss, nll = _SmoothedCrossEntropy.apply(logits.reshape(-1, vocab), labels.reshape(-1), epsilon, pad_id,
-                                            overwrite_logits, rows)
-    return loss, nll, (labels != pad_id).sum()
 
 
 def unscale_for_fused_step(trainer, optimizer) -> None:
@@ -159,76 +67,6 @@ def unscale_for_fused_step(trainer, optimizer) -> None:
     scaler = getattr(getattr(trainer, "precision_plugin", None), "scaler", None)
     if scaler is not None and getattr(optimizer, "_step_supports_amp_scaling", False):
         scaler.unscale_(optimizer)
-
-
-def inverse_sqrt_lr(step: int, d_model: int, warmup_steps: int, factor: float = 1.0) -> float:
-    """Section 5.3: lrate = factor * d_model^-0.5 * min(step^-0.5, step * warmup_steps^-1.5), step >= 1.
-
-    Rises linearly for ``warmup_steps`` optimizer steps, then decays with the inverse square root of
-    the step; the peak, at step = warmup_steps, is factor * (d_model * warmup_steps)^-0.5.
-    """
-    step = max(step, 1)
-    return factor * d_model ** -0.5 * min(step ** -0.5, step * warmup_steps ** -1.5)
-
-
-def warmup_inverse_sqrt_lr(step: int, peak: float, warmup_steps: int, init: float = 0.0) -> float:
-    """The same schedule by its peak, as fairseq's ``inverse_sqrt`` states it: linear from ``init`` at step 0 to
-    ``peak`` at ``warmup_steps``, then peak * (warmup_steps / step)^0.5. With ``init`` 0 and peak
-    factor * (d_model * warmup_steps)^-0.5 it is ``inverse_sqrt_lr``."""
-    step = max(step, 1)
-    if step < warmup_steps:
-        return init + (peak - init) * step / warmup_steps
-    return peak * (warmup_steps / step) ** 0.5
-
-
-def warmup_constant_lr(step: int, peak: float, warmup_steps: int, init: float = 0.0) -> float:
-    """``train.lr_schedule=constant`` (a fine-tune's usual schedule): linear from ``init`` at step 0 to ``peak`` at
-    ``warmup_steps`` (0: ``peak`` from the first step), then ``peak``."""
-    step = max(step, 1)
-    if step < warmup_steps:
-        return init + (peak - init) * step / warmup_steps
-    return peak
-
-
-LR_SCHEDULES = ("inverse_sqrt", "constant")  # train.lr_schedule
-
-
-def peak_lr(optim: dict, d_model: int) -> float:
-    """The schedule's peak (at step warmup_steps): ``train.lr`` where given, else 5.3's factor * (d_model *
-    warmup)^-0.5."""
-    if optim.get("lr") is not None:
-        return float(optim["lr"])
-    return inverse_sqrt_lr(max(optim["warmup_steps"], 1), d_model, max(optim["warmup_steps"], 1), optim["lr_factor"])
-
-
-def _scheduler_factor(scheduler_step: int, d_model: int, warmup_steps: int, factor: float,
-                      peak: float | None = None, init: float = 0.0, schedule: str = "inverse_sqrt") -> float:
-    # LambdaLR's step counter is 0 before the first optimizer step; the paper counts from 1.
-    if schedule == "inverse_sqrt" and peak is None and init == 0.0:
-        return inverse_sqrt_lr(scheduler_step + 1, d_model, warmup_steps, factor)  # the paper's, as written
-    if peak is None:  # 5.3's peak (a constant schedule may have no warm-up: its peak at step 1 then)
-        peak = inverse_sqrt_lr(max(warmup_steps, 1), d_model, max(warmup_steps, 1), factor)
-    lr = warmup_constant_lr if schedule == "constant" else warmup_inverse_sqrt_lr
-    return lr(scheduler_step + 1, peak, warmup_steps, init)
-
-
-def dropout_seed(seed: int, rank: int, global_step: int, batch_idx: int) -> int:
-    """The seed of the dropout masks of one micro-batch: a pure function of where training is.
-
-    Seeding every micro-batch from (seed, rank, optimizer step, batch index) instead of carrying one
-    generator through the run makes a resumed run draw the same masks as an uninterrupted one, however
-    many random numbers data loading or validation consumed in between; ranks draw different masks.
-    """
-    return hash((seed, rank, global_step, batch_idx)) & 0x7FFF_FFFF_FFFF_FFFF
-
-
-def first_non_finite(tensors: dict[str, Tensor]) -> str | None:
-    """The name of the first floating-point tensor of ``tensors`` holding NaN or inf, None where all are finite
-    (one host read when they are: a single reduction over all of them)."""
-    weights = {name: value for name, value in tensors.items() if value.is_floating_point()}
-    if not weights or torch.stack([torch.isfinite(value).all() for value in weights.values()]).all():
-        return None
-    return next(name for name, value in weights.items() if not torch.isfinite(value).all())
 
 
 class TranslationModule(pl.LightningModule):
@@ -253,12 +91,7 @@ class TranslationModule(pl.LightningModule):
         self.tokenizer = tokenizer
         self.optim = asdict(TrainConfig(**(train_config or {})))
         self.parameter_counts = freeze(self.model, self.optim["freeze"])  # train.freeze: requires_grad=False
-        if self.optim["lr_schedule"] not in LR_SCHEDULES:
-            raise ValueError(f"train.lr_schedule={self.optim['lr_schedule']!r}: use one of {', '.join(LR_SCHEDULES)}")
-        if self.optim["warmup_steps"] < (1 if self.optim["lr_schedule"] == "inverse_sqrt" else 0):
-            raise ValueError(f"train.warmup_steps={self.optim['warmup_steps']}: the inverse square root schedule "
-                             f"peaks at step warmup_steps (>= 1); for no warm-up use train.lr_schedule=constant "
-                             f"train.warmup_steps=0")
+        check_schedule(self.optim["lr_schedule"], self.optim["warmup_steps"])
         if self.optim["ema_decay"] is not None:
             check_decay(self.optim["ema_decay"])  # refused here, before the fit, not at its start
         self.ema = None  # WeightEMA, made at the fit's start, on the training device (train.ema_decay)
@@ -276,7 +109,7 @@ class TranslationModule(pl.LightningModule):
         tags = LanguageTags.of(data_config)
         self._decoder_tags = tags is not None and tags.style == "decoder"  # validation forces each target's tag
         self._step_sums = None  # (4,) float64 on the device: source tokens, target tokens, loss sum, nll sum
-        self._first_bad_step = None  # () int64 on the device: the first optimizer step not finite (-1: none yet)
+        self._non_finite = FirstNonFiniteStep()  # the first optimizer step whose loss or gradient is not finite
         self._step_started = None  # time.perf_counter() at the last optimizer step
         self._timed = {"tokens": 0, "seconds": 0.0}  # (source, target) tokens and seconds over the timed steps
         self._interval = {"tokens": 0, "seconds": 0.0}  # the same since the last logging step
@@ -288,14 +121,13 @@ class TranslationModule(pl.LightningModule):
 
     # --- optimisation ------------------------------------------------------------------------
     def configure_optimizers(self):
-        """Section 5.3: Adam(beta1 0.9, beta2 0.98, eps 1e-9), lr from ``inverse_sqrt_lr`` per optimizer step."""
+        """Section 5.3: Adam(beta1 0.9, beta2 0.98, eps 1e-9), lr from ``train.lr_schedule`` per optimizer step
+        (schedules.py)."""
         o = self.optim
         fused = True if o["fused_adam"] and self.device.type == "cuda" else None  # None: torch's default
         trainable = [p for p in self.parameters() if p.requires_grad]  # frozen ones (train.freeze): no Adam state
         optimizer = torch.optim.Adam(trainable, lr=1.0, betas=tuple(o["betas"]), eps=o["eps"], fused=fused)
-        schedule = partial(_scheduler_factor, d_model=self.model.config.d_model, warmup_steps=o["warmup_steps"],
-                           factor=o["lr_factor"], peak=o["lr"], init=o["warmup_init_lr"], schedule=o["lr_schedule"])
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(o, self.model.config.d_model))
         # interval "step": Lightning steps it once per optimizer step, i.e. after accumulation.
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
@@ -324,7 +156,7 @@ class TranslationModule(pl.LightningModule):
             self.ema.update()  # after every optimizer step (not micro-batch); no host sync
 
     def on_train_batch_start(self, batch, batch_idx):
-        torch.manual_seed(dropout_seed(self.seed, self.global_rank, self.global_step, batch_idx))
+        seed_dropout_masks(self.seed, self.global_rank, self.global_step, batch_idx)
 
     def training_step(self, batch, batch_idx):
         src, tgt = batch["src"], batch["tgt"]  # (B, S), (B, T)
@@ -375,34 +207,17 @@ class TranslationModule(pl.LightningModule):
         self._step_started = now
 
     def _note_non_finite(self, sums: Tensor, grad_norm: Tensor) -> None:
-        """Remember, on the device (no host sync), the first optimizer step whose loss or gradient norm is not
-        finite. Under a gradient scaler (16-mixed) an inf gradient is the scaler's overflow, whose step it skips
-        (lowering the scale): only the loss counts there."""
-        bad = ~torch.isfinite(sums[2:]).all()
-        if getattr(self.trainer.precision_plugin, "scaler", None) is None:
-            bad = bad | ~torch.isfinite(grad_norm)
-        if self._first_bad_step is None:
-            self._first_bad_step = torch.full((), -1, dtype=torch.long, device=sums.device)
+        """Remember, on the device (no host sync), whether this optimizer step's loss or gradient norm is not finite
+        (non_finite.FirstNonFiniteStep.note; under 16-mixed's gradient scaler, the loss only)."""
         # global_step: the optimizer steps taken; this one is global_step + 1
-        self._first_bad_step.masked_fill_(bad & (self._first_bad_step < 0), self.global_step + 1)
+        self._non_finite.note(sums, grad_norm, self.global_step + 1,
+                              scaled=getattr(self.trainer.precision_plugin, "scaler", None) is not None)
 
     def check_finite(self) -> None:
         """``NonFiniteError`` if an optimizer step of this fit had a loss or gradient that is not finite (one host
         read of a device scalar: where values are read anyway, a logging step or a checkpoint's save). It names
         the step, and the last checkpoint written, which holds finite weights (every save checks them)."""
-        if self._first_bad_step is None:
-            return
-        step = int(self._first_bad_step)
-        if step < 0:
-            return
-        last = next((c for c in self.trainer.callbacks if hasattr(c, "saved_step") and hasattr(c, "path")), None)
-        kept = (f"the last checkpoint, {last.path} (step {last.saved_step}), holds finite weights: resume from it "
-                f"with other settings" if last is not None and last.saved_step is not None
-                else "no checkpoint was written after it")
-        raise NonFiniteError(f"training stopped: the loss or the gradient of optimizer step {step} is not finite "
-                             f"(NaN or inf); {kept}. Lower the learning rate (train.lr, train.lr_factor), lengthen "
-                             f"train.warmup_steps, set train.clip_grad_norm, or train in 32-true or bf16-mixed "
-                             f"(trainer.precision)")
+        self._non_finite.check(self.trainer)
 
     def _log_step(self, optimizer, sums: Tensor, grad_norm: Tensor) -> None:
         """Log this optimizer step's loss, perplexity, tokens, gradient norm and learning rate, and the

@@ -24,6 +24,11 @@ from omegaconf import DictConfig, OmegaConf
 from transformer_nmt.hardware import NATIVE_BF16_CPU_FLAGS, cpu_native_bf16
 
 
+def trainer_precision(cfg: DictConfig) -> tuple[str, str]:
+    """(Lightning precision, why): trainer.precision, with ``auto`` resolved for trainer.accelerator."""
+    return resolve_precision(str(cfg.trainer.precision), str(cfg.trainer.get("accelerator", "auto")))
+
+
 def compute_dtype(precision: str) -> torch.dtype:
     """The dtype a Lightning precision runs the matrix products in: bf16 or fp16 under mixed precision."""
     return {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(str(precision), torch.float32)

@@ -1,7 +1,7 @@
 """The OmegaConf resolvers the Hydra configs use, registered by one explicit call (never by an import).
 
-- ``${run_name:RUN_ID}``: ``hydra.run.dir``'s last component (launch.run_name);
-- ``${sweep_name:SWEEP_ID}``: ``hydra.sweep.dir``'s (launch.sweep_name);
+- ``${run_name:RUN_ID}``: ``hydra.run.dir``'s last component (run_dir.run_name);
+- ``${sweep_name:SWEEP_ID}``: ``hydra.sweep.dir``'s (run_dir.sweep_name);
 - ``${by_precision:{PRECISION: VALUE, ...}}``: a recipe setting that follows the run's precision
   (precision.by_precision).
 
@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from omegaconf import OmegaConf
 
-from transformer_nmt.training.launch import run_name, sweep_name
 from transformer_nmt.training.precision import by_precision
+from transformer_nmt.training.run_dir import run_name, sweep_name
 
 # name: (function, use_cache). run_name and by_precision read the composed config (_root_): not cached.
 RESOLVERS = {"run_name": (run_name, False), "sweep_name": (sweep_name, True), "by_precision": (by_precision, False)}
