@@ -22,7 +22,7 @@ from toy_languages import ALPHABETS, PAIRS, write_toy_languages
 from transformer_nmt.data.config import DataConfig
 from transformer_nmt.data.datamodule import TranslationDataModule
 from transformer_nmt.data.language_tags import LanguageTags, parse_pairs
-from transformer_nmt.data.pair_sampling import epoch_counts, epoch_rows, temperature_shares
+from transformer_nmt.data.pair_sampling import epoch_counts, epoch_draw, epoch_rows, temperature_shares
 from transformer_nmt.inference.translate import main as translate_main
 
 
@@ -81,10 +81,12 @@ def test_temperature_one_is_proportional_and_five_flattens():
     assert all(abs(c - s * sum(sizes)) <= 1 for c, s in zip(counts, shares))  # largest remainders: within 1
     assert counts[2] > 10 * 100 and counts[0] < 9000  # the small pair repeated, the large one subsampled
     assert epoch_counts([500, 500, 500], 5.0) == [500, 500, 500]  # equal sizes: uniform at any temperature
-    rows = epoch_rows(100, 1234, seed=3, pair_index=2)
+    rows = epoch_rows(100, 1234, seed=3, epoch=0, pair_index=2)
     assert len(rows) == 1234 and np.bincount(rows, minlength=100).min() == 12  # 12 whole copies, 34 drawn once more
     assert (np.bincount(rows, minlength=100) == 13).sum() == 34
-    np.testing.assert_array_equal(rows, epoch_rows(100, 1234, seed=3, pair_index=2))
+    np.testing.assert_array_equal(rows, epoch_rows(100, 1234, seed=3, epoch=0, pair_index=2))
+    assert not np.array_equal(rows, epoch_rows(100, 1234, seed=3, epoch=1, pair_index=2))  # drawn anew each epoch
+    assert epoch_draw([9000, 900, 100], 1.0, seed=3) is None and epoch_draw([50, 50], 5.0, seed=3) is None
     with pytest.raises(ValueError, match="pair_temperature"):
         temperature_shares(sizes, 0)
 
@@ -98,8 +100,9 @@ def test_the_multilingual_splits_tag_mix_and_sample_pairs(tmp_path):
     tags = {t: tok.piece_id(f"<2{t}>") for t in ("de", "fr", "cs")}
     assert all(i is not None for i in tags.values())
     train = dm.splits["train"]
-    counts = np.bincount(train.pair_of, minlength=3)
-    assert counts.tolist() == epoch_counts([200, 200, 50], 5.0) and counts.sum() == 450
+    assert np.bincount(train.pair_of, minlength=3).tolist() == [200, 200, 50]  # the pool: each kept pair once
+    counts = np.bincount(train.pair_of[train.draw.members(0)], minlength=3)  # an epoch: its members
+    assert counts.tolist() == epoch_counts([200, 200, 50], 5.0) and counts.sum() == 450 == train.epoch_pairs
     # each index's position in its direction's part: what validation's sentence limit counts per direction
     positions = dm.pair_positions("train")
     for group in dm.pair_indices("train").values():
@@ -112,12 +115,13 @@ def test_the_multilingual_splits_tag_mix_and_sample_pairs(tmp_path):
             row = dm.dataloader("val").dataset.__getitem__(i)
             assert row["src"][0] == tags[tgt] and tags[tgt] not in row["src"][1:]
             assert set(letters_of(dm.references("val")[i])) <= set(ALPHABETS[tgt])
-    batch_pairs = [set(train.pair_of[b.tolist()]) for b in map(torch.as_tensor, dm.batch_sampler("train"))]
-    assert any(len(p) > 1 for p in batch_pairs)  # batches mix pairs
+    dealt = [b for b in dm.batch_sampler("train")]
+    assert any(len(set(train.pair_of[b])) > 1 for b in dealt)  # batches mix pairs
+    assert sorted(i for b in dealt for i in b) == sorted(train.draw.members(0).tolist())  # epoch 0 deals its draw
     # T=1: each kept pair exactly once, as the corpora concatenated
     dm1 = TranslationDataModule(toy_config(corpus, **corpus_of_pairs))
     dm1.setup()
-    assert np.bincount(dm1.splits["train"].pair_of).tolist() == [200, 200, 50]
+    assert np.bincount(dm1.splits["train"].pair_of).tolist() == [200, 200, 50] and dm1.splits["train"].draw is None
     assert sorted(dm1.splits["train"].keep.tolist()) == sorted(set(dm1.splits["train"].keep.tolist()))
 
 
@@ -348,8 +352,9 @@ def test_a_one_pair_runs_batches_are_mains(tmp_path, monkeypatch):
 
 
 def test_a_multilingual_epoch_resumes_mid_way_in_a_new_process_and_the_fingerprint_reads_every_pair(tmp_path):
-    """A datamodule built anew (as a resumed run builds it) deals the same temperature-sampled epoch, and a loader
-    restored from the state after three batches yields the rest of it; the training files' digest covers each pair's
+    """A datamodule built anew (as a resumed run builds it) deals the same temperature-sampled epochs, and a loader
+    restored from the state after three batches yields the rest of the epoch and the next one as an uninterrupted
+    run does; each epoch draws the subsampled pair's members anew; the training files' digest covers each pair's
     files: a line appended to the Czech side makes another run."""
     from omegaconf import OmegaConf
 
@@ -363,6 +368,7 @@ def test_a_multilingual_epoch_resumes_mid_way_in_a_new_process_and_the_fingerpri
     loader = reference.train_dataloader()
     loader.batch_sampler.set_epoch(1)
     full = [b["index"].tolist() for b in loader]
+    following = [b["index"].tolist() for b in loader]  # the loader goes on to epoch 2 by itself
     again = TranslationDataModule(config)
     again.setup()
     np.testing.assert_array_equal(again.splits["train"].keep, reference.splits["train"].keep)
@@ -374,6 +380,14 @@ def test_a_multilingual_epoch_resumes_mid_way_in_a_new_process_and_the_fingerpri
     resumed.load_state_dict(loader.state_dict())
     resumed.batch_sampler.set_epoch(1)
     assert first + [b["index"].tolist() for b in resumed] == full and len(full) > 3
+    assert [b["index"].tolist() for b in resumed] == following
+    # T=3 takes fewer than the 200 en-de pairs per epoch: each epoch's are another subset, and what is dealt
+    train, de = reference.splits["train"], 0
+    members = {epoch: [i for batch in dealt for i in batch if train.pair_of[i] == de]
+               for epoch, dealt in ((1, full), (2, following))}
+    assert len(members[1]) == len(members[2]) == epoch_counts([200, 120, 40], 3.0)[de] < 200
+    assert set(members[1]) != set(members[2])
+    assert sorted(members[2]) == sorted(i for i in train.draw.members(2).tolist() if train.pair_of[i] == de)
 
     cfg = OmegaConf.create({"data": {**asdict(config)}})
     before = _split_digest(cfg)

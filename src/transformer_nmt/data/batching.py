@@ -117,13 +117,16 @@ class TokenBucketBatchSampler:
     plan_ahead_seconds = 1.0
 
     def __init__(self, widths, max_tokens: int, shuffle: bool = True, seed: int = 0, num_replicas: int = 1,
-                 rank: int = 0, pad_to_multiple: int = 1, epoch_widths=None):
+                 rank: int = 0, pad_to_multiple: int = 1, epoch_widths=None, epoch_members=None):
         if not 0 <= rank < num_replicas:
             raise ValueError(f"rank {rank} is outside 0..{num_replicas - 1}")
         self.max_tokens, self.pad_to_multiple = max_tokens, pad_to_multiple
         self.widths = self._checked(widths)
         # epoch -> (n,) widths, where every epoch has its own (subword sampling: data/subword_sampling.py)
         self.epoch_widths = epoch_widths
+        # epoch -> (m,) the indices an epoch holds, where it holds not each once (data.pairs' temperature sampling:
+        # data/pair_sampling.py); the epoch is planned over their widths and deals them
+        self.epoch_members = epoch_members
         self.shuffle, self.seed = shuffle, seed
         self.num_replicas, self.rank = num_replicas, rank
         self.epoch = 0
@@ -170,10 +173,14 @@ class TokenBucketBatchSampler:
 
     def _remaining(self, epoch: int, dealt_before: tuple) -> tuple[list[np.ndarray], int]:
         ranks = [r for r, _ in dealt_before] + [self.num_replicas]
-        batches, repeated = plan_epoch(self.widths_of(epoch), self.max_tokens, self.seed, epoch, ranks[0],
-                                       self.shuffle)
+        widths = self.widths_of(epoch)
+        members = None if self.epoch_members is None else np.asarray(self.epoch_members(epoch))  # (m,)
+        batches, repeated = plan_epoch(widths if members is None else widths[members], self.max_tokens, self.seed,
+                                       epoch, ranks[0], self.shuffle)
         for (replicas, taken), following in zip(dealt_before, ranks[1:]):
             batches, repeated = equalize(batches[replicas * taken:], following)
+        if members is not None:  # positions among the epoch's members -> the indices they are
+            batches = [members[b] for b in batches]
         return batches, repeated
 
     def _deal(self, key: tuple) -> tuple[list[np.ndarray], int]:

@@ -554,7 +554,8 @@ class TranslationDataModule(MultilingualSplits, L.LightningDataModule):
         return TokenBucketBatchSampler(s.widths, self.max_tokens if train else self.eval_max_tokens,
                                        shuffle=train, seed=self.seed, num_replicas=replicas, rank=rank,
                                        pad_to_multiple=self.pad_to_multiple,
-                                       epoch_widths=segmentation.widths if segmentation is not None else None)
+                                       epoch_widths=segmentation.widths if segmentation is not None else None,
+                                       epoch_members=s.draw.members if train and s.draw is not None else None)
 
     def dataloader(self, split: str) -> ResumableDataLoader:
         s = self._split(split)

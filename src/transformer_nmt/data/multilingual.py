@@ -5,7 +5,8 @@ Per split and pair (src, tgt): the raw sentences (``PREFIX.{src}``, ``PREFIX.{tg
 token ids, the pairs kept by the usual filter (each pair's own lengths), then the columns renamed to ``src_*`` and
 ``tgt_*`` and the tags put in (the source's tag before each source, style decoder also the target's tag before each
 target; cached, memory-mapped). A tagged pair that no longer fits ``data.max_positions`` is dropped and counted.
-The training split then takes each pair's rows as temperature sampling says (data/pair_sampling.py; T=1: each kept
+The training split keeps each kept pair once (the pool), and each epoch takes its members from it as temperature
+sampling says, drawn anew per epoch (data/pair_sampling.py's ``EpochDraw``, ``Split.draw``; T=1: the pool, each
 pair once); val and test keep every pair, in data.pairs order. ``Split.pair_of`` says which direction each kept
 pair belongs to, so validation scores each (``pair_indices``).
 
@@ -23,7 +24,7 @@ import numpy as np
 from transformer_nmt.data.batching import pair_widths
 from transformer_nmt.data.corpus import FilterReport
 from transformer_nmt.data.language_tags import Direction, LanguageTags
-from transformer_nmt.data.pair_sampling import epoch_counts, epoch_rows
+from transformer_nmt.data.pair_sampling import epoch_counts, epoch_draw
 from transformer_nmt.data.split import Split
 
 log = logging.getLogger(__name__)
@@ -105,11 +106,11 @@ class MultilingualSplits:
             rows.append(keep + offset)
             offset += len(generic)
             reports.append(FilterReport(**{**asdict(report), **cleaned}))
-        if split == "train":
+        draw = None
+        if split == "train":  # the pool: each kept pair once; an epoch's members drawn from it (pair_sampling.py)
             kept = [len(part) for part in rows]
             counts = epoch_counts(kept, self.config.pair_temperature)
-            rows = [part[epoch_rows(len(part), count, self.seed, i)] for i, (part, count) in
-                    enumerate(zip(rows, counts))]
+            draw = epoch_draw(kept, self.config.pair_temperature, self.seed)
             log.info("train: %s pairs per epoch (data.pair_temperature=%s): %s", f"{sum(counts):,}",
                      self.config.pair_temperature, ", ".join(f"{name} {count:,} of {n:,}" for name, count, n in
                                                              zip(self.pair_specs, counts, kept)))
@@ -125,7 +126,7 @@ class MultilingualSplits:
             ids = [Direction(tags, *spec.langs).source_tag(self.tokenizer) for spec in self.pair_specs.values()]
             source_tags = np.asarray(ids, dtype=np.int64)[pair_of]
         return Split(split, raw, tokens, keep, widths, report, tokenized_now, source_tags=source_tags,
-                     pair_of=pair_of)
+                     pair_of=pair_of, draw=draw)
 
     def pair_indices(self, split: str) -> dict[str, np.ndarray] | None:
         """{pair name: the indices (``batch["index"]``) of its kept pairs} of a split of data.pairs; None for one

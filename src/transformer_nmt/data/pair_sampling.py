@@ -4,14 +4,17 @@ proportional to size (each pair once, as plain concatenation) and a larger T fla
 
 An epoch holds as many pairs as the corpora together (sum n_i): pair i contributes round(p_i * sum n_i) of them
 (largest remainders, so the counts add up exactly): its kept pairs whole as many times as fit, then a subset drawn
-without replacement from a generator seeded by (seed, pair index). The rows are fixed for the run, so the epoch
-plan, its resumption and the fingerprint hold as for one corpus: ``Split.keep`` lists a pair once per time it
-enters an epoch, and the batch sampler shuffles them per epoch as ever.
+without replacement from a generator seeded by (seed, epoch, pair index). The draw is made anew each epoch
+(``EpochDraw.members``), so a subsampled pair shows other members each epoch instead of one subset for the whole
+run; it is a pure function of (seed, epoch), so a resumed run (or another rank) draws what an uninterrupted one
+drew. The training split's ``Split.keep`` holds every kept pair once (the pool); the batch sampler plans each epoch
+over that epoch's members and deals their indices into the pool. Where no pair is drawn from (T=1, or pairs of
+equal size) there is no draw and the epoch is the pool, as for one corpus.
 """
-
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -40,9 +43,33 @@ def epoch_counts(sizes: Sequence[int], temperature: float) -> list[int]:
     return counts.tolist()
 
 
-def epoch_rows(n: int, count: int, seed: int, pair_index: int) -> np.ndarray:
+def epoch_rows(n: int, count: int, seed: int, epoch: int, pair_index: int) -> np.ndarray:
     """(count,) int64 positions in 0..n-1: every position count // n times, then count % n distinct ones drawn
-    from a generator seeded with (seed, pair_index), in ascending order."""
+    from a generator seeded with (seed, epoch, pair_index), in ascending order."""
     whole, rest = divmod(count, n)
-    drawn = np.sort(np.random.default_rng([seed, pair_index]).choice(n, size=rest, replace=False))
+    drawn = np.sort(np.random.default_rng([seed, epoch, pair_index]).choice(n, size=rest, replace=False))
     return np.concatenate([np.tile(np.arange(n, dtype=np.int64), whole), drawn.astype(np.int64)])
+
+
+@dataclass(frozen=True)
+class EpochDraw:
+    """Which pairs of the pool (each direction's kept pairs once, in data.pairs order: ``sizes[i]`` of direction i)
+    make up each epoch: ``counts[i]`` of direction i, drawn anew per epoch (see the module docstring)."""
+
+    sizes: tuple[int, ...]
+    counts: tuple[int, ...]
+    seed: int
+
+    def members(self, epoch: int) -> np.ndarray:
+        """(sum(counts),) int64 positions in the pool: epoch ``epoch``'s pairs, direction by direction."""
+        starts = np.cumsum((0, *self.sizes[:-1]))
+        return np.concatenate([start + epoch_rows(n, count, self.seed, epoch, i)
+                               for i, (start, n, count) in enumerate(zip(starts, self.sizes, self.counts))])
+
+
+def epoch_draw(sizes: Sequence[int], temperature: float, seed: int) -> EpochDraw | None:
+    """The per-epoch draw of pairs of these sizes at this temperature; None where every epoch is the whole pool."""
+    counts = epoch_counts(sizes, temperature)
+    if counts == [int(n) for n in sizes]:
+        return None
+    return EpochDraw(tuple(int(n) for n in sizes), tuple(counts), seed)

@@ -9,6 +9,7 @@ import datasets
 import numpy as np
 
 from transformer_nmt.data.corpus import FilterReport
+from transformer_nmt.data.pair_sampling import EpochDraw
 
 
 @dataclass
@@ -24,6 +25,12 @@ class Split:
     tokenized_now: bool  # False when the token ids came from the cache
     source_tags: np.ndarray | None = None  # (n_kept,) the tag id each source starts with, -1: none (data.train_tags)
     pair_of: np.ndarray | None = None  # (n_kept,) each pair's direction, an index into data.pairs (None: one pair)
+    draw: EpochDraw | None = None  # data.pairs' temperature sampling: each epoch's members of ``keep``; None: all
+
+    @property
+    def epoch_pairs(self) -> int:
+        """How many pairs an epoch holds (``len(keep)`` unless temperature sampling draws them)."""
+        return len(self.keep) if self.draw is None else sum(self.draw.counts)
 
     def lengths(self, lang: str) -> np.ndarray:
         return self.tokens.data.column(f"{lang}_len").to_numpy()[self.keep]

@@ -38,8 +38,8 @@ def changed_model_fields(config: TransformerConfig) -> dict:
 
 def summary(cfg: DictConfig, datamodule, module, trainer: pl.Trainer, resume: str) -> str:
     """Parameters, corpus sizes, tokens per optimizer step, devices, precision, run dir, what it resumes."""
-    sizes = ", ".join(f"{name} {split.report.kept:,}" + (f" ({len(split.keep):,} per epoch, upsampled)"
-                                                          if len(split.keep) != split.report.kept else "")
+    sizes = ", ".join(f"{name} {split.report.kept:,}" + (f" ({split.epoch_pairs:,} per epoch, upsampled)"
+                                                          if split.epoch_pairs != split.report.kept else "")
                       for name, split in datamodule.splits.items())
     per_step = datamodule.max_tokens * trainer.accumulate_grad_batches * trainer.world_size
     directions = ", ".join(getattr(datamodule, "pair_specs", None) or [f"{datamodule.src_lang}->{datamodule.tgt_lang}"])
