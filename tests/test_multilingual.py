@@ -125,6 +125,37 @@ def test_the_multilingual_splits_tag_mix_and_sample_pairs(tmp_path):
     assert sorted(dm1.splits["train"].keep.tolist()) == sorted(set(dm1.splits["train"].keep.tolist()))
 
 
+@pytest.mark.parametrize("style", ["target", "decoder"])
+def test_training_and_translate_tag_by_one_rule(tmp_path, style):
+    """The ids a model trains and validates on are those translate gives it for the same sentence: each pair's val
+    rows (tagged in the cache by language_tags.LeadWith) equal Direction.encode's source ids and, style decoder,
+    the forced prefix before the target's; a corpus tag (data.train_tags) goes through the same rule."""
+    from transformer_nmt.data.language_tags import led_by
+
+    corpus = write_toy_languages(tmp_path / "toy", n_train=60)
+    dm = TranslationDataModule(toy_config(corpus, lang_tags=style))
+    dm.setup()
+    tags, tok, dataset = dm.language_tags(), dm.tokenizer, dm.dataloader("val").dataset
+    for pair, group in dm.pair_indices("val").items():
+        direction = tags.direction(*pair.split("-"))
+        for i in group[:4].tolist():
+            row = dataset[i]
+            assert row["src"] == direction.encode(tok, [dm.sources("val")[i]])[0]
+            assert row["tgt"] == direction.decoder_prefix(tok) + tok.encode(dm.references("val")[i], target=True)
+    second = write_toy_languages(tmp_path / "bt", n_train=30)
+    one = TranslationDataModule(DataConfig(train=[str(corpus / "train"), str(second / "train")],
+                                           train_tags=[None, "<BT>"],
+                                           val=str(corpus / "val"), test=str(corpus / "test"),
+                                           cache_dir=str(tmp_path / "cache1"), vocab_size=60, num_proc=1,
+                                           max_tokens=1024))
+    one.setup()
+    train, bt = one.splits["train"], one.tokenizer.piece_id("<BT>")
+    rows = one.dataloader("train").dataset
+    tagged = [i for i in range(len(train.keep)) if train.source_tags[i] == bt][:3]
+    assert tagged and all(rows[i]["src"] == led_by(bt, one.tokenizer.encode(one.sources("train")[i]))
+                          for i in tagged)
+
+
 def test_options_that_do_not_fit_data_pairs_are_refused(tmp_path):
     corpus = write_toy_languages(tmp_path / "toy", n_train=20)
     for changes, message in (({"train": [str(corpus / "train")] * 2}, "one data.train"),

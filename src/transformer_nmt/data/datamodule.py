@@ -47,6 +47,7 @@ from transformer_nmt.data.corpus import (
     split_inputs,
     write_split,
 )
+from transformer_nmt.data.language_tags import LeadWith, tag_in_text
 from transformer_nmt.data.multilingual import MultilingualSplits
 from transformer_nmt.data.split import Split
 from transformer_nmt.data.subword_sampling import SampledSegmentation, take_rows
@@ -147,33 +148,6 @@ class SampledPairDataset(PairDataset):
     def __getitems__(self, indices: list[int]) -> dict[str, torch.Tensor]:
         src, tgt = self.segmentation.epoch(self.epoch)
         return pad_pairs(take_rows(src, indices), take_rows(tgt, indices), indices, self.pad_to_multiple)
-
-
-class _LeadWith:
-    """What ``datasets.map`` runs on each batch (an Arrow table) of a tagged corpus: ``tag_id`` before every
-    source sentence's ids, its length one more."""
-
-    def __init__(self, tag_id: int, ids_column: str, len_column: str):
-        self.tag_id, self.ids_column, self.len_column = tag_id, ids_column, len_column
-
-    def __call__(self, batch):
-        import pyarrow as pa
-        import pyarrow.compute as pc
-
-        ids = batch.column(self.ids_column).combine_chunks()
-        offsets = ids.offsets.to_numpy().astype(np.int64)
-        flat = ids.flatten().to_numpy()
-        lengths = np.diff(offsets)
-        new_offsets = offsets - offsets[0] + np.arange(len(lengths) + 1)  # one more id per row
-        out = np.empty(int(new_offsets[-1]), dtype=flat.dtype)
-        out[new_offsets[:-1]] = self.tag_id
-        mask = np.ones(len(out), dtype=bool)
-        mask[new_offsets[:-1]] = False
-        out[mask] = flat
-        columns = {name: batch.column(name) for name in batch.column_names}
-        columns[self.ids_column] = pa.ListArray.from_arrays(pa.array(new_offsets.astype(np.int32)), pa.array(out))
-        columns[self.len_column] = pc.add(batch.column(self.len_column), 1).cast(pa.int32())
-        return pa.table(columns)
 
 
 def _padded_already(batch: dict) -> dict:
@@ -373,13 +347,10 @@ class TranslationDataModule(MultilingualSplits, L.LightningDataModule):
         """A tag is a token the corpora never contain: one that occurs in their text (``in``) would be cut out of
         every word holding it, in training and in every sentence given to translate. The text is compared as
         SentencePiece matches it, after NFKC normalization (its ``nmt_nfkc``: ``＜BT＞`` is ``<BT>`` there)."""
-        import pyarrow.compute as pc
-
         for tag in sorted({corpus.tag for corpus in corpora if corpus.tag}):
             for corpus, (raw, _, _) in zip(corpora, train_raw):
                 for lang in self.spec.langs:
-                    text = pc.utf8_normalize(raw.data.column(lang), form="NFKC")
-                    if pc.any(pc.match_substring(text, tag)).as_py():
+                    if tag_in_text(raw.data.column(lang), [tag]):
                         raise ValueError(f"data.train_tags: {tag!r} occurs in the {lang} text of data.train corpus "
                                          f"{corpus.location}: a tag must be a token no sentence holds (e.g. <BT>; "
                                          f"the text is compared after NFKC normalization, as SentencePiece reads it)")
@@ -475,7 +446,7 @@ class TranslationDataModule(MultilingualSplits, L.LightningDataModule):
 
         def build(tmp: Path):
             tagged = tokens.with_format("arrow").map(
-                _LeadWith(tag_id, ids_column, len_column), batched=True, batch_size=10_000,
+                LeadWith(tag_id, ids_column, len_column), batched=True, batch_size=10_000,
                 cache_file_name=str(tmp / "tokens.arrow"), load_from_cache_file=False, desc="tagging").with_format(None)
             shards = [Path(f["filename"]).name for f in tagged.cache_files]
             (tmp / "manifest.json").write_text(json.dumps({"shards": shards, "pairs": len(tagged)}))

@@ -13,6 +13,12 @@ every pair has the same target language; ``decoder`` names the input's on the so
 as the first target token (a prefix at inference, CTranslate2's ``target_prefix``), which is stripped from the
 output. A model trained on one pair (``data.pairs`` unset) has no tags: ``LanguageTags.of`` gives None for it and
 its ids are exactly as before.
+
+Every tag, a language's or a corpus's (``data.train_tags``: ``<BT>`` before back-translated sources), is put in
+by the one rule here, ``led_by`` (``LeadWith`` applies it to a cached Arrow column), and checked absent from the
+text by ``tag_in_text``: training, validation, translate, evaluate, synthesize, explore, analyze_heads, the
+ensembles and the exports all read their tagged ids through this module (``Direction.encode``), the commands
+choosing the direction through inference/directions.py.
 """
 
 from __future__ import annotations
@@ -21,6 +27,8 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 STYLES = ("target", "source", "decoder")
 LANGUAGE = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,15}")  # a language code: en, de, pt_BR, deu_Latn
@@ -162,7 +170,7 @@ class Direction:
     def encode(self, tokenizer, texts: list[str], num_threads: int = 1) -> list[list[int]]:
         """The rule: each text's source ids, led by the direction's tag (no eos)."""
         tag = self.source_tag(tokenizer)
-        return [[tag, *ids] for ids in tokenizer.encode_batch(texts, num_threads)]
+        return [led_by(tag, ids) for ids in tokenizer.encode_batch(texts, num_threads)]
 
     def strip(self, tokens: list[int], prefix: list[int]) -> list[int]:
         """An output's target ids without the forced decoder tag."""
@@ -171,3 +179,48 @@ class Direction:
     def record(self) -> dict[str, Any]:
         """What an output's record says of the direction."""
         return {"src_lang": self.src, "tgt_lang": self.tgt, "zero_shot": self.zero_shot}
+
+
+# -------------------------------------------------------------------------------------------------- the rule
+
+
+def led_by(tag_id: int, ids: list[int]) -> list[int]:
+    """The rule every tag follows, a corpus's (data.train_tags) or a language's: one piece before the ids."""
+    return [tag_id, *ids]
+
+
+class LeadWith:
+    """``led_by`` over a column: what ``datasets.map`` runs on each batch (an Arrow table) of a tagged corpus
+    (data.train_tags, data.pairs' tags): ``tag_id`` before every row of ``ids_column``, ``len_column`` one more."""
+
+    def __init__(self, tag_id: int, ids_column: str, len_column: str):
+        self.tag_id, self.ids_column, self.len_column = tag_id, ids_column, len_column
+
+    def __call__(self, batch):
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        ids = batch.column(self.ids_column).combine_chunks()
+        offsets = ids.offsets.to_numpy().astype(np.int64)
+        flat = ids.flatten().to_numpy()
+        lengths = np.diff(offsets)
+        new_offsets = offsets - offsets[0] + np.arange(len(lengths) + 1)  # one more id per row
+        out = np.empty(int(new_offsets[-1]), dtype=flat.dtype)
+        out[new_offsets[:-1]] = self.tag_id
+        mask = np.ones(len(out), dtype=bool)
+        mask[new_offsets[:-1]] = False
+        out[mask] = flat
+        columns = {name: batch.column(name) for name in batch.column_names}
+        columns[self.ids_column] = pa.ListArray.from_arrays(pa.array(new_offsets.astype(np.int32)), pa.array(out))
+        columns[self.len_column] = pc.add(batch.column(self.len_column), 1).cast(pa.int32())
+        return pa.table(columns)
+
+
+def tag_in_text(text, pieces: list[str]) -> str | None:
+    """The first of ``pieces`` that occurs in ``text`` (an Arrow string column), None if none: a tag must be a
+    token no sentence holds, or it would be cut out of every word holding it. Compared after NFKC normalization, as
+    SentencePiece matches pieces (its ``nmt_nfkc``: ``＜BT＞`` is ``<BT>`` there)."""
+    import pyarrow.compute as pc
+
+    normalized = pc.utf8_normalize(text, form="NFKC")
+    return next((p for p in pieces if pc.any(pc.match_substring(normalized, p)).as_py()), None)

@@ -23,7 +23,7 @@ import numpy as np
 
 from transformer_nmt.data.batching import pair_widths
 from transformer_nmt.data.corpus import FilterReport
-from transformer_nmt.data.language_tags import Direction, LanguageTags
+from transformer_nmt.data.language_tags import Direction, LanguageTags, tag_in_text
 from transformer_nmt.data.pair_sampling import epoch_counts, epoch_draw
 from transformer_nmt.data.split import Split
 
@@ -66,14 +66,11 @@ class MultilingualSplits:
     def _check_language_tags_absent(self, tags: LanguageTags, train: dict) -> None:
         """A tag is a token no training sentence holds (as for data.train_tags: the text compared after NFKC
         normalization, as SentencePiece matches pieces)."""
-        import pyarrow.compute as pc
-
         for name, (raw, _, _) in train.items():
             for lang in self.pair_specs[name].langs:
-                text = pc.utf8_normalize(raw.data.column(lang), form="NFKC")
-                for piece in tags.pieces():
-                    if pc.any(pc.match_substring(text, piece)).as_py():
-                        raise ValueError(f"data.pairs: the language tag {piece!r} occurs in the {lang} text of "
+                piece = tag_in_text(raw.data.column(lang), tags.pieces())
+                if piece is not None:
+                    raise ValueError(f"data.pairs: the language tag {piece!r} occurs in the {lang} text of "
                                          f"data.train ({name}): a tag must be a token no sentence holds (compared "
                                          f"after NFKC normalization, as SentencePiece reads it)")
 

@@ -26,6 +26,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from transformer_nmt.data.batching import pair_widths
+from transformer_nmt.data.language_tags import led_by
 from transformer_nmt.data.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -90,7 +91,7 @@ class SampledSegmentation:
     def _build(self, epoch: int) -> tuple[tuple[Ragged, Ragged], np.ndarray]:
         src = self.tokenizer.encode_sampled(self.sources, self.alpha, side_seed(self.seed, epoch, False), target=False)
         if self.source_tags is not None:  # the tag is one piece, never sampled: it leads as in the fixed ids
-            src = [ids if tag < 0 else [int(tag), *ids] for tag, ids in zip(self.source_tags.tolist(), src)]
+            src = [ids if tag < 0 else led_by(int(tag), ids) for tag, ids in zip(self.source_tags.tolist(), src)]
         tgt = self.tokenizer.encode_sampled(self.targets, self.alpha, side_seed(self.seed, epoch, True), target=True)
         too_long = 0
         (s_flat, s_off), (t_flat, t_off) = self.fallback
