@@ -284,6 +284,16 @@ def test_decoder_side_tags_are_forced_and_stripped(tmp_path_factory, tmp_path):
         assert not any("<" in o for o in outputs), outputs
         letters = "".join(letters_of(o) for o in outputs)
         assert sum(c in ALPHABETS[tgt] for c in letters) / max(len(letters), 1) >= 0.95, (tgt, outputs)
+    # explore teacher-forces the decoder with what it read in training: <s> <fr> translation (the tag stripped from
+    # the translation shown)
+    from transformer_nmt.analysis.explore import attention
+    from transformer_nmt.checkpoint import load_checkpoint
+
+    model, tokenizer, meta = load_checkpoint(root / "toy.ckpt")
+    direction = LanguageTags.of(meta["data_config"]).direction("en", "fr")
+    seen = attention(model, tokenizer, lines[:1], direction=direction).sentences[0]
+    assert seen.source_pieces[0] == "<en>" and seen.target_pieces[:2] == ["<s>", "<fr>"]
+    assert "<" not in seen.translation and seen.weights["decoder"].shape[-1] == len(seen.target_pieces)
 
 
 def test_a_one_pair_checkpoint_refuses_another_direction(tmp_path):
@@ -456,3 +466,36 @@ def test_an_ensemble_of_models_of_other_pairs_is_refused(tmp_path, toy_model):
         translate(tmp_path, f"[{ckpt},{other}]", "tgt_lang=fr", lines=["abc"])
     assert translate(tmp_path, f"[{ckpt},{ckpt}]", "tgt_lang=fr", lines=["abc"])
     assert translation_languages({"src_lang": "en", "tgt_lang": "de"}) == (("src_lang", "en"), ("tgt_lang", "de"))
+
+
+def test_explore_and_analyze_heads_take_the_direction_as_translate_does(tmp_path, toy_model, capsys):
+    """explore and analyze_heads choose the direction through inference/directions.py: tgt_lang=fr reads the source
+    with <2fr> and writes French; a direction the model does not know is refused naming those it knows; analyze_heads
+    scores the direction's part of the split, its loss that of the tagged ids training read."""
+    from transformer_nmt.analysis.explore import main as explore_main
+    from transformer_nmt.analysis.heads import main as heads_main
+    from transformer_nmt.analysis.heads import reference_loss
+    from transformer_nmt.checkpoint import load_checkpoint
+
+    ckpt, corpus = toy_model
+    sentence = (corpus / "test.en").read_text().splitlines()[0]
+    capsys.readouterr()
+    explore_main([f"ckpt={ckpt}", "tgt_lang=fr", f"output={tmp_path / 'page.html'}", sentence])
+    translation = capsys.readouterr().out.splitlines()[0].split("\t")[1]
+    assert letters_of(translation) and set(letters_of(translation)) <= set(ALPHABETS["fr"]), translation
+    page = (tmp_path / "page.html").read_text()
+    assert '"\\u003c2fr>"' in page  # the source's pieces, the tag first (the page escapes "<" in its data)
+    for wrong, message in (("tgt_lang=it", "it knows en-de, en-fr, en-cs"), (None, "give tgt_lang=")):
+        with pytest.raises(SystemExit, match=message):
+            explore_main([f"ckpt={ckpt}", *([wrong] if wrong else []), f"output={tmp_path / 'x.html'}", sentence])
+        with pytest.raises(SystemExit, match=message):
+            heads_main([f"ckpt={ckpt}", *([wrong] if wrong else []), "split=val", f"out={tmp_path / 'x'}"])
+    result = heads_main([f"ckpt={ckpt}", "tgt_lang=cs", "split=val", "max_sentences=6", "steps=1",
+                         "trust_data_paths=true", f"out={tmp_path / 'heads'}"])
+    model, tokenizer, _ = load_checkpoint(ckpt)
+    sources, references = ((corpus / f"val.{lang}").read_text().splitlines()[:6] for lang in ("en", "cs"))
+    cs = LanguageTags.of(torch.load(ckpt, weights_only=True)["data_config"]).direction("en", "cs")
+    assert result["base"]["loss"] == pytest.approx(reference_loss(model, tokenizer, sources, references, 1024, cs),
+                                                   rel=1e-5)  # the Czech part of the split, read with <2cs>
+    untagged = reference_loss(model, tokenizer, sources, references, 1024)
+    assert result["base"]["loss"] < 0.75 * untagged, (result["base"], untagged)  # the ids training read: likelier

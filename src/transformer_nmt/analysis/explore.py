@@ -8,7 +8,8 @@ cross-attention (after bertviz's head and model views, with no network at view t
 
 Every argument that is not ``key=value`` (without spaces) is a sentence. Options: ``input`` (a file, one
 sentence a line, instead of or after the arguments), ``output`` (the page; default ``attention.html``),
-``beam``/``alpha``/``max_len_offset`` (as translate), ``device``, and ``prune`` (a fraction of heads to
+``beam``/``alpha``/``max_len_offset`` and ``src_lang``/``tgt_lang``/``zero_shot`` (a model of several pairs; as
+translate), ``device``, and ``prune`` (a fraction of heads to
 gate off, least important first, read from ``importance``: the ``head_importance.csv`` that
 ``python -m transformer_nmt.analyze_heads`` wrote for this checkpoint, by default in ``heads/`` beside it).
 
@@ -34,16 +35,19 @@ from torch import Tensor
 
 from transformer_nmt.analysis.head_gates import gates, set_gates
 from transformer_nmt.checkpoint import load_checkpoint
+from transformer_nmt.data.language_tags import Direction
 from transformer_nmt.data.tokenizer import Tokenizer
 from transformer_nmt.generation.config import DecodeConfig, SearchConfig, decode_settings
 from transformer_nmt.inference.attention_maps import ATTENTION_KINDS, attention_entropy
 from transformer_nmt.inference.attention_weights import teacher_forced_attention
+from transformer_nmt.inference.directions import DirectionOptions, direction_of
 from transformer_nmt.inference.translate import encode_sources, read_lines, translate_ids
 from transformer_nmt.model.transformer import Transformer
 from transformer_nmt.options import (
     HELP_FLAGS,
     command_argv,
     option,
+    option_of,
     parse_options,
     require_checkpoint,
     values_of,
@@ -62,6 +66,9 @@ class ExploreOptions(SearchConfig):
     prune: float = option(0.0, "the fraction of heads to gate off, least important first (0 to 1)")
     importance: Optional[str] = option(None, "with prune=: the head_importance.csv of analyze_heads; null: "
                                              "heads/head_importance.csv beside the checkpoint")
+    src_lang: Optional[str] = option_of(DirectionOptions, "src_lang")
+    tgt_lang: Optional[str] = option_of(DirectionOptions, "tgt_lang")
+    zero_shot: bool = option_of(DirectionOptions, "zero_shot")
 
 
 OPTIONS = ExploreOptions
@@ -98,11 +105,12 @@ class Attention:
 
 @torch.no_grad()
 def attention(model: Transformer, tokenizer: Tokenizer, sentences: list[str], decode: DecodeConfig | None = None,
-              translations: list[str] | None = None, **changes) -> Attention:
+              translations: list[str] | None = None, direction: Direction | None = None, **changes) -> Attention:
     """Translate ``sentences`` (blank ones are skipped; the search: ``decode`` with ``changes``, as
     ``translate_ids``) and return every head's attention on each, the decoder teacher-forced with the
     translation, or with ``translations`` when given (one per sentence, e.g. the references). The model's
-    head gates (``head_gates.set_gates``) apply."""
+    head gates (``head_gates.set_gates``) apply. ``direction``: a tagged model's (inference/directions.py): the
+    sources read with their tag, and style decoder the forced target tag in the decoder's input, as translate."""
     decode = decode_settings(decode, **changes)
     if translations is not None and len(translations) != len(sentences):
         raise ValueError(f"{len(translations)} translations for {len(sentences)} sentences")
@@ -111,18 +119,19 @@ def attention(model: Transformer, tokenizer: Tokenizer, sentences: list[str], de
         raise ValueError("no sentence to explore: give sentences as arguments or input=FILE")
     sentences = [sentences[i] for i in keep]
     if translations is None:
-        sources, results = translate_ids(model, tokenizer, sentences, decode)
+        sources, results = translate_ids(model, tokenizer, sentences, decode, direction=direction)
     else:
-        sources = encode_sources(tokenizer, sentences, model.config.max_positions)
+        sources = encode_sources(tokenizer, sentences, model.config.max_positions, direction=direction)
         results = [[(ids, 0.0)] for ids in tokenizer.encode_batch([translations[i] for i in keep], target=True)]
+    lead = [] if direction is None else direction.decoder_prefix(tokenizer)  # the decoder reads it, as trained
     out = []
     for sentence, src, hyps in zip(sentences, sources, results):
-        hyp = hyps[0][0][: model.config.max_positions - 1]
-        weights = teacher_forced_attention(model, src, hyp, tokenizer.bos_id)  # kind -> (layers, h, Lq, Lk)
+        hyp = hyps[0][0][: model.config.max_positions - 1 - len(lead)]
+        weights = teacher_forced_attention(model, src, lead + hyp, tokenizer.bos_id)  # kind -> (layers, h, Lq, Lk)
         out.append(SentenceAttention(
             source=sentence.strip(), translation=tokenizer.decode(hyp),
             source_pieces=[tokenizer.id_to_piece(i) for i in src],
-            target_pieces=[tokenizer.id_to_piece(i) for i in [tokenizer.bos_id] + hyp],
+            target_pieces=[tokenizer.id_to_piece(i) for i in [tokenizer.bos_id, *lead, *hyp]],
             weights=weights, entropy={kind: attention_entropy(w.unsqueeze(0).flatten(1, 2)).view(w.shape[:2])
                                       for kind, w in weights.items()}))  # (layers, h)
     return Attention(out, gates(model))
@@ -215,7 +224,8 @@ def main(argv: list[str] | None = None) -> Path:
         sentences += read_lines(options.input)
     if options.importance and not options.prune:
         raise SystemExit("importance= is the table that prune= reads: give prune=FRACTION too (0 to 1)")
-    model, tokenizer, _ = load_checkpoint(options.ckpt, map_location=options.device)
+    model, tokenizer, meta = load_checkpoint(options.ckpt, map_location=options.device)
+    direction = direction_of(options, meta)
     if options.prune:
         # Imported here: analyze_heads switches matplotlib to Agg, which a notebook importing explore must not get.
         from transformer_nmt.analysis.heads import pruned_heads, read_importance
@@ -228,10 +238,11 @@ def main(argv: list[str] | None = None) -> Path:
         set_gates(model, removed)
         print(f"gated off {len(removed)} heads (prune={options.prune}, from {importance})")
     try:
-        result = attention(model, tokenizer, sentences, values_of(DecodeConfig, options))
+        result = attention(model, tokenizer, sentences, values_of(DecodeConfig, options), direction=direction)
     except ValueError as error:  # no sentence
         raise SystemExit(str(error)) from None
-    path = write_page(result, options.output, f"Attention explorer: {Path(options.ckpt).name}")
+    path = write_page(result, options.output, f"Attention explorer: {Path(options.ckpt).name}"
+                      + (f" ({direction.name}{', zero-shot' if direction.zero_shot else ''})" if direction else ""))
     for s in result.sentences:
         print(f"{s.source}\t{s.translation}")
     print(f"wrote {path} ({path.stat().st_size / 1e6:.2f} MB, {len(result.sentences)} sentences)")

@@ -5,6 +5,7 @@ is multiplied by a gate (1 = on, 0 = off) at evaluation, with no retraining (hea
 
     python -m transformer_nmt.analyze_heads ckpt=RUN/checkpoints/last.ckpt split=val max_sentences=300
     python -m transformer_nmt.analyze_heads ckpt=model.ckpt src=val.en ref=val.de
+    python -m transformer_nmt.analyze_heads ckpt=multi.ckpt split=val tgt_lang=fr   # one direction of data.pairs
 
 Writes to ``out=DIR`` (default ``heads/`` beside the checkpoint):
 - ``head_importance.csv`` and ``.md``: per (kind, layer, head) the BLEU and loss with that head masked and
@@ -36,9 +37,11 @@ import torch.nn.functional as F
 
 from transformer_nmt.analysis.head_gates import KINDS, all_heads, set_gates
 from transformer_nmt.checkpoint import load_checkpoint
+from transformer_nmt.data.language_tags import Direction
 from transformer_nmt.data.tokenizer import Tokenizer
 from transformer_nmt.generation.config import DecodeConfig, SearchConfig
 from transformer_nmt.inference.batches import token_batches
+from transformer_nmt.inference.directions import DirectionOptions, direction_of
 from transformer_nmt.inference.evaluate import EvaluateOptions, evaluation_pairs
 from transformer_nmt.inference.translate import encode_sources, translate_lines
 from transformer_nmt.metrics import catalog
@@ -58,6 +61,9 @@ class HeadsOptions(SearchConfig):
     src: Optional[str] = option_of(EvaluateOptions, "src")
     ref: Optional[str] = option_of(EvaluateOptions, "ref")
     trust_data_paths: bool = option_of(EvaluateOptions, "trust_data_paths")
+    src_lang: Optional[str] = option_of(DirectionOptions, "src_lang")
+    tgt_lang: Optional[str] = option_of(DirectionOptions, "tgt_lang")
+    zero_shot: bool = option_of(DirectionOptions, "zero_shot")
     out: Optional[str] = option(None, "output directory; null: heads/ beside the checkpoint")
     max_sentences: int = option(300, "the first this many sentences; 0: all")
     beam: int = option_of(DecodeConfig, "beam", default=1, help="beam size of the BLEU decoding; 1: greedy (fast)")
@@ -73,11 +79,13 @@ OPTIONS = HeadsOptions
 
 @torch.no_grad()
 def reference_loss(model: Transformer, tokenizer: Tokenizer, sources: list[str], references: list[str],
-                   max_tokens: int) -> float:
-    """Mean cross-entropy per reference token (teacher forcing, no label smoothing)."""
+                   max_tokens: int, direction: Direction | None = None) -> float:
+    """Mean cross-entropy per reference token (teacher forcing, no label smoothing); ``direction``: a tagged
+    model's, its ids as training read them (the source's tag; style decoder, the target's tag after bos)."""
     max_positions = model.config.max_positions
-    src_ids = encode_sources(tokenizer, sources, max_positions)
-    tgt_ids = [[tokenizer.bos_id] + ids[: max_positions - 2] + [tokenizer.eos_id]
+    src_ids = encode_sources(tokenizer, sources, max_positions, direction=direction)
+    lead = [] if direction is None else direction.decoder_prefix(tokenizer)
+    tgt_ids = [[tokenizer.bos_id] + (lead + ids)[: max_positions - 2] + [tokenizer.eos_id]
                for ids in tokenizer.encode_batch(references, target=True)]
     keep = [i for i, ids in enumerate(src_ids) if ids is not None]
     total, count = 0.0, 0
@@ -101,13 +109,14 @@ def _pad(rows: list[list[int]], pad_id: int) -> torch.Tensor:
 
 
 def measure(model, tokenizer, sources, references, decode: DecodeConfig,
-            metrics=None) -> tuple[dict[str, float], float]:
+            metrics=None, direction: Direction | None = None) -> tuple[dict[str, float], float]:
     """({name: value} of each of ``metrics``, loss) of the model as currently gated: the metrics of a ``decode``
-    search's output (``metrics``: built ``Metric`` objects; None: BLEU), the loss of the references."""
+    search's output (``metrics``: built ``Metric`` objects; None: BLEU), the loss of the references;
+    ``direction``: a tagged model's (inference/directions.py), as translate reads it."""
     metrics = metrics or [catalog.build(name) for name in DEFAULT_METRICS]
-    hypotheses = [h[0][0] for h in translate_lines(model, tokenizer, sources, decode)]
+    hypotheses = [h[0][0] for h in translate_lines(model, tokenizer, sources, decode, direction=direction)]
     return ({metric.name: metric.compute(hypotheses, references, sources).value for metric in metrics},
-            reference_loss(model, tokenizer, sources, references, decode.max_tokens))
+            reference_loss(model, tokenizer, sources, references, decode.max_tokens, direction))
 
 
 def shown(values: dict[str, float], base: dict[str, float] | None = None, width: int = 0) -> str:
@@ -117,16 +126,16 @@ def shown(values: dict[str, float], base: dict[str, float] | None = None, width:
 
 
 def head_ablation(model, tokenizer, sources, references, decode: DecodeConfig, log=print,
-                  metrics=None) -> tuple[dict, list]:
+                  metrics=None, direction: Direction | None = None) -> tuple[dict, list]:
     """Each metric of ``metrics`` (built ``Metric`` objects; None: BLEU) of a ``decode`` search, and the loss, of
     the full model, then with each head masked alone."""
     set_gates(model, set())
-    base_values, base_loss = measure(model, tokenizer, sources, references, decode, metrics)
+    base_values, base_loss = measure(model, tokenizer, sources, references, decode, metrics, direction)
     log(f"full model: {shown(base_values)}, loss {base_loss:.4f} on {len(sources)} sentences")
     rows = []
     for kind, layer, head in all_heads(model):
         set_gates(model, {(kind, layer, head)})
-        values, loss = measure(model, tokenizer, sources, references, decode, metrics)
+        values, loss = measure(model, tokenizer, sources, references, decode, metrics, direction)
         rows.append({"kind": kind, "layer": layer, "head": head, **values, "loss": loss,
                      **{f"delta_{name}": value - base_values[name] for name, value in values.items()},
                      "delta_loss": loss - base_loss})
@@ -171,14 +180,14 @@ def pruned_heads(rows: list[dict], fraction: float) -> set[tuple[str, int, int]]
 
 
 def pruning_curve(model, tokenizer, sources, references, rows, steps: int, decode: DecodeConfig, log=print,
-                  metrics=None):
+                  metrics=None, direction: Direction | None = None):
     """Remove heads least important first (smallest loss increase alone); each of ``metrics`` (built ``Metric``
     objects; None: BLEU) of a ``decode`` search at ``steps`` fractions."""
     curve = []
     for step in range(steps + 1):
         removed = pruned_heads(rows, step / steps)
         set_gates(model, removed)
-        values, loss = measure(model, tokenizer, sources, references, decode, metrics)
+        values, loss = measure(model, tokenizer, sources, references, decode, metrics, direction)
         curve.append({"fraction_removed": len(removed) / len(rows), "heads_removed": len(removed), **values,
                       "loss": loss})
         log(f"  pruned {len(removed):3d}/{len(rows)} heads: {shown(values)}, loss {loss:.4f}")
@@ -268,19 +277,21 @@ def main(argv: list[str] | None = None) -> dict:
     ckpt = options.ckpt
     metrics = built_metrics(options)  # a misnamed metric or a COMET directory that is not one stops here
     model, tokenizer, meta = load_checkpoint(ckpt, map_location=options.device)
-    tgt_lang = (meta.get("data_config") or {}).get("tgt_lang")  # for a metric whose tokenizer depends on it
-    for metric in metrics:
+    direction = direction_of(options, meta)  # a model of several pairs: the one src_lang= / tgt_lang= choose
+    tgt_lang = direction.tgt if direction is not None else (meta.get("data_config") or {}).get("tgt_lang")
+    for metric in metrics:  # for a metric whose tokenizer depends on the target language
         metric.tgt_lang = tgt_lang
-    sources, references, _ = evaluation_pairs(options, meta)
+    sources, references, _ = evaluation_pairs(options, meta, direction.name if direction and options.split else None)
     n = options.max_sentences
     sources, references = (sources[:n], references[:n]) if n else (sources, references)
     out_dir = Path(options.out or Path(ckpt).parent / "heads")
     out_dir.mkdir(parents=True, exist_ok=True)
     decode = values_of(DecodeConfig, options)  # beam and max_tokens from the options, the rest DecodeConfig's
-    base, rows = head_ablation(model, tokenizer, sources, references, decode, metrics=metrics)
+    base, rows = head_ablation(model, tokenizer, sources, references, decode, metrics=metrics, direction=direction)
     write_table(rows, base, out_dir)
     plot_heatmaps(rows, out_dir / "head_importance.png", metrics[0].name)
-    curve = pruning_curve(model, tokenizer, sources, references, rows, options.steps, decode, metrics=metrics)
+    curve = pruning_curve(model, tokenizer, sources, references, rows, options.steps, decode, metrics=metrics,
+                          direction=direction)
     with open(out_dir / "pruning.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(curve[0]))
         writer.writeheader()

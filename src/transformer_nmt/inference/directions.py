@@ -10,10 +10,32 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Optional
 
 from transformer_nmt.data.config import DataConfig
 from transformer_nmt.data.language_tags import Direction, LanguageTags
+from transformer_nmt.options import option
+
+
+@dataclass
+class DirectionOptions:
+    """The options that pick a direction, one home for every command that reads a model (translate, evaluate,
+    synthesize, explore, analyze_heads: each takes them with ``options.option_of``)."""
+
+    src_lang: Optional[str] = option(None, "a model of several pairs (data.pairs): the input's language; null: the "
+                                           "one its pairs allow for tgt_lang")
+    tgt_lang: Optional[str] = option(None, "a model of several pairs: the language to translate into (e.g. fr); "
+                                           "null: the one its pairs allow. A model of one pair: its own, or refused")
+    zero_shot: bool = option(False, "translate a direction the model was not trained on (its tags must exist); "
+                                    "false: such a direction is refused, naming those it knows")
+
+
+def direction_of(options: Any, meta: Mapping[str, Any], source: str | None = None) -> Direction | None:
+    """``model_direction`` for a command's ``options`` (its src_lang, tgt_lang, zero_shot) and a loaded model's
+    ``meta`` (its data config; ``source``: how messages name the model, by default its checkpoint)."""
+    return model_direction(meta.get("data_config"), options.src_lang, options.tgt_lang, options.zero_shot,
+                           source or meta.get("source") or f"checkpoint {meta.get('path')}")
 
 
 def model_direction(data_config: Mapping[str, Any] | None, src_lang: str | None, tgt_lang: str | None,

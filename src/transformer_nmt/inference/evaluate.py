@@ -46,7 +46,7 @@ from transformer_nmt.data.corpus import ReadStats, read_pairs
 from transformer_nmt.data.language_tags import Direction, LanguageTags
 from transformer_nmt.durable import atomic_write
 from transformer_nmt.generation.config import DecodeConfig
-from transformer_nmt.inference.directions import model_direction
+from transformer_nmt.inference.directions import direction_of
 
 # one_line: the score is computed on these lines (sacreBLEU's tokenizers split words at whitespace, and a line break
 # is whitespace to them too)
@@ -281,8 +281,7 @@ def main(argv: list[str] | None = None) -> dict:
     tags = LanguageTags.of(meta.get("data_config"))
     if tags is not None and options.split and not (options.src_lang or options.tgt_lang):
         return evaluate_pairs(options, model, tokenizer, meta, tags)  # every direction of the model, one call
-    direction = model_direction(meta.get("data_config"), options.src_lang, options.tgt_lang, options.zero_shot,
-                                meta.get("source") or f"checkpoint {meta.get('path')}")
+    direction = direction_of(options, meta)
     return evaluate_direction(options, model, tokenizer, meta, direction)
 
 

@@ -47,7 +47,7 @@ from transformer_nmt.data.language_tags import LanguageTags
 from transformer_nmt.durable import atomic_write
 from transformer_nmt.file_digest import content_digest
 from transformer_nmt.generation.config import DecodeConfig
-from transformer_nmt.inference.directions import model_direction
+from transformer_nmt.inference.directions import direction_of
 from transformer_nmt.inference.ensemble import checkpoint_paths
 from transformer_nmt.inference.translate import (
     ModelOptions,
@@ -181,8 +181,7 @@ def main(argv: list[str] | None = None) -> dict:
     model, tokenizer, meta = load_model(options)
     direction = None  # a model of several pairs (data.pairs): the direction src_lang= / tgt_lang= choose
     if LanguageTags.of(meta.get("data_config")) is not None:
-        direction = model_direction(meta.get("data_config"), options.src_lang, options.tgt_lang, options.zero_shot,
-                                    meta.get("source") or f"checkpoint {meta.get('path')}")
+        direction = direction_of(options, meta)
         options.src_lang, options.tgt_lang = direction.src, direction.tgt
     src_lang, tgt_lang = languages(options, meta)
     outputs = {"src": prefix.with_name(f"{prefix.name}.{src_lang}"),

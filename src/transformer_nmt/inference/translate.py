@@ -77,7 +77,7 @@ from transformer_nmt.inference.alignment import (
 )
 from transformer_nmt.inference.batches import token_batches
 from transformer_nmt.inference.ctranslate2_engine import CTranslate2Model
-from transformer_nmt.inference.directions import model_direction
+from transformer_nmt.inference.directions import DirectionOptions, direction_of
 from transformer_nmt.inference.ensemble import checkpoint_paths, load_ensemble
 from transformer_nmt.inference.export import cached_export
 from transformer_nmt.inference.scoring import token_log_probs
@@ -97,12 +97,9 @@ class ModelOptions(DecodeConfig):
     ckpt: Optional[Any] = option(None, CKPT_HELP + " (or model_dir=, with engine=ctranslate2)")
     model_dir: Optional[str] = option(None, "engine=ctranslate2: a directory written by python -m "
                                             "transformer_nmt.export (instead of ckpt, which is exported to a cache)")
-    src_lang: Optional[str] = option(None, "a model of several pairs (data.pairs): the input's language; null: the "
-                                           "one its pairs allow for tgt_lang")
-    tgt_lang: Optional[str] = option(None, "a model of several pairs: the language to translate into (e.g. fr); "
-                                           "null: the one its pairs allow. A model of one pair: its own, or refused")
-    zero_shot: bool = option(False, "translate a direction the model was not trained on (its tags must exist); "
-                                    "false: such a direction is refused, naming those it knows")
+    src_lang: Optional[str] = option_of(DirectionOptions, "src_lang")
+    tgt_lang: Optional[str] = option_of(DirectionOptions, "tgt_lang")
+    zero_shot: bool = option_of(DirectionOptions, "zero_shot")
 
 
 @dataclass
@@ -405,8 +402,7 @@ def main(argv: list[str] | None = None) -> None:
     except ValueError as error:
         raise SystemExit(str(error)) from None
     model, tokenizer, meta = load_model(options)
-    direction = model_direction(meta.get("data_config"), options.src_lang, options.tgt_lang, options.zero_shot,
-                                meta.get("source") or f"checkpoint {meta.get('path')}")
+    direction = direction_of(options, meta)
     if mode:
         try:
             check_alignment_options(model, *alignment)
