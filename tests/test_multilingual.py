@@ -499,3 +499,41 @@ def test_explore_and_analyze_heads_take_the_direction_as_translate_does(tmp_path
                                                    rel=1e-5)  # the Czech part of the split, read with <2cs>
     untagged = reference_loss(model, tokenizer, sources, references, 1024)
     assert result["base"]["loss"] < 0.75 * untagged, (result["base"], untagged)  # the ids training read: likelier
+
+
+def test_attention_maps_per_pair_are_told_apart_and_read_with_each_pairs_tag(tmp_path, toy_model):
+    """attention_maps.per_pair: one group of maps per pair under attention/PAIR/..., each probe of the pair's
+    validation part read with its tag (<2fr> first for en-fr); without it, one group under attention/..., its probes
+    read with their own pair's tag."""
+    from types import SimpleNamespace
+
+    from torch.utils.tensorboard import SummaryWriter
+
+    from transformer_nmt.checkpoint import load_checkpoint
+    from transformer_nmt.training.callbacks import AttentionMaps
+
+    ckpt, corpus = toy_model
+    model, tokenizer, meta = load_checkpoint(ckpt)
+    dm = TranslationDataModule(DataConfig(**{**meta["data_config"], "cache_dir": str(tmp_path / "cache")}))
+    dm.setup()
+    writer = SummaryWriter(str(tmp_path / "tb"))
+    trainer = SimpleNamespace(datamodule=dm, sanity_checking=False, is_global_zero=True, global_step=5,
+                              logger=SimpleNamespace(experiment=writer))
+    module = SimpleNamespace(model=model, tokenizer=tokenizer, training=False, eval=lambda: None,
+                             train=lambda mode=True: None)
+    callback = AttentionMaps(n_probes=1, per_pair=True, inches=2.0, dpi=20)
+    groups = callback._probe_groups(trainer)
+    assert list(groups) == PAIRS
+    for pair, probes in groups.items():
+        keys = callback.attention_weights(model, tokenizer, probes)["encoder"][0][1]
+        assert keys[0] == f"<2{pair.split('-')[1]}>", (pair, keys)
+    callback.on_validation_end(trainer, module)
+    callback.wait()
+    writer.close()
+    images = read_events(tmp_path / "tb").Tags()["tensors"]
+    for pair in PAIRS:
+        assert f"attention/{pair}/cross/layer_0/head_0" in images and f"attention/{pair}/encoder-self/layer_1/head_1" \
+            in images
+    assert not any(tag.startswith("attention/cross/") for tag in images)
+    one = AttentionMaps(n_probes=2)._probe_groups(trainer)
+    assert list(one) == [None] and [d.name for _, _, d in one[None]] == ["en-de", "en-de"]

@@ -25,6 +25,7 @@ from tensorboard.compat.proto.tensor_shape_pb2 import TensorShapeProto
 from tensorboard.plugins.image import metadata as image_metadata
 
 from transformer_nmt import run_files
+from transformer_nmt.data.language_tags import LanguageTags
 from transformer_nmt.inference.attention_maps import ATTENTION_KINDS, attention_entropy, render_heatmaps
 from transformer_nmt.metrics import catalog
 from transformer_nmt.training.time_budget import BackgroundWork, TimeBudget, timed
@@ -56,6 +57,12 @@ class AttentionMaps(Callback, BackgroundWork):
     or of source strings (the target is the model's greedy translation). Default: the first
     ``n_probes`` pairs of the validation split. Sentences are cut to ``max_tokens`` subwords.
 
+    A model of several pairs (data.pairs) reads each probe as training does, with its direction's tags
+    (data/language_tags.py): a validation pair with its own, a given probe with the first pair's. ``per_pair``:
+    maps for every pair, each under ``attention/{pair}/...`` and ``attention_entropy/{pair}/...`` (en-fr:
+    ``attention/en-fr/cross/layer_0/head_0``), from the first ``n_probes`` of that pair's validation part, or the
+    given probes' sources translated greedily in each direction.
+
     Only global rank 0 works, and only the forward passes over the probes are on the training path (the
     other ranks wait for them at their next collective); a background thread renders and writes the images
     while training goes on. Each time, ``attention_maps/seconds`` (training path) and
@@ -67,12 +74,12 @@ class AttentionMaps(Callback, BackgroundWork):
     phase = "attention_maps"
 
     def __init__(self, every_n_validations: int = 1, probes: list | None = None, n_probes: int = 2,
-                 max_tokens: int = 32, inches: float = 6.0, dpi: int = 80):
+                 max_tokens: int = 32, inches: float = 6.0, dpi: int = 80, per_pair: bool = False):
         if every_n_validations < 1:
             raise ValueError(f"attention_maps.every_n_validations must be >= 1, got {every_n_validations}")
         self.every_n_validations = every_n_validations
         self.probes = [p if isinstance(p, str) else tuple(p) for p in probes] if probes else None
-        self.n_probes, self.max_tokens = n_probes, max_tokens
+        self.n_probes, self.max_tokens, self.per_pair = n_probes, max_tokens, per_pair
         self.inches, self.dpi = inches, dpi
         self.validations = 0
         self._render: threading.Thread | None = None
@@ -103,7 +110,8 @@ class AttentionMaps(Callback, BackgroundWork):
             was_training = pl_module.training
             pl_module.eval()
             try:
-                maps = self.attention_weights(pl_module.model, pl_module.tokenizer, self._probe_pairs(trainer))
+                maps = {pair: self.attention_weights(pl_module.model, pl_module.tokenizer, probes)
+                        for pair, probes in self._probe_groups(trainer).items()}
             except Exception:  # only this rank draws: raising would stop it alone, and hang the others
                 log.exception("attention maps at step %d: the probes failed; training goes on without these maps",
                               trainer.global_step)
@@ -119,7 +127,7 @@ class AttentionMaps(Callback, BackgroundWork):
     def _write_in_background(self, writer, maps: dict, step: int, seconds: float) -> None:
         try:
             start = time.perf_counter()
-            images = self.write(writer, maps, step)
+            images = sum(self.write(writer, pair_maps, step, pair) for pair, pair_maps in maps.items())
             render_seconds = time.perf_counter() - start
             writer.add_scalar("attention_maps/render_seconds", render_seconds, step)
             writer.flush()
@@ -141,30 +149,54 @@ class AttentionMaps(Callback, BackgroundWork):
         if self._render is not None:
             self._render.join()
 
-    def _probe_pairs(self, trainer) -> list:
+    def _probe_groups(self, trainer) -> dict[str | None, list]:
+        """{pair name (None: the tags of one group, attention/...): its probes, each (source, target or None,
+        direction or None)}."""
+        datamodule = getattr(trainer, "datamodule", None)  # given probes need none
+        config = getattr(datamodule, "config", None)
+        tags = LanguageTags.of(config) if config is not None and hasattr(config, "pairs") else None
+        directions = [None] if tags is None else [tags.direction(*pair) for pair in tags.pairs]
         if self.probes is not None:
-            return self.probes
-        datamodule = trainer.datamodule
+            given = [(p, None) if isinstance(p, str) else tuple(p) for p in self.probes]
+            if self.per_pair and tags is not None:
+                return {d.name: [(source, None, d) for source, _ in given] for d in directions}
+            return {None: [(source, target, directions[0]) for source, target in given]}
         sources, targets = datamodule.sources("val"), datamodule.references("val")
-        return list(zip(sources[: self.n_probes], targets[: self.n_probes]))
+        if tags is None:
+            return {None: [(s, t, None) for s, t in zip(sources[: self.n_probes], targets[: self.n_probes])]}
+        groups = datamodule.pair_indices("val")
+        probes = {d.name: [(sources[i], targets[i], d) for i in groups[d.name][: self.n_probes].tolist()]
+                  for d in directions}
+        if self.per_pair:
+            return probes
+        first = [(i, d) for d in directions for i in groups[d.name].tolist()]  # val's order: data.pairs'
+        first = sorted(first, key=lambda item: item[0])[: self.n_probes]
+        return {None: [(sources[i], targets[i], d) for i, d in first]}
 
     @torch.no_grad()
     def attention_weights(self, model, tokenizer, probes: list) -> dict:
-        """Run each probe through ``model``: {kind: [(weights (layers, h, Lq, Lk), key pieces, query pieces)
-        for each probe]}, on the CPU."""
+        """Run each probe (a source string, ``[source, target]``, or ``(source, target or None, direction)``, a
+        tagged model's direction) through ``model``: {kind: [(weights (layers, h, Lq, Lk), key pieces, query
+        pieces) for each probe]}, on the CPU. A direction's ids are those training read (its source tag; style
+        decoder, its target tag forced first)."""
         from transformer_nmt.generation.config import DecodeConfig
-        from transformer_nmt.generation.search import greedy_decode
+        from transformer_nmt.generation.search import greedy_search
         from transformer_nmt.inference.attention_weights import teacher_forced_attention
 
         device = model.device
         maps = {}
         for probe in probes:
-            source, target = (probe, None) if isinstance(probe, str) else probe
-            src = tokenizer.encode(source)[: self.max_tokens - 1] + [tokenizer.eos_id]
+            source, target, direction = (probe, None, None) if isinstance(probe, str) else (*probe, None)[:3]
+            src = (tokenizer.encode(source) if direction is None else direction.encode(tokenizer, [source])[0])
+            src = src[: self.max_tokens - 1] + [tokenizer.eos_id]
             src_t = torch.tensor([src], device=device)  # (1, S)
-            tgt_ids = tokenizer.encode(target, target=True) if target is not None else greedy_decode(
-                model, src_t, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id,
-                max_len_offset=DecodeConfig().max_len_offset)[0]
+            lead = [] if direction is None else direction.decoder_prefix(tokenizer)
+            if target is not None:
+                tgt_ids = lead + tokenizer.encode(target, target=True)
+            else:  # greedy, from the forced tag where there is one (its tokens then start with it)
+                prefix = torch.tensor([lead], device=device) if lead else None  # (1, P)
+                tgt_ids = greedy_search(model, src_t, bos_id=tokenizer.bos_id, eos_id=tokenizer.eos_id,
+                                        max_len_offset=DecodeConfig().max_len_offset, prefix=prefix)[0].tokens
             tgt_ids = tgt_ids[: self.max_tokens - 1]
             src_pieces = [tokenizer.id_to_piece(i) for i in src]
             tgt_pieces = [tokenizer.id_to_piece(i) for i in [tokenizer.bos_id] + tgt_ids]
@@ -174,22 +206,23 @@ class AttentionMaps(Callback, BackgroundWork):
                 maps.setdefault(kind, []).append((weights, keys[kind], queries[kind]))  # (layers, h, Lq, Lk)
         return maps
 
-    def write(self, writer, maps: dict, step: int) -> int:
-        """Log one image per probe and one entropy scalar per (kind, layer, head); returns the image count."""
+    def write(self, writer, maps: dict, step: int, pair: str | None = None) -> int:
+        """Log one image per probe and one entropy scalar per (kind, layer, head), under attention/{pair}/... where
+        ``pair`` is given; returns the image count."""
         size = round(self.inches * self.dpi)
         images = 0
         for kind, per_probe in maps.items():
             tag_kind = ATTENTION_KINDS[kind]
             n_layers, n_heads = per_probe[0][0].shape[:2]
             pngs = [render_heatmaps(weights.flatten(0, 1).numpy(), keys, queries,  # per probe, (layer, head) major
-                                    [f"{tag_kind} layer {layer} head {head}, probe {i}"
+                                    [f"{pair + ' ' if pair else ''}{tag_kind} layer {layer} head {head}, probe {i}"
                                      for layer in range(n_layers) for head in range(n_heads)], self.inches, self.dpi)
                     for i, (weights, keys, queries) in enumerate(per_probe)]
             for layer in range(n_layers):
                 entropy = torch.stack([attention_entropy(w[layer : layer + 1])  # (h,) per probe
                                        for w, _, _ in per_probe]).mean(0)
                 for head in range(n_heads):
-                    name = f"{tag_kind}/layer_{layer}/head_{head}"
+                    name = f"{pair + '/' if pair else ''}{tag_kind}/layer_{layer}/head_{head}"
                     samples = [probe_pngs[layer * n_heads + head] for probe_pngs in pngs]
                     writer.add_scalar(f"attention_entropy/{name}", float(entropy[head]), step)
                     # add_image(s) would tile the probes into one image; this keeps one image per probe under one
@@ -199,9 +232,10 @@ class AttentionMaps(Callback, BackgroundWork):
                     images += len(samples)
         return images
 
-    def log_maps(self, writer, model, tokenizer, probes: list, step: int) -> int:
-        """Compute, render and write the maps of ``probes`` now, on this thread; returns the image count."""
-        images = self.write(writer, self.attention_weights(model, tokenizer, probes), step)
+    def log_maps(self, writer, model, tokenizer, probes: list, step: int, pair: str | None = None) -> int:
+        """Compute, render and write the maps of ``probes`` now, on this thread (under attention/{pair}/... where
+        ``pair`` is given); returns the image count."""
+        images = self.write(writer, self.attention_weights(model, tokenizer, probes), step, pair)
         writer.flush()
         return images
 
@@ -410,12 +444,13 @@ def recent_checkpoints(dirpath, keep: int, every_n_train_steps: int | None = Non
 
 
 def attention_maps(every_n_validations: int, n_probes: int, probes: list | None,
-                   max_tokens: int) -> AttentionMaps | None:
-    """``AttentionMaps``, or None when ``every_n_validations`` is 0."""
+                   max_tokens: int, per_pair: bool = False) -> AttentionMaps | None:
+    """``AttentionMaps``, or None when ``every_n_validations`` is 0 (``per_pair``: absent from the configs of runs
+    made before it, which drew one group)."""
     if not every_n_validations:
         return None
     return AttentionMaps(every_n_validations=every_n_validations, n_probes=n_probes, probes=probes or None,
-                         max_tokens=max_tokens)
+                         max_tokens=max_tokens, per_pair=per_pair)
 
 
 def progress_bar(enabled: bool = True) -> TokenProgressBar | None:

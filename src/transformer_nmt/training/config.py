@@ -129,6 +129,9 @@ class AttentionMapsConfig:
     n_probes: int = option(2, "default probes: the first n validation pairs (one image each per head)", role=RUN)
     probes: list[Any] | None = option(None, "or a list of [source, target] pairs / source strings", role=RUN)
     max_tokens: int = option(32, "probe sentences cut to this many tokens", role=RUN)
+    per_pair: bool = option(False, "with data.pairs: maps for each pair under attention/PAIR/... (the first n_probes "
+                                   "of its validation part, or the given probes in each direction); false: one "
+                                   "group, each probe read with its own pair's tags", role=RUN)
 
 
 # The roles of the Lightning Trainer's keyword arguments (``trainer.*``, a free dict): any other one defines
