@@ -291,3 +291,33 @@ def test_the_run_hands_its_budget_to_the_checkpoint_writer_and_the_maps(tiny_run
     assert trainer.strategy.checkpoint_io.time_budget is budget
     assert next(c for c in trainer.callbacks if isinstance(c, AttentionMaps)).time_budget is budget
     assert budget.seconds["checkpointing"] > 0 and budget.seconds["attention_maps"] > 0
+
+
+def test_reproduce_reports_a_table_per_pair_for_a_model_of_several(tiny_run, monkeypatch, capsys):
+    """Where evaluate's records hold each pair (a model of data.pairs: evaluate_pairs), reproduce.json holds
+    scores_by_pair, each pair's scores per split and search, beside the means under scores, and prints a table per
+    pair; a one-pair run's report has none (the test above)."""
+    _, _, run_dir, _ = tiny_run
+    pairs = {"en-de": 30.0, "en-fr": 40.0}
+
+    def evaluate(ckpt, split, search, out, timings, root, trust_data_paths=False, extra=()):
+        offset = (ckpt.stem == "averaged") + (split == "test") * 2 + search["beam"] / 10
+        rows = {pair: dict(bleu=bleu + offset, bleu_lowercase=bleu, bleu_multi30k=None, chrf=50.0, length_ratio=1.0,
+                           bp=1.0, sentences=4) for pair, bleu in pairs.items()}
+        means = {k: sum(r[k] for r in rows.values()) / 2 for k in ("bleu", "bleu_lowercase", "chrf", "length_ratio",
+                                                                    "bp")}
+        return {**means, "bleu_multi30k": None, "pairs": rows}
+
+    monkeypatch.setattr(reproduce, "run_step", lambda name, args, timings, root: timings.setdefault(name, 0.0))
+    monkeypatch.setattr(reproduce, "evaluate", evaluate)
+    reproduce.main(["train=false", f"run_dir={run_dir}"])
+    written = json.loads((run_dir / "reproduce.json").read_text())
+    beam = DecodeConfig().beam
+    by_pair = written["scores_by_pair"]
+    assert list(by_pair) == list(pairs) and set(by_pair["en-fr"]) == set(written["scores"])
+    assert by_pair["en-fr"][f"test_beam{beam}"]["bleu"] == 40.0 + 1 + 2 + beam / 10  # averaged chosen, on test
+    assert by_pair["en-de"]["val_beam1"]["bleu"] == 30.0 + 1 + 0.1
+    assert written["scores"][f"test_beam{beam}"]["bleu"] == 35.0 + 1 + 2 + beam / 10
+    printed = capsys.readouterr().out
+    assert "| split (en-fr) | decoder |" in printed and "| split (mean over the pairs) | decoder |" in printed
+    assert f"| test | beam {beam} | {40.0 + 3 + beam / 10:.2f} |" in printed

@@ -488,6 +488,7 @@ def main(argv: list[str], root: Path | None = None) -> dict:
         "select_on": select_on, "val_chosen_on": {stem: s[select_on] for stem, s in val.items()},
         "scores": {f"{split}_beam{width}": {k: s.get(k) for k in (*SCORE_KEYS, select_on)}
                    for (split, width), s in scores.items()},
+        **scores_by_pair(scores, select_on),
         "val_curve": [{"minutes": m, "step": step, "greedy_val_bleu": b} for m, step, b in curve],
         "val_loss_curve": [{"step": step, "val_loss": loss} for step, loss in scalar_curve(run_dir, "val/loss")],
         "precision": results.get("precision"), "torch_threads": results.get("torch_threads"),
@@ -513,11 +514,34 @@ def main(argv: list[str], root: Path | None = None) -> dict:
     if len(by_alpha) > 1:
         print(f"val {label} by alpha: " + ", ".join(f"{a:g} {r[select_on]}" for a, r in by_alpha.items())
               + f" -> alpha {chosen_alpha:g}")
-    print("\n| split | decoder | BLEU | BLEU lowercased | BLEU Multi30k (lc, Moses-tok) | chrF | length ratio | BP |")
+    by_pair = report.get("scores_by_pair")
+    print_scores(scores, "" if not by_pair else " (mean over the pairs)")
+    for pair, pair_scores in (by_pair or {}).items():
+        print_scores({tuple(key.split("_beam")): row for key, row in pair_scores.items()}, f" ({pair})")
+    return report
+
+
+def scores_by_pair(scores: dict, select_on: str) -> dict:
+    """``{"scores_by_pair": {pair: {SPLIT_beamN: its scores}}}`` where the model has several pairs (evaluate's record
+    then holds each under ``pairs``, and its own scores are their means); {} for one pair."""
+    if not scores or not all(isinstance(s.get("pairs"), dict) for s in scores.values()):
+        return {}
+    pairs = list(next(iter(scores.values()))["pairs"])
+    return {"scores_by_pair": {pair: {f"{split}_beam{width}": {k: s["pairs"].get(pair, {}).get(k)
+                                                                for k in (*SCORE_KEYS, select_on)}
+                                      for (split, width), s in scores.items()} for pair in pairs}}
+
+
+def print_scores(scores: dict, title: str = "") -> None:
+    """The scores' table, one row per (split, beam width); ``title``: after the header's first cell."""
+    def shown(value, digits=2):
+        return "-" if not isinstance(value, (int, float)) else f"{value:.{digits}f}"
+
+    print(f"\n| split{title} | decoder | BLEU | BLEU lowercased | BLEU Multi30k (lc, Moses-tok) | chrF | length ratio "
+          f"| BP |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for (split, width), s in scores.items():
-        decoder = "greedy" if width == 1 else f"beam {width}"
-        multi30k = "-" if s.get("bleu_multi30k") is None else f"{s['bleu_multi30k']:.2f}"
-        print(f"| {split} | {decoder} | {s['bleu']:.2f} | {s['bleu_lowercase']:.2f} | {multi30k} | {s['chrf']:.2f} | "
-              f"{s['length_ratio']:.3f} | {s['bp']:.3f} |")
-    return report
+        decoder = "greedy" if int(width) == 1 else f"beam {width}"
+        print(f"| {split} | {decoder} | {shown(s.get('bleu'))} | {shown(s.get('bleu_lowercase'))} | "
+              f"{shown(s.get('bleu_multi30k'))} | {shown(s.get('chrf'))} | {shown(s.get('length_ratio'), 3)} | "
+              f"{shown(s.get('bp'), 3)} |")
