@@ -386,3 +386,30 @@ def test_model_card_quotes_the_scores_beside_the_checkpoint(tmp_path):
     assert "`test` (1000 sentences, beam 4, alpha 0.6): BLEU 33.3 (`nrefs:1|case:mixed" in card
     assert "`other`" not in card  # another checkpoint's scores
     assert "python -m transformer_nmt.export format=marian" in card and "- en\n- de" in card
+
+
+def test_a_tagged_models_export_keeps_its_tags_whole_and_generates_as_we_do(tmp_path):
+    """A model of several pairs (data.pairs, tags <2de> ...): the export registers the tags as special tokens, so
+    MarianTokenizer reads '<2fr>' as the one id ours has (not '▁' then the tag) and "<2fr> text" as the ids
+    Direction.encode gives; generate from those ids gives our greedy output, token for token."""
+    from test_multilingual import train_toy_model, write_toy_languages
+
+    from transformer_nmt.data.language_tags import LanguageTags
+
+    corpus = write_toy_languages(tmp_path / "toy")
+    train_toy_model(corpus, tmp_path / "toy.ckpt", steps=60)
+    model, tokenizer, meta = load_checkpoint(tmp_path / "toy.ckpt")
+    out = export_marian(model, tokenizer, tmp_path / "marian", meta)
+    hf_model = transformers.MarianMTModel.from_pretrained(out).eval()
+    hf_tokenizer = transformers.MarianTokenizer.from_pretrained(out)
+    tags = LanguageTags.of(meta["data_config"])
+    for piece in tags.pieces():
+        assert hf_tokenizer(piece, add_special_tokens=False)["input_ids"] == [tokenizer.piece_id(piece)]
+    lines = (corpus / "test.en").read_text().splitlines()[:8]
+    for tgt in ("fr", "cs"):
+        direction = tags.direction("en", tgt)
+        src_ids, greedy = translate_ids(model, tokenizer, lines, beam=1, direction=direction)
+        assert hf_tokenizer([f"<2{tgt}> {line}" for line in lines])["input_ids"] == src_ids
+        src = padded(src_ids, 0)
+        limits = max_output_lengths(model, src, OFFSET).tolist()
+        assert hf_greedy(hf_model, src, 0, limits, 3) == [h[0][0] for h in greedy]

@@ -50,6 +50,7 @@ from typing import Optional
 
 import torch
 
+from transformer_nmt.data.language_tags import LanguageTags
 from transformer_nmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
 from transformer_nmt.durable import publish_directory, replace_directory, temporary_directory
 from transformer_nmt.model.export_forms import form_of
@@ -250,6 +251,10 @@ def export_marian(model: Transformer, tokenizer: Tokenizer, output: str | os.Pat
             str(tmp / SOURCE_SPM), str(tmp / TARGET_SPM), str(tmp / VOCAB), source_lang=data.get("src_lang"),
             target_lang=data.get("tgt_lang"), unk_token=pieces[UNK_ID], eos_token=pieces[EOS_ID],
             pad_token=pieces[PAD_ID], model_max_length=model.config.max_positions)
+        tags = LanguageTags.of(data)
+        if tags is not None:  # kept whole, at their ids in vocab.json: "<2fr> text" reads as Direction.encode's ids
+            hf_tokenizer.add_special_tokens({"additional_special_tokens": tags.pieces()})
+            check_tags_whole(hf_tokenizer, tokenizer, tags.pieces())
         hf_tokenizer.save_pretrained(tmp)
         (tmp / MODEL_CARD).write_text(model_card(model.config, meta, command), encoding="utf-8")
         if force and (output.exists() or output.is_symlink()):
@@ -260,6 +265,15 @@ def export_marian(model: Transformer, tokenizer: Tokenizer, output: str | os.Pat
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return output
+
+
+def check_tags_whole(hf_tokenizer, tokenizer, pieces: list[str]) -> None:
+    """A ``ConversionError`` where the exported tokenizer does not read a language tag as the one id ours has."""
+    for piece in pieces:
+        got = hf_tokenizer(piece, add_special_tokens=False)["input_ids"]
+        if got != [tokenizer.piece_id(piece)]:
+            raise ConversionError(f"MarianTokenizer reads the language tag {piece!r} as {got}, not as its one id "
+                                  f"{tokenizer.piece_id(piece)}: the export would tag sources otherwise than we do")
 
 
 def _scores(meta: dict) -> list[str]:
