@@ -262,7 +262,7 @@ def test_same_world_size_resume_keeps_one_count():
     resumed.load_state_dict(state)
     next(iter(resumed))
     assert resumed.state_dict() == {"epoch": 0, "batches_yielded": 4, "num_replicas": 2, "dealt_before": [],
-                                    "seed": 1, "max_tokens": 1500, "pad_to_multiple": 1}
+                                    "seed": 1, "max_tokens": 1500, "pad_to_multiple": 1, "members_drawn": False}
     assert len(resumed) == len(samplers[0])  # the epoch's length as Lightning counts it, resumed or not
 
 
@@ -275,3 +275,28 @@ def test_next_epoch_planned_in_the_background_gives_the_same_batches(monkeypatch
     first = list(ahead)
     assert ahead._ahead is not None and ahead._ahead[0] == (1, ())  # epoch 1 was planned while 0 ran
     assert [first, list(ahead)] == expected
+
+
+def test_resume_mid_epoch_across_drawing_members_each_epoch_or_not_is_refused():
+    """A checkpoint whose plan drew its members once (written before each epoch's members were drawn anew, or a run
+    without data.pair_temperature's draw) is not the plan of a run that draws them each epoch, nor the reverse:
+    mid-epoch it is refused; at an epoch boundary it resumes."""
+    src, tgt = random_lengths()
+    members = lambda epoch: np.random.default_rng(epoch).choice(len(src), len(src) // 2, replace=False)  # noqa: E731
+    once = TokenBucketBatchSampler(src, tgt, 1500, seed=11)
+    it = iter(once)
+    [next(it) for _ in range(3)]
+    old = {k: v for k, v in once.state_dict().items() if k != "members_drawn"}  # as such a checkpoint holds it
+    with pytest.raises(ValueError, match=r"stopped in epoch 0 after 3 batches of a plan without members drawn each "
+                                         r"epoch .* this run plans with: .* end of an epoch"):
+        TokenBucketBatchSampler(src, tgt, 1500, seed=11, epoch_members=members).load_state_dict(old)
+    drawn = TokenBucketBatchSampler(src, tgt, 1500, seed=11, epoch_members=members)
+    it = iter(drawn)
+    [next(it) for _ in range(2)]
+    with pytest.raises(ValueError, match="a plan with members drawn each epoch"):
+        TokenBucketBatchSampler(src, tgt, 1500, seed=11).load_state_dict(drawn.state_dict())
+    resumed = TokenBucketBatchSampler(src, tgt, 1500, seed=11, epoch_members=members)
+    resumed.load_state_dict(drawn.state_dict())  # the same plan resumes
+    assert resumed.epoch == 0
+    list(it)  # at the epoch boundary either way resumes
+    TokenBucketBatchSampler(src, tgt, 1500, seed=11).load_state_dict(drawn.state_dict())

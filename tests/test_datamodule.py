@@ -189,7 +189,7 @@ def test_lightning_resumes_mid_epoch_where_it_stopped(data_ready, tmp_path):
     assert step3["loops"]["fit_loop"]["state_dict"]["combined_loader"] == \
         [{"epoch": 0, "batches_yielded": 3, "num_replicas": 1, "dealt_before": [], "seed": data_ready.seed,
           "max_tokens": data_ready.max_tokens,
-          "pad_to_multiple": data_ready.pad_to_multiple}]  # what the plan depends on
+          "pad_to_multiple": data_ready.pad_to_multiple, "members_drawn": False}]  # what the plan depends on
     resumed = _fit(data_ready, 6, ckpt_path=tmp_path / "epoch=0-step=3.ckpt")
     assert uninterrupted[3:] == resumed
 

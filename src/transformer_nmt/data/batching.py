@@ -224,7 +224,7 @@ class TokenBucketBatchSampler:
             taken += earlier.pop()[1]
         return {"epoch": epoch, "batches_yielded": taken, "num_replicas": self.num_replicas,
                 "dealt_before": earlier, "seed": self.seed, "max_tokens": self.max_tokens,
-                "pad_to_multiple": self.pad_to_multiple}
+                "pad_to_multiple": self.pad_to_multiple, "members_drawn": self.epoch_members is not None}
 
     def state_dict(self) -> dict:
         return self.position(self.epoch, self.dealt_before, self._yielded)
@@ -240,6 +240,16 @@ class TokenBucketBatchSampler:
     def _check_same_plan(self, state: dict, epoch: int, taken: int) -> None:
         """Mid-epoch, the batches not yet taken are those of the checkpoint's plan: planned from another shuffle
         seed, token budget or width multiple, the rest of the epoch would repeat some pairs and never show others."""
+        # A checkpoint written before each epoch's members were drawn anew (data.pair_temperature over pairs of
+        # unequal size) planned its epoch over one draw made at set-up: the rest of its epoch is not this plan's.
+        drawn = self.epoch_members is not None
+        if bool(state.get("members_drawn", False)) != drawn:
+            raise ValueError(
+                f"the checkpoint stopped in epoch {epoch} after {taken} batches of a plan "
+                f"{'with' if state.get('members_drawn') else 'without'} members drawn each epoch "
+                f"(data.pair_temperature over pairs of unequal size); this run plans {'with' if drawn else 'without'}"
+                f": the rest of the epoch would show some pairs twice and others never. Resume from a checkpoint "
+                f"written at the end of an epoch")
         keys = {"seed": "data.seed", "max_tokens": "data.max_tokens", "pad_to_multiple": "data.pad_to_multiple"}
         saved = {key: state.get(key, getattr(self, key)) for key in keys}
         if all(saved[key] == getattr(self, key) for key in keys):
