@@ -5,7 +5,7 @@ its output had no repeat, and greedy and beam equal brute-force references that 
 strategy is the ``strategy`` field, the older flags its aliases, contradictions refused."""
 
 import json
-from dataclasses import fields
+from dataclasses import fields, make_dataclass
 from pathlib import Path
 
 import pytest
@@ -15,7 +15,7 @@ from reference_decoding import BOS, IDS, model_log_probs, random_model, random_s
 from transformer_nmt.generation import strategies
 from transformer_nmt.generation.config import DecodeConfig
 from transformer_nmt.generation.ngram_blocking import NoRepeatNGram
-from transformer_nmt.generation.processors import active_options, active_processors
+from transformer_nmt.generation.processors import active_options, active_processors, processor_option
 from transformer_nmt.generation.sampling import Sampler
 from transformer_nmt.generation.search import beam_search, greedy_search, max_output_lengths
 
@@ -129,6 +129,19 @@ def test_the_option_field_registers_the_processor_and_bad_values_name_it():
     assert active_options(DecodeConfig(no_repeat_ngram=3)) == ["no_repeat_ngram=3"]
     with pytest.raises(ValueError, match="no_repeat_ngram=-2"):
         active_processors(DecodeConfig(no_repeat_ngram=-2))
+
+
+def test_a_processor_is_registered_by_its_field_alone_with_a_dotted_path():
+    """The field names the class by its path: no import line beside it; a path that leads nowhere is an error naming
+    the option, raised when the option is switched on."""
+    spec = make_dataclass("WithOwn", [
+        ("own", int, processor_option("transformer_nmt.generation.ngram_blocking.NoRepeatNGram", 0, "own")),
+        ("lost", int, processor_option("transformer_nmt.generation.nowhere.Gone", 0, "lost"))], bases=(DecodeConfig,))
+    (block,) = active_processors(spec(own=2))
+    assert isinstance(block, NoRepeatNGram) and block.n == 2
+    assert active_options(spec(lost=1)) == ["lost=1"] and active_processors(spec()) == []
+    with pytest.raises(ImportError, match=r"decode.lost: its processor 'transformer_nmt.generation.nowhere.Gone'"):
+        active_processors(spec(lost=1))
 
 
 def test_every_strategy_passes_the_processors():

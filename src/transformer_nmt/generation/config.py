@@ -8,7 +8,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Optional
 
-from transformer_nmt.generation.ngram_blocking import NoRepeatNGram
 from transformer_nmt.generation.processors import processor_option
 
 
@@ -59,8 +58,8 @@ class DecodeConfig(EngineConfig, SearchConfig):
         "help": "the search: greedy | beam | sample (generation/strategies.py); null: as the older flags say "
                 "(sampling=true: sample, beam=1: greedy, else beam); a choice the flags contradict is an error"})
     # Decoding processors (generation/processors.py): each field below is one processor's option and registration.
-    no_repeat_ngram: int = processor_option(NoRepeatNGram, 0, "no n-gram of this many tokens twice in an output "
-                                                              "(generation/ngram_blocking.py); 0: off")
+    no_repeat_ngram: int = processor_option("transformer_nmt.generation.ngram_blocking.NoRepeatNGram", 0,
+                                            "no n-gram of this many tokens twice in an output; 0: off")
 
 
 def decode_settings(decode: DecodeConfig | None = None, **changes) -> DecodeConfig:

@@ -17,7 +17,8 @@ no processor active the searches run exactly as before (the hook is skipped, not
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+import importlib
+from dataclasses import Field, dataclass, field, fields
 from typing import Any, Protocol
 
 from torch import Tensor
@@ -41,8 +42,23 @@ class Processor(Protocol):
 
 
 def processor_option(processor: Any, default: Any, help: str):
-    """A ``DecodeConfig`` field whose value, unless ``default``, switches on ``processor.from_option(value)``."""
+    """A ``DecodeConfig`` field whose value, unless ``default``, switches on ``processor.from_option(value)``;
+    ``processor`` is the class or its dotted path (``"transformer_nmt.generation.ngram_blocking.NoRepeatNGram"``),
+    imported when the option is first switched on, so that the field is the processor's one registration line."""
     return field(default=default, metadata={"help": help, "processor": processor})
+
+
+def processor_class(option: Field) -> Any:
+    """The class a processor option names (its dotted path imported); an ImportError naming the option where the
+    path leads nowhere."""
+    processor = option.metadata["processor"]
+    if not isinstance(processor, str):
+        return processor
+    module, _, name = processor.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as error:
+        raise ImportError(f"decode.{option.name}: its processor {processor!r} cannot be imported ({error})") from error
 
 
 def processor_fields(decode) -> list:
@@ -59,7 +75,7 @@ def active_options(decode) -> list[str]:
 
 def active_processors(decode) -> list[Processor]:
     """The processors ``decode`` switches on, in the order of its fields; [] when every one is at its default."""
-    return [f.metadata["processor"].from_option(getattr(decode, f.name)) for f in processor_fields(decode)
+    return [processor_class(f).from_option(getattr(decode, f.name)) for f in processor_fields(decode)
             if getattr(decode, f.name) != f.default]
 
 
