@@ -269,13 +269,19 @@ def recipe_seeds(root: Path) -> str:
     rows = []
     for name, rep, res in runs:
         s = rep["scores"]
-        rows.append([name, " ".join(rep["cpu_flags"]), f"{res['steps']:,}", f"{rep['train_minutes']:.1f} min",
+        rows.append([name, " ".join(rep["cpu_flags"]), f"{res['steps']:,}", f"{res['epochs']:.2f}",
                      rep["chosen"].removesuffix(".ckpt"), f"{rep['search']['alpha']:g}",
                      *(f"{s[split][key]:.2f}" for split, key in SEED_SCORES.values())])
     rows.append([f"**mean ± std ({len(runs)})**", "", "", "", "", "",
                  *(f"**{mean_std([rep['scores'][split][key] for _, rep, _ in runs])}**"
                    for split, key in SEED_SCORES.values())])
-    return table(["seed run", "CPU flags", "updates", "train wall time", "chosen", "alpha", *SEED_SCORES], rows)
+    text = table(["seed run", "CPU flags", "updates", "epochs", "chosen", "alpha", *SEED_SCORES], rows)
+    rep_i, _ = recipe_run(root, "I")
+    same = [name for name, rep, _ in runs if rep["scores"] == rep_i["scores"]]
+    if same:
+        text += (f"\n\n{', '.join(same)}: every score (val and test, beam and greedy, every convention) equal to run "
+                 f"I's, the run these seeds take their updates from.")
+    return text
 
 
 def readme_recipe_seeds(root: Path) -> str:
