@@ -2,9 +2,11 @@
 config.yaml or the validation hypotheses is never written through; the file it points to stays as it was. A
 launch refuses a run dir whose .hydra/, job log, checkpoints/ or tensorboard/ is a link, before Hydra writes."""
 
+import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from conftest import KEPT
@@ -140,45 +142,71 @@ disable_existing_loggers: false
 """
 
 
-def launch_train(tmp_path, corpus, run_dir, job_logging: str, *overrides: str) -> subprocess.CompletedProcess:
-    """``python -m transformer_nmt.train`` of the tiny model on the tiny corpus into ``run_dir`` with
-    ``hydra/job_logging=job_logging`` (``mine``: a user's own, from a config dir of theirs)."""
+def launch_arguments(home, corpus, run_dir, job_logging: str, *overrides: str) -> list[str]:
+    """The arguments of ``python -m transformer_nmt.train`` for the tiny model on the tiny corpus into ``run_dir``
+    with ``hydra/job_logging=job_logging`` (``mine``: a user's own, from a config dir of theirs under ``home``)."""
     choice = [f"hydra/job_logging={job_logging}"]
     if job_logging == "mine":
-        (tmp_path / "myconf" / "hydra" / "job_logging").mkdir(parents=True, exist_ok=True)
-        (tmp_path / "myconf" / "hydra" / "job_logging" / "mine.yaml").write_text(MY_JOB_LOGGING)
-        choice.append(f"hydra.searchpath=[file://{tmp_path / 'myconf'}]")
-    return subprocess.run([sys.executable, "-m", "transformer_nmt.train", *tiny_overrides(corpus), *choice,
-                           f"hydra.run.dir={run_dir}", *overrides], capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+        (home / "myconf" / "hydra" / "job_logging").mkdir(parents=True, exist_ok=True)
+        (home / "myconf" / "hydra" / "job_logging" / "mine.yaml").write_text(MY_JOB_LOGGING)
+        choice.append(f"hydra.searchpath=[file://{home / 'myconf'}]")
+    return [*tiny_overrides(corpus), *choice, f"hydra.run.dir={run_dir}", *overrides]
+
+
+@pytest.fixture(scope="module")
+def job_logging_launches(tmp_path_factory):
+    """For each choice, two launches of the command: one trains (2 steps) in a fresh run dir, one is pointed at a
+    run dir with planted links. All ten run in one process (tests/train_launches.py: logging put back as a fresh
+    interpreter has it before each), which pays the training imports once instead of ten times; the planted-links
+    refusal of the command in its own process is test_the_command_refuses_a_run_dir_with_planted_links_...'s."""
+    root = tmp_path_factory.mktemp("job_logging")
+    corpus = write_tiny_corpus(root / "corpus", n_train=24, n_eval=4)
+    cases, launches = {}, []
+    for job_logging in JOB_LOGGING:
+        home = root / job_logging
+        victim = home / "home" / "victim.txt"
+        victim.parent.mkdir(parents=True)
+        victim.write_text(KEPT)
+        kept_dir = home / "home" / "models"
+        kept_dir.mkdir()
+        (kept_dir / run_files.LAST).write_text(KEPT)
+        case = {"run_dir": home / "run", "linked": home / "linked", "victim": victim, "kept_dir": kept_dir}
+        case["links"] = plant_links(case["linked"], victim, kept_dir)
+        launches += [launch_arguments(home, corpus, case["run_dir"], job_logging, "trainer.max_steps=2",
+                                      "trainer.limit_val_batches=0", "validate_at_end=false"),
+                     launch_arguments(home, corpus, case["linked"], job_logging, "trainer.max_steps=2")]
+        cases[job_logging] = case
+    (root / "launches.json").write_text(json.dumps(launches))
+    tests = Path(__file__).resolve().parent
+    driver = subprocess.run([sys.executable, str(tests / "train_launches.py"), str(root / "launches.json"),
+                             str(root / "results.json")], capture_output=True, text=True, timeout=600,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert driver.returncode == 0, driver.stderr[-3000:]
+    results = iter(json.loads((root / "results.json").read_text()))
+    for case in cases.values():
+        case["trained"], case["refused"] = next(results), next(results)
+    return cases
 
 
 @pytest.mark.parametrize("job_logging", JOB_LOGGING)
-def test_every_job_logging_choice_trains_and_refuses_planted_links(tmp_path, victim, job_logging):
+def test_every_job_logging_choice_trains_and_refuses_planted_links(job_logging_launches, job_logging):
     """conf/train.yaml makes Hydra's file handler the guarded one (planted_links.RunDirLogFile) whatever the choice;
     where the choice has no file handler the entry is the guard alone, and where no logging is configured at all
     (``none``) the callback planted_links.RunDirGuard refuses. Each choice trains (2 steps), and each refuses a run
     dir with planted links before Hydra writes anything there."""
-    corpus = write_tiny_corpus(tmp_path / "corpus", n_train=24, n_eval=4)
-    run_dir = tmp_path / "run"
-    trained = launch_train(tmp_path, corpus, run_dir, job_logging, "trainer.max_steps=2",
-                           "trainer.limit_val_batches=0", "validate_at_end=false")
-    assert trained.returncode == 0, trained.stderr[-3000:]
+    case = job_logging_launches[job_logging]
+    run_dir, trained, refused = case["run_dir"], case["trained"], case["refused"]
+    assert trained["returncode"] == 0, trained["stderr"][-3000:]
     assert (run_dir / run_files.RESULTS).is_file() and (run_dir / run_files.HYDRA / "config.yaml").is_file()
     logs = {"default": ["train.log"], "mine": ["mine.log"]}.get(job_logging, [])
     assert sorted(p.name for p in run_dir.glob("*.log")) == logs  # the guard alone writes no file
     for name in logs:
         assert "trainer.max_steps" in (run_dir / name).read_text() or (run_dir / name).stat().st_size > 0
 
-    kept_dir = tmp_path / "home" / "models"
-    kept_dir.mkdir()
-    (kept_dir / run_files.LAST).write_text(KEPT)
-    linked = tmp_path / "linked"
-    links = plant_links(linked, victim, kept_dir)
-    refused = launch_train(tmp_path, corpus, linked, job_logging, "trainer.max_steps=2")
-    assert refused.returncode != 0
-    for path in links:
-        assert str(path) in refused.stderr, (path, refused.stderr[-3000:])
-    assert victim.read_text() == KEPT and sorted(p.name for p in kept_dir.iterdir()) == [run_files.LAST]
-    assert sorted(p.name for p in linked.iterdir()) == sorted([run_files.HYDRA, "train.log", run_files.CHECKPOINTS,
-                                                               run_files.TENSORBOARD])  # nothing written there
+    assert refused["returncode"] != 0
+    for path in case["links"]:
+        assert str(path) in refused["stderr"], (path, refused["stderr"][-3000:])
+    assert case["victim"].read_text() == KEPT
+    assert sorted(p.name for p in case["kept_dir"].iterdir()) == [run_files.LAST]
+    assert sorted(p.name for p in case["linked"].iterdir()) == sorted([run_files.HYDRA, "train.log",
+                                                                       run_files.CHECKPOINTS, run_files.TENSORBOARD])
