@@ -749,13 +749,14 @@ def decoding_samples_source(root: Path) -> str:
             f"[decoding_samples.json](evaluation/decoding_samples.json)).")
 
 
-CONSTRAINED = Path("docs/evaluation/constrained_terminology.json")
+CONSTRAINED = Path("docs/evaluation/constrained_terminology.json")  # the demonstration model
+CONSTRAINED_RECIPE = Path("docs/evaluation/constrained_terminology_seed_1234.json")  # the recipe's seed 1234
 
 
-def constrained_terminology(root: Path) -> str:
-    """studies/constrained_terminology.py's numbers: BLEU without and with terminology constraints, the share met,
-    the time of each decode."""
-    data = read_json(root, CONSTRAINED)
+def constrained_terminology(root: Path, raw: Path = CONSTRAINED) -> str:
+    """studies/constrained_terminology.py's numbers from ``raw``: BLEU without and with terminology constraints, the
+    share met, the time of each decode."""
+    data = read_json(root, raw)
     seconds, bleu = data["seconds"], data["bleu"]
     rows = [["unconstrained", f"{bleu['unconstrained']:.2f}", "-", f"{seconds['unconstrained']:.1f}", "1.00"],
             ["constrained", f"{bleu['constrained']:.2f}",
@@ -771,7 +772,7 @@ def constrained_terminology(root: Path) -> str:
               f"{len(data['seconds_all']['constrained'])} round(s). "
               f"`python studies/constrained_terminology.py {command}` "
               f"({measured_on(data['provenance'])}; raw file: "
-              f"[constrained_terminology.json](evaluation/constrained_terminology.json)).")
+              f"[{raw.name}](evaluation/{raw.name})).")
 
 
 SAMPLE_FILES = {"reference": "ref.de", "prefix": "prefix.de"}  # decoding_samples.py's JSON key: the file it wrote
@@ -995,6 +996,7 @@ BLOCKS = {
     "quality-segmentation-length": segmentation_length,
     "evaluation-samples-source": decoding_samples_source,
     "evaluation-constrained": constrained_terminology,
+    "evaluation-constrained-recipe": lambda root: constrained_terminology(root, CONSTRAINED_RECIPE),
     "evaluation-sample-ensemble": lambda root: decoding_sample(root, ("ensemble",)),
     "evaluation-sample-n-best": lambda root: decoding_sample(root, ("n_best",)),
     "evaluation-sample-sampling": lambda root: decoding_sample(root, ("sampling_top_p", "sampling_top_k")),
