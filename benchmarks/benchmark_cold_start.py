@@ -31,7 +31,7 @@ import torch
 
 from transformer_nmt.checkpoint import CKPT_MODEL_CONFIG, CKPT_TOKENIZER, atomic_torch_save
 from transformer_nmt.data.tokenizer import train_sentencepiece
-from transformer_nmt.hardware import reported_cpu_flags
+from transformer_nmt.hardware import isa_variables, reported_cpu_flags
 from transformer_nmt.model.transformer import Transformer, TransformerConfig
 from transformer_nmt.provenance import collect as collect_provenance
 
@@ -40,7 +40,6 @@ SENTENCE = "A man is riding a bike."
 BUDGET_SECONDS = 0.5  # translate may cost this much more than importing torch (issue 53; 1 s before)
 # What caps the kernels' instruction set (docs/benchmarks/fp32_isa/: the AVX2 code path on a host with more): the
 # children inherit them; the raw file records them.
-ISA_VARIABLES = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA")
 
 
 def tiny_checkpoint(path: Path) -> Path:
@@ -144,12 +143,12 @@ def main(argv: list[str] | None = None) -> dict:
         timings = measure(ckpt, variants, args.runs, args.threads)
     flags = reported_cpu_flags()
     print(table(timings, labels))
-    capped = " ".join(f"{name}={os.environ[name]}" for name in ISA_VARIABLES if name in os.environ)
+    capped = " ".join(f"{name}={value}" for name, value in isa_variables().items())
     print(f"\nCPU flags: {' '.join(flags) or 'none of those reported'}; {os.cpu_count()} CPUs; "
           f"torch {torch.__version__}" + (f"; {capped}" if capped else ""))
     result = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "runs": args.runs, "sentence": SENTENCE,
               "omp_num_threads": args.threads, "load_average": os.getloadavg(),
-              "isa_variables": {name: os.environ.get(name) for name in ISA_VARIABLES},
+              "isa_variables": isa_variables(),
               "cpu_flags": flags, "cpus": os.cpu_count(), "torch": torch.__version__,
               "codes": {name: {"label": labels[name], "src": str(src)} for name, src in variants.items()},
               "timings": timings, "medians": {name: summary(runs) for name, runs in timings.items()},

@@ -32,6 +32,7 @@ side by side hold better than the seconds. ``ctranslate2=false`` leaves the CTra
 
 from __future__ import annotations
 
+import logging
 import os
 import statistics
 import sys
@@ -99,6 +100,16 @@ def with_threads(threads: int, engine: Engine) -> Engine:
     return translate
 
 
+def report_ctranslate2_backend(model_dir: Path) -> None:
+    """CTranslate2's own account of its CPU dispatch (ISA, whether it uses MKL, its GEMM backends), which it logs to
+    stderr once, when its first model loads: loaded here at INFO. Its choices follow CT2_FORCE_CPU_ISA and
+    CT2_USE_MKL (the provenance line records both where set)."""
+    ctranslate2 = import_ctranslate2()
+    ctranslate2.set_log_level(logging.INFO)
+    CTranslate2Model(model_dir, threads=1)
+    ctranslate2.set_log_level(logging.WARNING)
+
+
 def ctranslate2_engines(model: Transformer, tokenizer: Tokenizer, k: int, baseline: str,
                         threads: list[int]) -> dict[str, tuple[str | None, Engine]]:
     """``model`` exported as float32 and as int8 (to a temporary directory), each loaded with each number of threads."""
@@ -107,6 +118,8 @@ def ctranslate2_engines(model: Transformer, tokenizer: Tokenizer, k: int, baseli
     rows = {}
     for quantization, label in (("none", "float32"), ("int8", "int8")):
         model_dir = export_model(model, tokenizer, directory / quantization, quantization)
+        if quantization == "none":
+            report_ctranslate2_backend(model_dir)
         for n in threads:
             translator = CTranslate2Model(model_dir, threads=n)
             rows[f"ctranslate2 {label}, beam {k}, {n} thread{'s' if n > 1 else ''}"] = (
@@ -159,6 +172,7 @@ def serving_engines(model: Transformer, tokenizer: Tokenizer, k: int, threads: l
     if ctranslate2:
         import_ctranslate2()
         model_dir = export_model(model, tokenizer, Path(tempfile.mkdtemp(prefix="ct2_benchmark_")) / "float32")
+        report_ctranslate2_backend(model_dir)
     rows = {}
     for beam, search in ((k, f"beam {k}"), (1, "greedy")):
         for n in threads:

@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 
 import transformer_nmt.analysis.reproduce as reproduce
-from transformer_nmt import provenance
+from transformer_nmt import hardware, provenance
 from transformer_nmt.hardware import cpu_model
 
 REPO = Path(__file__).resolve().parents[1]
 FIELDS = {"time_utc", "git", "versions", "cpu_model", "cpu_flags", "cpus", "torch_threads", "gpus", "omp_num_threads",
-          "load_average", "platform", "argv", "config"}
+          "isa_variables", "load_average", "platform", "argv", "config"}
 
 
 def git(*args):
@@ -32,6 +32,8 @@ def test_the_record_has_every_field_and_the_values_of_this_process():
     assert record["versions"]["torch"] == torch.__version__ and record["versions"]["python"] == sys.version.split()[0]
     assert set(record["versions"]) == {"python", *provenance.PACKAGES}
     assert provenance.versions(("no-such-distribution-xyz",))["no-such-distribution-xyz"] is None
+    assert record["isa_variables"] == {k: v for k, v in os.environ.items() if k in hardware.ISA_VARIABLES}
+    assert hardware.isa_variables({"ONEDNN_MAX_CPU_ISA": "AVX2", "PATH": "/bin"}) == {"ONEDNN_MAX_CPU_ISA": "AVX2"}
     assert len(record["load_average"]) == 3 and json.loads(json.dumps(record)) == record  # plain JSON
     if (REPO / ".git").exists():  # a checkout (a worktree's .git is a file): git's own answers
         assert record["git"]["commit"] == git("rev-parse", "HEAD") and record["git"]["error"] is None

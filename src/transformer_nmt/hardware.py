@@ -14,6 +14,11 @@ NATIVE_BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
 REPORTED_CPU_FLAGS = ("avx2", *NATIVE_BF16_CPU_FLAGS)  # as lscpu | grep -o 'avx512_bf16\|amx_bf16\|avx2'
 CPU_BF16_ENV = "TRANSFORMER_NMT_CPU_BF16"
 CPU_BF16_ANSWERS = ("native", "emulated")
+# What holds a process below its CPU's instruction set, read once when each library loads: torch's own kernels
+# (ATen), MKL's and oneDNN's (torch's and CTranslate2's), and CTranslate2's (its ISA and whether it uses MKL on a
+# CPU that is not Intel's). AVX2 on a host with AVX-512 is the code path of an AVX2-only host.
+ISA_VARIABLES = ("ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA", "CT2_FORCE_CPU_ISA",
+                 "CT2_USE_MKL")
 
 
 def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str]:
@@ -63,3 +68,8 @@ def cpu_native_bf16() -> tuple[bool, str]:
         return answer == "native", f"{CPU_BF16_ENV}={answer}"
     found = sorted(set(NATIVE_BF16_CPU_FLAGS) & cpu_flags())
     return bool(found), ", ".join(found)
+
+
+def isa_variables(environ=os.environ) -> dict[str, str]:
+    """The ISA_VARIABLES this process was started with (name -> value; those unset left out)."""
+    return {name: environ[name] for name in ISA_VARIABLES if name in environ}

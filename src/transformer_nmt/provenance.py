@@ -19,7 +19,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from transformer_nmt.hardware import available_cpus, cpu_model, reported_cpu_flags
+from transformer_nmt.hardware import available_cpus, cpu_model, isa_variables, reported_cpu_flags
 
 PROVENANCE_KEY = "provenance"
 PACKAGES = ("transformer_nmt", "torch", "lightning", "hydra-core", "sacrebleu", "sentencepiece", "ctranslate2",
@@ -101,6 +101,7 @@ def collect(config: dict | None = None, argv: list[str] | None = None) -> dict:
         "cpus": available_cpus(),
         **torch_state(),
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+        "isa_variables": isa_variables(),
         "load_average": load,
         "platform": platform.platform(),
         "argv": list(sys.argv if argv is None else argv),
