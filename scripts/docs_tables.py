@@ -674,6 +674,71 @@ def decode_search_issue31(root: Path) -> str:
     return "\n".join([*(line for line in lines if line.startswith("|")), "", run])
 
 
+
+# --- serving by CPU dispatch (benchmarks/benchmark_decode.py's whole output, docs/benchmarks/serving_isa/*.txt) --
+
+SERVING_ISA = BENCHMARKS / "serving_isa"
+SERVING_ENGINES = {"fp32": "ctranslate2 float32, 1 thread x inter_threads 2",  # engine=ctranslate2's 2-core default
+                   "int8": "ctranslate2 int8, 1 thread x inter_threads 2"}
+
+
+def serving_output(root: Path, name: str) -> dict:
+    """One serving run's header (its command, CPU flags, the instruction-set variables its provenance recorded,
+    CTranslate2's own account of its dispatch) and its table's rows, keyed by (search, engine)."""
+    file = root / SERVING_ISA / f"{name}.txt"
+    try:
+        lines = file.read_text(encoding="utf-8").splitlines()
+    except OSError as error:
+        raise SystemExit(f"{file}: {error}") from None
+    head = {key: line.split(":", 1)[1].strip() for line in lines[:3] for key in ("command", "cpu flags")
+            if line.startswith(key + ":")}
+    provenance = json.loads(next(line for line in lines if line.startswith("provenance: "))[len("provenance: "):])
+    ct2 = dict(re.findall(r"\[info\]\s+- (Selected ISA|Use Intel MKL|SGEMM backend|GEMM_S8 backend): (\S+)",
+                          "\n".join(lines)))
+    cpu = re.search(r"\[info\] CPU: (\S+)", "\n".join(lines))
+    rows = {}
+    for line in lines:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if line.startswith("| ") and len(cells) == 7 and cells[0] != "search" and not cells[0].startswith("-"):
+            rows[cells[0], cells[1]] = dict(zip(("seconds", "x", "same", "busy", "bleu"), cells[2:]))
+    return {"head": head, "isa_variables": provenance.get("isa_variables", {}), "ct2": ct2,
+            "vendor": cpu[1] if cpu else "?", "cpu_model": provenance.get("cpu_model"), "rows": rows}
+
+
+def held_to(isa_variables: dict[str, str]) -> str:
+    """What held a process below its CPU, in words, from the variables its provenance recorded."""
+    caps = {k: v.upper() for k, v in isa_variables.items() if k != "CT2_USE_MKL"}
+    words = [f"held to {'/'.join(sorted(set(caps.values())))} ({len(caps)} variables)" if caps else "native"]
+    if "CT2_USE_MKL" in isa_variables:
+        words.append(f"CT2_USE_MKL={isa_variables['CT2_USE_MKL']}")
+    return ", ".join(words)
+
+
+def serving_isa(root: Path, runs: list[str]) -> str:
+    """Native against CTranslate2 (its 2-core default layout, float32 and int8) at 2 threads, beam 4 and greedy,
+    two lines per run (runs: raw file names), from the runs' whole outputs."""
+    rows = []
+    for name in runs:
+        run = serving_output(root, name)
+        label = held_to(run["isa_variables"])
+        ct2 = run["ct2"]
+        dispatch = (f"{ct2.get('Selected ISA', '?')}, "
+                    f"{'MKL' if ct2.get('Use Intel MKL') == 'true' else ct2.get('SGEMM backend', '?')} / "
+                    f"{ct2.get('GEMM_S8 backend', '?')}")
+        for search in ("beam 4", "greedy"):
+            native = run["rows"][search, "native, 2 threads"]
+            fp32, int8 = (run["rows"][search, SERVING_ENGINES[kind]] for kind in ("fp32", "int8"))
+            base = float(native["bleu"])
+            rows.append([f"[{label}]({SERVING_ISA.relative_to('docs')}/{name}.txt)", f"{run['cpu_model']}, "
+                         f"`{run['head']['cpu flags']}`", dispatch, search, native["seconds"],
+                         fp32["x"], f"{float(fp32['bleu']) - base:+.2f}", int8["x"],
+                         f"{float(int8['bleu']) - base:+.2f}", int8["same"]])
+    return table(["run", "CPU", "CT2 ISA, SGEMM / int8 GEMM", "search", "native s (2 threads)",
+                  "fp32 x native", "fp32 BLEU", "int8 x native", "int8 BLEU", "int8 same"], rows)
+
+
+SERVING_ISA_RUNS = ["native", "avx2", "native_ct2_mkl", "avx2_ct2_mkl"]
+
 # --- ensembles against averages and single models (studies/ensemble_study.py's JSON in docs/quality/) ----------
 
 def ensemble_reference(group: str, rows: list[dict]) -> tuple[str, dict]:
@@ -987,6 +1052,7 @@ BLOCKS = {
     "benchmarks-suite": suite_runs,
     "architecture-step-cost": architecture_step_cost,
     "benchmarks-decode-issue31": decode_search_issue31,
+    "benchmarks-serving-isa": lambda root: serving_isa(root, SERVING_ISA_RUNS),
     "quality-ensemble-recent": lambda root: ensemble_study(root, "ensemble_recent_F.json"),
     "quality-ensemble-seeds": lambda root: ensemble_study(root, "ensemble_seeds_base.json"),
     "quality-ensemble-recipe-seeds": lambda root: ensemble_study(root, "ensemble_seeds_recipe.json"),
