@@ -21,7 +21,7 @@ def lightning_source() -> str:
 def test_each_filter_names_a_warning_lightning_emits(pytestconfig):
     source = lightning_source()
     filters = pytestconfig.getini("filterwarnings")  # pyproject.toml's
-    assert len(filters) == 3
+    assert len(filters) == 5
     for line in filters:
         action, message, category = line.split(":")
         assert (action, category) == ("ignore", "UserWarning"), line
