@@ -737,7 +737,7 @@ def serving_isa(root: Path, runs: list[str]) -> str:
                   "fp32 x native", "fp32 BLEU", "int8 x native", "int8 BLEU", "int8 same"], rows)
 
 
-SERVING_ISA_RUNS = ["native", "avx2", "native_ct2_mkl", "avx2_ct2_mkl"]
+SERVING_ISA_RUNS = ["native", "avx2", "native_ct2_mkl", "avx2_ct2_mkl", "xeon_native", "xeon_avx2"]
 
 # --- ensembles against averages and single models (studies/ensemble_study.py's JSON in docs/quality/) ----------
 
