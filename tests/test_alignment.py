@@ -14,7 +14,7 @@ from tiny_checkpoint import multi30k_lines, tiny_tokenizer, write_checkpoint
 from transformer_nmt.analysis import alignment_aer
 from transformer_nmt.checkpoint import load_checkpoint
 from transformer_nmt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
-from transformer_nmt.hardware import cpu_model, reported_cpu_flags
+from transformer_nmt.hardware import cpu_model, isa_variables, reported_cpu_flags
 from transformer_nmt.inference.alignment import (
     align,
     alignment_error_rate,
@@ -120,12 +120,25 @@ def test_hard_alignments_recover_a_known_permutation():
     assert table[last, "output"] <= AER_BOUND
     assert all(table[layer, "input"] > 0.5 for layer in range(last + 1))
     # The docs' numbers come from docs/alignment/alignment_aer.txt (scripts/docs_tables.py). Training is deterministic
-    # on one machine: on one like the file's (CPU model and flags, torch, 1 thread) the table is the file's, digit
-    # for digit; elsewhere another summation order may move the last digits, and the bound above is the claim.
+    # on one machine: on one like the file's (CPU model and flags, torch, 1 thread, and the code path: the variables
+    # that hold torch, MKL and oneDNN below the CPU's instruction set, none in a record written before provenance
+    # kept them) the table is the file's, digit for digit; elsewhere another summation order may move the last
+    # digits, and the bound above is the claim.
     record, rows = read_raw_alignment()
-    if (record["cpu_model"], record["cpu_flags"], record["versions"]["torch"], record["torch_threads"]) == (
-            cpu_model(), reported_cpu_flags(), torch.__version__, 1):
+    if same_arithmetic(record):
         assert task.markdown(table).splitlines() == rows
+
+
+def test_a_process_held_below_its_cpus_instruction_set_is_not_the_files_machine():
+    """The digit-for-digit comparison is skipped where ATEN_CPU_CAPABILITY (or MKL's, oneDNN's variable) changes the
+    arithmetic on the file's own CPU: the AVX2 code path moved the recipe's AER from 0.031 to 0.054 there."""
+    native = {"cpu_model": cpu_model(), "cpu_flags": reported_cpu_flags(), "versions": {"torch": torch.__version__},
+              "torch_threads": 1}  # a record written before provenance kept the variables: none set
+    assert same_arithmetic(native, environ={})
+    assert not same_arithmetic(native, environ={"ATEN_CPU_CAPABILITY": "avx2"})
+    held = {**native, "isa_variables": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}}
+    assert same_arithmetic(held, environ={"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "HOME": "/"})
+    assert not same_arithmetic(held, environ={"ATEN_CPU_CAPABILITY": "avx2"})
 
 
 def test_the_bound_holds_the_measured_spread():
@@ -140,6 +153,14 @@ def test_the_bound_holds_the_measured_spread():
     assert len({(run["isa"], run["seed"]) for run in spread["runs"] if run["threads"] == 1}) >= 14
     assert max(run["table"][f"{last} output"] for run in spread["runs"]) <= AER_BOUND / 2
     assert min(run["table"][f"{layer} input"] for run in spread["runs"] for layer in range(last + 1)) > 0.5
+
+
+def same_arithmetic(record: dict, environ=None) -> bool:
+    """Whether this process computes as the one that wrote ``record`` (a provenance record): the same CPU model and
+    flags, torch, 1 thread, and the same instruction-set variables (hardware.ISA_VARIABLES) set."""
+    here = isa_variables() if environ is None else isa_variables(environ)
+    return (record["cpu_model"], record["cpu_flags"], record["versions"]["torch"], record["torch_threads"],
+            record.get("isa_variables", {})) == (cpu_model(), reported_cpu_flags(), torch.__version__, 1, here)
 
 
 def read_raw_alignment() -> tuple[dict, list[str]]:
