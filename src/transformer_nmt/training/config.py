@@ -72,6 +72,10 @@ class TrainConfig:
     freeze: list[str] = option(help="parameter name patterns (fnmatch over named_parameters: encoder_layers.*, "
                                     "*norm*, decoder_layers.0.*) kept fixed: no gradient, no optimizer state; "
                                     "one that matches nothing is refused", factory=list, role=TRAINING)
+    rdrop_alpha: float = option(0.0, "R-Drop (Liang et al. 2021; training/rdrop.py): each batch through the model "
+                                     "twice (two dropout masks), the two cross-entropies plus this times the "
+                                     "symmetric KL between the passes' token distributions; doubles the step's "
+                                     "cost; 0: off", role=TRAINING)
     ema_decay: float | None = option(None, "an exponential moving average of the weights with this decay (e.g. "
                                             "0.999), updated after every optimizer step: what validation, the run's "
                                             "test and every checkpoint's decoding weights hold (the trained ones "

@@ -46,6 +46,7 @@ from transformer_nmt.training.freezing import freeze
 from transformer_nmt.training.lightning_adapter import is_logging_step
 from transformer_nmt.training.loss import label_smoothed_cross_entropy
 from transformer_nmt.training.non_finite import FirstNonFiniteStep, NonFiniteError, first_non_finite
+from transformer_nmt.training.rdrop import check_alpha, symmetric_kl, two_passes
 from transformer_nmt.training.schedules import check_schedule, lr_lambda
 
 VALIDATION_DECODE = DecodeConfig(strategy="greedy", beam=1)  # validation BLEU: greedy, through generation/
@@ -94,6 +95,7 @@ class TranslationModule(pl.LightningModule):
         check_schedule(self.optim["lr_schedule"], self.optim["warmup_steps"])
         if self.optim["ema_decay"] is not None:
             check_decay(self.optim["ema_decay"])  # refused here, before the fit, not at its start
+        self.rdrop_alpha = check_alpha(self.optim["rdrop_alpha"])  # train.rdrop_alpha: 0 is one pass
         self.ema = None  # WeightEMA, made at the fit's start, on the training device (train.ema_decay)
         self._ema_resumed = None  # (average, updates) a resumed checkpoint holds, until the fit starts
         if self.optim["compile"]:
@@ -108,7 +110,8 @@ class TranslationModule(pl.LightningModule):
                            if data_config and data_config.get("val") else ["val"])
         tags = LanguageTags.of(data_config)
         self._decoder_tags = tags is not None and tags.style == "decoder"  # validation forces each target's tag
-        self._step_sums = None  # (4,) float64 on the device: source tokens, target tokens, loss sum, nll sum
+        # (5,) float64 on the device: source tokens, target tokens, loss sum, nll sum, R-Drop's symmetric term's sum
+        self._step_sums = None
         self._non_finite = FirstNonFiniteStep()  # the first optimizer step whose loss or gradient is not finite
         self._step_started = None  # time.perf_counter() at the last optimizer step
         self._timed = {"tokens": 0, "seconds": 0.0}  # (source, target) tokens and seconds over the timed steps
@@ -161,18 +164,35 @@ class TranslationModule(pl.LightningModule):
     def training_step(self, batch, batch_idx):
         src, tgt = batch["src"], batch["tgt"]  # (B, S), (B, T)
         tgt_in, labels = tgt[:, :-1], tgt[:, 1:]  # teacher forcing: predict token t+1 from tokens <= t
-        logits = self.model(src, tgt_in)  # (B, T-1, V)
         pad = self.model.config.pad_id
-        # The logits feed nothing but the loss: their memory can take their gradient (see the loss).
-        loss_sum, nll_sum, n_tokens = label_smoothed_cross_entropy(logits, labels, self.optim["label_smoothing"], pad,
-                                                                   overwrite_logits=True)
-        # (source tokens, target tokens, loss sum, nll sum): summed on the device, read only when logged.
-        sums = torch.stack([(src != pad).sum(), n_tokens, loss_sum.detach(), nll_sum.detach()]).double()
+        if self.rdrop_alpha:
+            loss_sum, nll_sum, n_tokens, kl_sum = self._rdrop_losses(src, tgt_in, labels, pad)
+        else:
+            logits = self.model(src, tgt_in)  # (B, T-1, V)
+            # The logits feed nothing but the loss: their memory can take their gradient (see the loss).
+            loss_sum, nll_sum, n_tokens = label_smoothed_cross_entropy(logits, labels, self.optim["label_smoothing"],
+                                                                       pad, overwrite_logits=True)
+            kl_sum = torch.zeros((), device=loss_sum.device)
+        # (source tokens, target tokens, loss sum, nll sum, symmetric KL sum): summed on the device, read when logged.
+        sums = torch.stack([(src != pad).sum(), n_tokens, loss_sum.detach(), nll_sum.detach(), kl_sum.detach()])
+        sums = sums.double()
         self._step_sums = sums if self._step_sums is None else self._step_sums + sums
         # Every token of an optimizer step weighs the same, whatever the micro-batch it came in: backward
         # runs on the loss summed over tokens (over a fixed LOSS_SCALE_TOKENS, to keep fp16 magnitudes
         # ordinary), and on_before_optimizer_step turns the summed gradients into the per-token mean.
-        return loss_sum / LOSS_SCALE_TOKENS
+        return (loss_sum + self.rdrop_alpha / 2 * kl_sum) / LOSS_SCALE_TOKENS
+
+    def _rdrop_losses(self, src: Tensor, tgt_in: Tensor, labels: Tensor, pad: int):
+        """R-Drop's two passes (training/rdrop.py) as one forward of the batch stacked on itself: (the mean of the two
+        passes' smoothed loss sums, of their nll sums, the batch's target tokens, the sum over them of
+        1/2 (KL(P1 || P2) + KL(P2 || P1)))."""
+        batch = src.shape[0]
+        logits = self.model(*two_passes(src, tgt_in))  # (2B, T-1, V): the first B rows one mask, the rest another
+        # Not overwrite_logits: the divergence reads the logits again in its backward pass.
+        loss_sum, nll_sum, n_tokens = label_smoothed_cross_entropy(logits, torch.cat([labels, labels]),
+                                                                   self.optim["label_smoothing"], pad)
+        kl_sum = symmetric_kl(logits[:batch], logits[batch:], labels, pad) / 2
+        return loss_sum / 2, nll_sum / 2, n_tokens // 2, kl_sum
 
     def on_before_optimizer_step(self, optimizer):
         """Once per optimizer step, after gradients are all-reduced (and unscaled under 16-mixed).
@@ -229,6 +249,8 @@ class TranslationModule(pl.LightningModule):
         if self._interval["seconds"]:
             rate = (self._interval["tokens"] / self._interval["seconds"]).float()
             metrics["train/src_tokens_per_sec"], metrics["train/tgt_tokens_per_sec"] = rate.unbind()
+        if self.rdrop_alpha:
+            metrics["train/rdrop_kl"] = (sums[4] / tokens).float()  # 1/2 (KL(P1 || P2) + KL(P2 || P1)) per token
         if self.device.type == "cuda":
             metrics["train/peak_memory_gib"] = torch.cuda.max_memory_allocated(self.device) / 2 ** 30
         self.log_dict(metrics)
