@@ -675,6 +675,66 @@ def decode_search_issue31(root: Path) -> str:
 
 
 
+# --- many languages (studies/multilingual.py's JSON, docs/quality/multilingual.json) ------------------------------
+
+def multilingual_scores(runs: list[dict], model: str, pair: str, split: str, key: str) -> str:
+    """The mean over the study's seeds of one model's score on one pair and split ("-" where it was not scored)."""
+    values = [run["scores"][pair][split][key] for run in runs
+              if run["model"] == model and pair in run["scores"] and split in run["scores"][pair]]
+    return f"{statistics.mean(values):.2f}" if values else "-"
+
+
+def multilingual(root: Path, name: str = "multilingual.json") -> str:
+    """One-to-many against one bilingual model per pair at the same total updates, per pair and split (cased
+    sacreBLEU and the Multi30k convention, lowercased and Moses-tokenized in each target language), then the
+    many-to-many model on its own pairs and on the directions it never saw, direct and pivoted through English."""
+    study = read_json(root, QUALITY / name)
+    runs, options = study["runs"], study["options"]
+    seeds = sorted({run["seed"] for run in runs})
+    updates = {run["model"]: run["updates"] for run in runs}
+    hub = options["source"]
+    rows = []
+    for target in options["targets"]:
+        pair = f"{hub}-{target}"
+        row = [pair]
+        for split, key in (("val", "bleu"), ("test", "bleu"), ("test", "bleu_multi30k")):
+            one = multilingual_scores(runs, f"bilingual {pair}", pair, split, key)
+            many = multilingual_scores(runs, "one-to-many", pair, split, key)
+            gain = f"{float(many) - float(one):+.2f}" if "-" not in (one, many) else "-"
+            row += [one, many, gain]
+        rows.append(row)
+    header = ["pair", "val: bilingual", "one-to-many", "Δ", "test: bilingual", "one-to-many", "Δ",
+              "test, convention: bilingual", "one-to-many", "Δ"]
+    text = table(header, rows)
+    many_runs = [run for run in runs if run["model"] == "many-to-many"]
+    if many_runs:
+        m2m = []
+        for pair in many_runs[0]["pairs"]:
+            m2m.append([pair, "trained on", *(multilingual_scores(runs, "many-to-many", pair, split, key)
+                                           for split, key in (("val", "bleu"), ("test", "bleu"),
+                                                              ("test", "bleu_multi30k")))])
+        for direction in many_runs[0].get("zero_shot", {}):
+            for way, label in (("direct", "zero-shot, direct"), ("pivot", f"zero-shot, pivoted through {hub}")):
+                values = {key: [run["zero_shot"][direction][way][key] for run in many_runs] for key in
+                          ("bleu", "bleu_multi30k")}
+                m2m.append([direction, label, "-", f"{statistics.mean(values['bleu']):.2f}",
+                            f"{statistics.mean(values['bleu_multi30k']):.2f}"])
+        text += "\n\n" + table(["direction", "the many-to-many model", "val", "test", "test, convention"], m2m)
+    steps = options["steps"]
+    record = study["provenance"]
+    text += (f"\n\n`experiment={options['experiment']}` with {', '.join(f'`{o}`' for o in options['overrides'])};"
+             f" {len(seeds)} seed{'s' if len(seeds) > 1 else ''} ({', '.join(map(str, seeds))}); updates: "
+             + ", ".join(f"{model} {count:,}" for model, count in updates.items())
+             + f" ({steps:,} a pair); beam {options['beam']}, each model's last weights; "
+             f"CPU flags `{' '.join(record['cpu_flags'])}`, {record['cpus']} cores; training seconds (wall): "
+             + ", ".join(f"{step} {seconds:,.0f}" for step, seconds in study["seconds"].items()) + ".")
+    if study.get("partial"):
+        text += f" Partial: {study['partial']}."
+    if not many_runs:
+        text += " The many-to-many model and its zero-shot directions: not in this file yet."
+    return text
+
+
 # --- serving by CPU dispatch (benchmarks/benchmark_decode.py's whole output, docs/benchmarks/serving_isa/*.txt) --
 
 SERVING_ISA = BENCHMARKS / "serving_isa"
@@ -1035,6 +1095,7 @@ BLOCKS = {
     "quality-avx2-estimate": avx2_estimate,
     "quality-beam": recipe_beam,
     "quality-recipe-seeds": recipe_seeds,
+    "quality-multilingual": multilingual,
     "readme-recipe-seeds": readme_recipe_seeds,
     "ablations-study": table3_study,
     "ablations-table": table3_full,
