@@ -5,7 +5,6 @@ is read as data options, never instantiated."""
 
 import dataclasses
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -119,22 +118,36 @@ def test_the_logger_is_its_config(tmp_path):
 # --- --help ------------------------------------------------------------------------------------------------------
 
 
-def test_help_lists_every_option_with_its_default_and_help():
-    # both at once: each is mostly its imports, one core each
-    running = [subprocess.Popen([sys.executable, "-m", f"transformer_nmt.{app}", "--help"], cwd=REPO, text=True,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE) for app in ("train", "prepare")]
-    train, prepare = [subprocess.CompletedProcess(p.args, 0, *p.communicate(timeout=300)) for p in running]
-    train.returncode, prepare.returncode = running[0].returncode, running[1].returncode
-    assert train.returncode == 0, train.stderr[-2000:]
-    words = " ".join(train.stdout.split())  # the table wraps help texts
+def command_help(monkeypatch, capsys, command) -> str:
+    """What ``python -m transformer_nmt.NAME --help`` prints, run in this process (the command's own entry point
+    under Hydra: importing it is most of a subprocess's cost, and this worker has imported it already)."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    monkeypatch.setattr(sys, "argv", [command.__name__, "--help"])
+    capsys.readouterr()
+    try:
+        with pytest.raises(SystemExit) as exit_:
+            command.main()
+    finally:
+        GlobalHydra.instance().clear()  # Hydra leaves its state behind where --help exits
+    assert exit_.value.code in (0, None)
+    return capsys.readouterr().out
+
+
+def test_help_lists_every_option_with_its_default_and_help(monkeypatch, capsys):
+    import transformer_nmt.prepare
+    import transformer_nmt.train
+
+    train = command_help(monkeypatch, capsys, transformer_nmt.train)
+    words = " ".join(train.split())  # the table wraps help texts
     for key, help in option_rows(TrainAppConfig):
         if not key.startswith("run_dir="):  # set by the app, not an option
             assert f" {key} {help[:40]}".rstrip() in words, key
-    assert "  model.d_model=512 " in train.stdout and " model width\n" in train.stdout
-    assert "experiment: " in train.stdout and "smoke" in train.stdout  # the groups and their options
-    assert prepare.returncode == 0, prepare.stderr[-2000:]
-    assert "data.vocab_size=8000" in prepare.stdout and "data.train=???" in prepare.stdout
-    assert "train.warmup_steps" not in prepare.stdout
+    assert "  model.d_model=512 " in train and " model width\n" in train
+    assert "experiment: " in train and "smoke" in train  # the groups and their options
+    prepare = command_help(monkeypatch, capsys, transformer_nmt.prepare)
+    assert "data.vocab_size=8000" in prepare and "data.train=???" in prepare
+    assert "train.warmup_steps" not in prepare
 
 
 # --- a checkpoint's data config: data options, never code --------------------------------------------------------
