@@ -18,6 +18,16 @@ def loss_chunk_elements(device_type: str) -> int:
     return LOSS_CHUNK_ELEMENTS_CPU if device_type == "cpu" else LOSS_CHUNK_ELEMENTS
 
 
+def chunk_rows(vocab: int, device_type: str, chunk_elements: int | None = None) -> int:
+    """Rows of ``vocab`` logits per chunk: ``chunk_elements`` logits (None: ``loss_chunk_elements`` of the device),
+    at least one row; a ValueError below one element."""
+    if chunk_elements is None:
+        chunk_elements = loss_chunk_elements(device_type)
+    elif chunk_elements < 1:
+        raise ValueError(f"chunk_elements must be >= 1, got {chunk_elements}")
+    return max(1, chunk_elements // vocab)
+
+
 class _SmoothedCrossEntropy(torch.autograd.Function):
     """Label-smoothed cross-entropy summed over the non-pad rows, computed in fp32 over chunks of rows.
 
@@ -87,11 +97,7 @@ def label_smoothed_cross_entropy(logits: Tensor, labels: Tensor, epsilon: float,
     not depend on it beyond fp32 rounding of the sums.
     """
     vocab = logits.shape[-1]
-    if chunk_elements is None:
-        chunk_elements = loss_chunk_elements(logits.device.type)
-    elif chunk_elements < 1:
-        raise ValueError(f"chunk_elements must be >= 1, got {chunk_elements}")
-    rows = max(1, chunk_elements // vocab)
+    rows = chunk_rows(vocab, logits.device.type, chunk_elements)
     loss, nll = _SmoothedCrossEntropy.apply(logits.reshape(-1, vocab), labels.reshape(-1), epsilon, pad_id,
                                             overwrite_logits, rows)
     return loss, nll, (labels != pad_id).sum()

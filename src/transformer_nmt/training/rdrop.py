@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from transformer_nmt.training.loss import loss_chunk_elements
+from transformer_nmt.training.loss import chunk_rows
 
 
 def check_alpha(alpha: float) -> float:
@@ -77,13 +77,9 @@ def symmetric_kl(first: Tensor, second: Tensor, labels: Tensor, pad_id: int,
     if first.shape != second.shape:
         raise ValueError(f"the two passes' logits differ in shape: {tuple(first.shape)} and {tuple(second.shape)}")
     vocab = first.shape[-1]
-    if chunk_elements is None:
-        chunk_elements = loss_chunk_elements(first.device.type)
-    elif chunk_elements < 1:
-        raise ValueError(f"chunk_elements must be >= 1, got {chunk_elements}")
+    rows = chunk_rows(vocab, first.device.type, chunk_elements)
     keep = (labels.reshape(-1) != pad_id).float()  # (N,)
-    return _SymmetricKL.apply(first.reshape(-1, vocab), second.reshape(-1, vocab), keep,
-                              max(1, chunk_elements // vocab))
+    return _SymmetricKL.apply(first.reshape(-1, vocab), second.reshape(-1, vocab), keep, rows)
 
 
 def two_passes(src: Tensor, tgt_in: Tensor) -> tuple[Tensor, Tensor]:
