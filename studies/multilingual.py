@@ -15,7 +15,8 @@ Multi30k (issue 50).
    line-aligned references of ``test``, and the same directions pivoted through English (X -> en, then en -> Y,
    both by the many-to-many model).
 
-Every step is skipped when its output exists: run the same command again and the study goes on where it stopped.
+Every step is skipped when its output exists (a run's results.json, an evaluation's record of the same checkpoint):
+run the same command again, or with another seed added, and the study goes on where it stopped.
 Writes ``out`` (JSON: each run's scores per pair, the zero-shot and pivot scores, the means over seeds, the step
 times, the provenance); runs and evaluations go under ``work`` (default outputs/multilingual/, which git ignores).
 """
@@ -27,9 +28,8 @@ import sys
 from itertools import permutations
 from pathlib import Path
 
-from study_steps import SCORES, mean, parallel_files, run_step  # studies/: the steps of a multi-step study
+from study_steps import SCORES, evaluate_once, mean, parallel_files, run_step  # studies/: a study's steps
 
-from transformer_nmt.inference.evaluate import main as evaluate
 from transformer_nmt.inference.translate import main as translate
 from transformer_nmt.options import parse_options
 from transformer_nmt.provenance import PROVENANCE_KEY
@@ -47,8 +47,8 @@ def pair_scores(ckpt: Path, pairs: list[str], splits: list[str], beam: int, out:
     for pair in pairs:
         src, tgt = pair.split("-")
         for split in splits:
-            result = evaluate([f"ckpt={ckpt}", f"split={split}", f"beam={beam}", f"out={out}", f"name={split}.{pair}",
-                               f"src_lang={src}", f"tgt_lang={tgt}"])
+            result = evaluate_once(ckpt, out, f"{split}.{pair}", [f"split={split}", f"beam={beam}", f"src_lang={src}",
+                                                                   f"tgt_lang={tgt}"])
             scores.setdefault(pair, {})[split] = {key: result.get(key) for key in SCORES}
     return scores
 
@@ -61,14 +61,14 @@ def zero_shot_scores(ckpt: Path, options: dict, out: Path) -> dict:
     for src, tgt in permutations([lang for lang in options["many_langs"] if lang != hub], 2):
         name = f"{src}-{tgt}"
         source, reference = parallel_files(test, src, tgt)  # PREFIX.SRC / PREFIX.TGT, .gz too
-        direct = evaluate([f"ckpt={ckpt}", f"src={source}", f"ref={reference}", f"src_lang={src}",
-                           f"tgt_lang={tgt}", "zero_shot=true", f"beam={beam}", f"out={out}", f"name={name}.direct"])
+        direct = evaluate_once(ckpt, out, f"{name}.direct", [f"src={source}", f"ref={reference}", f"src_lang={src}",
+                                                             f"tgt_lang={tgt}", "zero_shot=true", f"beam={beam}"])
         pivot_text = out / f"{name}.pivot.{hub}"
-        if not pivot_text.exists():
+        if not pivot_text.exists() or pivot_text.stat().st_mtime < ckpt.stat().st_mtime:
             translate([f"ckpt={ckpt}", f"input={source}", f"output={pivot_text}", f"src_lang={src}",
                        f"tgt_lang={hub}", f"beam={beam}"])
-        pivot = evaluate([f"ckpt={ckpt}", f"src={pivot_text}", f"ref={reference}", f"src_lang={hub}",
-                          f"tgt_lang={tgt}", f"beam={beam}", f"out={out}", f"name={name}.pivot"])
+        pivot = evaluate_once(ckpt, out, f"{name}.pivot", [f"src={pivot_text}", f"ref={reference}", f"src_lang={hub}",
+                                                           f"tgt_lang={tgt}", f"beam={beam}"])
         rows[name] = {"direct": {key: direct.get(key) for key in SCORES},
                       "pivot": {key: pivot.get(key) for key in SCORES}}
     return rows

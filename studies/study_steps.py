@@ -3,6 +3,7 @@ so a study killed or stopped goes on where it was), and a run's final weights sc
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -29,6 +30,20 @@ def run_step(name: str, done: Path, command: list[str]) -> float:
     if not done.exists():
         raise SystemExit(f"[{name}] ended without writing {done}")
     return round(time.perf_counter() - started, 1)
+
+
+def evaluate_once(ckpt: Path, out: Path, name: str, options: list[str]) -> dict:
+    """evaluate's record of ``ckpt`` as OUT/NAME.json, decoded only when that file does not already hold an evaluation
+    of the same checkpoint file (written after it), so a study run again with more seeds scores only what is new.
+    ``options``: evaluate's other options (split= or src=/ref=, beam=, the languages)."""
+    record = out / f"{name}.json"
+    if record.exists() and record.stat().st_mtime > Path(ckpt).stat().st_mtime:
+        earlier = json.loads(record.read_text(encoding="utf-8"))
+        beam = next((int(o.split("=", 1)[1]) for o in options if o.startswith("beam=")), None)
+        if earlier.get("checkpoint") == str(ckpt) and (beam is None or earlier.get("beam") == beam):
+            print(f"[evaluate {name}] done already ({record})", flush=True)
+            return earlier
+    return evaluate([f"ckpt={ckpt}", f"out={out}", f"name={name}", *options])
 
 
 def score(ckpt: Path, splits: list[str], beam: int, out: Path, extra: list[str] = ()) -> dict:

@@ -48,5 +48,8 @@ def test_the_study_trains_scores_and_resumes(tmp_path, monkeypatch, capsys):
             for pair in runs["one-to-many"]["pairs"]}
     assert all(refs[f"en-{t}"] == (corpus / f"test.{t}").read_text().splitlines() for t in ("de", "fr", "cs"))
     capsys.readouterr()
-    study.main(argv)  # again: every run found done
-    assert capsys.readouterr().out.count("done already") == 5
+    again = study.main(argv)  # again: every run and every evaluation found done, nothing decoded
+    out = capsys.readouterr().out
+    assert out.count("done already") == 5 + 14  # 5 runs; 3 + 3 + 4 pairs on test, 2 zero-shot x (direct, pivot)
+    assert [run["scores"] for run in again["runs"]] == [run["scores"] for run in result["runs"]]
+    assert again["runs"][-1]["zero_shot"] == zero
