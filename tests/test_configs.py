@@ -18,9 +18,8 @@ from transformer_nmt.conf import CONF_DIR
 from transformer_nmt.data.config import DataConfig
 from transformer_nmt.inference.evaluate import split_pairs
 from transformer_nmt.training.app import ConfigError, build_callbacks, build_trainer
-from transformer_nmt.training.callbacks import AttentionMaps, LastCheckpoint, TokenProgressBar
+from transformer_nmt.training.callbacks import AttentionMaps, LastCheckpoint, RecordFingerprint, TokenProgressBar
 from transformer_nmt.training.config import ModelConfig, PrepareAppConfig, TrainAppConfig, option_rows, register_configs
-from transformer_nmt.training.fingerprint import RecordFingerprint
 from transformer_nmt.training.slurm import SlurmRequeue
 from transformer_nmt.training.time_budget import TimeBudget
 

@@ -1,5 +1,6 @@
 """Inference imports no training: translate, evaluate, average and export (and every module of inference/) load
-without Lightning or transformer_nmt.training, which would cost every translate call their import time."""
+without Lightning or transformer_nmt.training, which would cost every translate call their import time. And the train
+command's module loads no Lightning until it trains: --help, --cfg and a sweep's launching process don't pay for it."""
 
 from __future__ import annotations
 
@@ -24,9 +25,9 @@ print(json.dumps(sorted(m for m in sys.modules if any(m == f or m.startswith(f +
 """
 
 
-def loaded_forbidden(modules: list[str]) -> list[str]:
-    """The forbidden modules that importing ``modules`` in a fresh interpreter loads."""
-    done = subprocess.run([sys.executable, "-c", PROBE.format(forbidden=FORBIDDEN), *modules], capture_output=True,
+def loaded_forbidden(modules: list[str], forbidden: tuple[str, ...] = FORBIDDEN) -> list[str]:
+    """The ``forbidden`` modules that importing ``modules`` in a fresh interpreter loads."""
+    done = subprocess.run([sys.executable, "-c", PROBE.format(forbidden=forbidden), *modules], capture_output=True,
                           text=True, timeout=300, env={"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin"})
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout.splitlines()[-1])
@@ -44,3 +45,11 @@ def test_inference_commands_and_modules_import_no_training():
 def test_the_probe_sees_training():
     """The check can fail: importing the training package is seen (its __init__ alone: cheap to import)."""
     assert loaded_forbidden(["transformer_nmt.training"]) == ["transformer_nmt.training"]
+
+
+def test_the_train_command_loads_lightning_only_to_train():
+    """transformer_nmt.train composes configs (schemas, resolvers, the run dir's guards) without Lightning: the run's
+    code is imported by the app when it runs. Its probe sees Lightning where a module loads it (training.app)."""
+    lightning = FORBIDDEN[:3]
+    assert loaded_forbidden(["transformer_nmt.train"], lightning) == []
+    assert "lightning" in loaded_forbidden(["transformer_nmt.training.app"], lightning)

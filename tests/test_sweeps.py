@@ -44,7 +44,7 @@ def sweep(tmp_path_factory):
     gate = root / "gate"
     gate.mkdir()
     src = Path(transformer_nmt.__file__).resolve().parents[1]
-    tests = Path(__file__).resolve().parent  # sweep_gate
+    tests = Path(__file__).resolve().parent  # sweep_gate, sweep_controller
     env = {**os.environ, "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join([str(src), str(tests), os.environ.get("PYTHONPATH", "")]),
            "PATH": f"{root / 'bin'}{os.pathsep}{os.environ['PATH']}", "SCONTROL_LOG": str(root / "scontrol.log"),
@@ -52,7 +52,7 @@ def sweep(tmp_path_factory):
     callbacks = ("callbacks.slurm_requeue.requeue_signals=[SIGUSR2]", "+callbacks.gate._target_=sweep_gate.Gate",
                  f"+callbacks.gate.gate_dir='{gate}'", f"+callbacks.gate.step={GATE_STEP}",
                  "+callbacks.gate.jobs=[1,2]")
-    command = [sys.executable, "-m", "transformer_nmt.train", "-m", "hydra/launcher=submitit_local",
+    command = [sys.executable, "-m", "sweep_controller", "-m", "hydra/launcher=submitit_local",  # the train command
                "hydra.launcher.timeout_min=10", *tiny_overrides(corpus), f"trainer.max_steps={TOTAL_STEPS}",
                "trainer.val_check_interval=5", "checkpoint.every_n_train_steps=2", "name=sweep", "sweep_id=s1",
                *callbacks, AXIS]

@@ -17,7 +17,6 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from transformer_nmt.training.app import train
 from transformer_nmt.training.config import register_configs
 from transformer_nmt.training.planted_links import refuse_planted_links
 from transformer_nmt.training.resolvers import register_resolvers
@@ -38,6 +37,10 @@ def app(cfg: DictConfig) -> None:
     # the job log's handler (planted_links.RunDirLogFile) refused these before Hydra wrote .hydra/; again here where
     # hydra.job_logging was replaced: before the lock, the skip decision's read of results.json and the run
     refuse_planted_links(run_dir)
+    # the run's code (Lightning with it) imported here, not above: --help, --cfg and a sweep's launching process,
+    # which composes the jobs and hands them to a launcher, never train
+    from transformer_nmt.training.app import train
+
     train(cfg, run_dir, overrides=overrides, sweep=sweep)  # under the run dir's lock; a finished sweep job: skipped
 
 

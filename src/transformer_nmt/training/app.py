@@ -34,11 +34,17 @@ from transformer_nmt.metrics.catalog import build as build_metric
 from transformer_nmt.metrics.catalog import check_names, read_options
 from transformer_nmt.model.attention import check_attention
 from transformer_nmt.provenance import collect as collect_provenance
-from transformer_nmt.training.callbacks import LastCheckpoint, StepBoundaryTimer, early_stopping, monitored_metric
+from transformer_nmt.training.callbacks import (
+    LastCheckpoint,
+    RecordFingerprint,
+    StepBoundaryTimer,
+    early_stopping,
+    monitored_metric,
+)
 from transformer_nmt.training.checkpoint_io import AtomicCheckpointIO
 from transformer_nmt.training.config import ConfigError, schema_error
 from transformer_nmt.training.continuation import ContinuationError, check_keep
-from transformer_nmt.training.fingerprint import INIT_RUN_SETTINGS, RecordFingerprint, check_resume
+from transformer_nmt.training.fingerprint import INIT_RUN_SETTINGS, check_resume
 from transformer_nmt.training.init_from import continued_from, read_parent
 from transformer_nmt.training.lightning_adapter import quiet_start_up
 from transformer_nmt.training.module import TranslationModule

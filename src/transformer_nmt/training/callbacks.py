@@ -18,6 +18,7 @@ import torch
 from lightning.pytorch.callbacks import Callback, Checkpoint, EarlyStopping, ModelCheckpoint, Timer, TQDMProgressBar
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_warn
+from omegaconf import DictConfig
 from tensorboard.compat.proto import types_pb2
 from tensorboard.compat.proto.summary_pb2 import Summary
 from tensorboard.compat.proto.tensor_pb2 import TensorProto
@@ -25,9 +26,11 @@ from tensorboard.compat.proto.tensor_shape_pb2 import TensorShapeProto
 from tensorboard.plugins.image import metadata as image_metadata
 
 from transformer_nmt import run_files
+from transformer_nmt.checkpoint import CKPT_FINGERPRINT, CKPT_OVERRIDES
 from transformer_nmt.data.language_tags import LanguageTags
 from transformer_nmt.inference.attention_maps import ATTENTION_KINDS, attention_entropy, render_heatmaps
 from transformer_nmt.metrics import catalog
+from transformer_nmt.training.fingerprint import run_fingerprint
 from transformer_nmt.training.time_budget import BackgroundWork, TimeBudget, timed
 
 log = logging.getLogger(__name__)
@@ -456,3 +459,21 @@ def attention_maps(every_n_validations: int, n_probes: int, probes: list | None,
 def progress_bar(enabled: bool = True) -> TokenProgressBar | None:
     """``TokenProgressBar`` where the trainer shows a bar (trainer.enable_progress_bar), else None."""
     return TokenProgressBar() if enabled else None
+
+
+class RecordFingerprint(Callback):
+    """Writes the run's fingerprint and overrides into every checkpoint it saves (keys ``run_fingerprint``,
+    ``run_overrides``); the fingerprint is the Trainer's (its world size and precision), taken at set-up."""
+
+    def __init__(self, cfg: DictConfig, overrides: list[str]):
+        self.cfg, self.overrides = cfg, overrides
+        self.fingerprint = None
+        self.recorded_run = None  # the resumed checkpoint's fingerprint, where init_from's file is gone (app sets it)
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        self.fingerprint = run_fingerprint(self.cfg, trainer, self.recorded_run)
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
+        checkpoint[CKPT_FINGERPRINT] = self.fingerprint if self.fingerprint is not None else run_fingerprint(
+            self.cfg, trainer)
+        checkpoint[CKPT_OVERRIDES] = self.overrides

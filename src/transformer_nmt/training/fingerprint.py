@@ -21,7 +21,7 @@ batches and how many sentences it decodes for BLEU, and how the same arithmetic 
 fused Adam). A fingerprint written before this derivation (no ``fingerprint_format``) is compared on the keys it
 holds.
 
-Every checkpoint carries the fingerprint of the run that wrote it (``RecordFingerprint``). Resuming the run
+Every checkpoint carries the fingerprint of the run that wrote it (``callbacks.RecordFingerprint``). Resuming the run
 dir's own checkpoint (``ckpt_path=auto`` or ``last``) with another fingerprint is refused (``check_resume``):
 inside one SLURM allocation, or after a relaunch with another learning rate, the directory holds another run,
 and continuing its weights and schedule under new settings trains neither run. ``force_resume=true`` resumes
@@ -50,8 +50,6 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from lightning.pytorch.accelerators import CPUAccelerator, CUDAAccelerator
-from lightning.pytorch.callbacks import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from transformer_nmt.checkpoint import CKPT_FINGERPRINT, CKPT_MODEL_CONFIG, CKPT_OVERRIDES, read_checkpoint
@@ -127,6 +125,9 @@ def configured_world_size(cfg: DictConfig, environ=os.environ) -> int:
     accelerator (``auto``, ``-1``: every visible GPU) times ``trainer.num_nodes``."""
     if environ.get("WORLD_SIZE"):
         return int(environ["WORLD_SIZE"])
+    # Lightning's device count, imported here: naming a run dir, a sweep's launch and --help never load Lightning
+    from lightning.pytorch.accelerators import CPUAccelerator, CUDAAccelerator
+
     trainer = cfg.get("trainer") or {}
     accelerator = CUDAAccelerator if uses_cuda(str(trainer.get("accelerator", "auto"))) else CPUAccelerator
     devices = trainer.get("devices", "auto")
@@ -264,24 +265,6 @@ def fingerprint_digest(cfg: DictConfig) -> str:
     """A short hash of ``run_fingerprint(cfg)``: names a ``torchrun --standalone`` run dir (run_dir.job_identity)."""
     encoded = json.dumps(run_fingerprint(cfg), sort_keys=True, default=str).encode()
     return hashlib.sha256(encoded).hexdigest()[:10]
-
-
-class RecordFingerprint(Callback):
-    """Writes the run's fingerprint and overrides into every checkpoint it saves (keys ``run_fingerprint``,
-    ``run_overrides``); the fingerprint is the Trainer's (its world size and precision), taken at set-up."""
-
-    def __init__(self, cfg: DictConfig, overrides: list[str]):
-        self.cfg, self.overrides = cfg, overrides
-        self.fingerprint = None
-        self.recorded_run = None  # the resumed checkpoint's fingerprint, where init_from's file is gone (app sets it)
-
-    def setup(self, trainer, pl_module, stage: str) -> None:
-        self.fingerprint = run_fingerprint(self.cfg, trainer, self.recorded_run)
-
-    def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
-        checkpoint[CKPT_FINGERPRINT] = self.fingerprint if self.fingerprint is not None else run_fingerprint(
-            self.cfg, trainer)
-        checkpoint[CKPT_OVERRIDES] = self.overrides
 
 
 def _override(value: Any) -> str:

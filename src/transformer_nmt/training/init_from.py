@@ -24,6 +24,7 @@ from transformer_nmt.checkpoint import (
 )
 from transformer_nmt.data.tokenizer import Tokenizer
 from transformer_nmt.file_digest import content_digest
+from transformer_nmt.training.callbacks import RecordFingerprint
 from transformer_nmt.training.config import ConfigError
 from transformer_nmt.training.continuation import (
     ContinuationError,
@@ -31,7 +32,7 @@ from transformer_nmt.training.continuation import (
     check_trains_something,
     continuation_checkpoint,
 )
-from transformer_nmt.training.fingerprint import INIT_DIGEST, RecordFingerprint, recorded_init, run_fingerprint
+from transformer_nmt.training.fingerprint import INIT_DIGEST, recorded_init, run_fingerprint
 from transformer_nmt.training.precision import uses_cuda
 
 log = logging.getLogger(__name__)
