@@ -49,7 +49,6 @@ def test_the_probe_sees_training():
 
 def test_the_train_command_loads_lightning_only_to_train():
     """transformer_nmt.train composes configs (schemas, resolvers, the run dir's guards) without Lightning: the run's
-    code is imported by the app when it runs. Its probe sees Lightning where a module loads it (training.app)."""
-    lightning = FORBIDDEN[:3]
-    assert loaded_forbidden(["transformer_nmt.train"], lightning) == []
-    assert "lightning" in loaded_forbidden(["transformer_nmt.training.app"], lightning)
+    code is imported by the app when it runs (the probe can fail: test_the_probe_sees_training; a module-level
+    import of training.app in train.py fails this test)."""
+    assert loaded_forbidden(["transformer_nmt.train"], forbidden=FORBIDDEN[:3]) == []  # lightning and its aliases
