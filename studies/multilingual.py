@@ -8,7 +8,8 @@ Multi30k (issue 50).
 2. One one-to-many model over the same pairs (data.pairs=[en-de,en-fr,en-cs], target tags <2de>, ...), as many
    updates as the bilingual models together (``steps`` x the number of targets): the same total budget.
 3. One many-to-many model over ``many_langs`` (en, de, fr: every pair with English, both ways), ``steps`` x its
-   number of pairs updates; it never sees de -> fr or fr -> de.
+   number of pairs updates; it never sees de -> fr or fr -> de. Under each of ``seeds``, or of
+   ``many_to_many_seeds`` where given (the longest run: a second seed for the bilingual comparison alone).
 4. Every model's final weights scored per pair on each split of ``splits`` (evaluate: sacreBLEU, and the Multi30k
    convention, lowercased and Moses-tokenized, for each target language alike), beam ``beam``; the many-to-many
    model also on the zero-shot directions between the non-English languages (zero_shot=true), scored against the
@@ -35,9 +36,10 @@ from transformer_nmt.options import parse_options
 from transformer_nmt.provenance import PROVENANCE_KEY
 from transformer_nmt.provenance import collect as collect_provenance
 
-OPTIONS = {"experiment": "multi30k_tiny", "overrides": [], "seeds": [1], "steps": 8000, "source": "en",
-           "targets": ["de", "fr", "cs"], "many_langs": ["en", "de", "fr"], "test": "data/multi30k/test_2016_flickr",
-           "beam": 5, "splits": ["val", "test"], "out": "multilingual.json", "work": "outputs/multilingual"}
+OPTIONS = {"experiment": "multi30k_tiny", "overrides": [], "seeds": [1], "many_to_many_seeds": None, "steps": 8000,
+           "source": "en", "targets": ["de", "fr", "cs"], "many_langs": ["en", "de", "fr"],
+           "test": "data/multi30k/test_2016_flickr", "beam": 5, "splits": ["val", "test"],
+           "out": "multilingual.json", "work": "outputs/multilingual"}
 USAGE = "python studies/multilingual.py [experiment=multi30k_tiny] [steps=8000] [seeds=[1]] [out=FILE.json]"
 
 
@@ -86,7 +88,9 @@ def main(argv: list[str]) -> dict:
     models["many-to-many"] = (many_to_many, [f"data.pairs=[{','.join(many_to_many)}]"], steps * len(many_to_many))
     seconds, runs = {}, []
     for name, (pairs, data, updates) in models.items():
-        for seed in options["seeds"]:
+        seeds = options["seeds"] if name != "many-to-many" or options["many_to_many_seeds"] is None \
+            else options["many_to_many_seeds"]
+        for seed in seeds:
             run_dir = work / "runs" / name.replace(" ", "_") / f"seed{seed}"
             step = f"{name}, seed {seed}"
             seconds[step] = run_step(step, run_dir / "results.json", [

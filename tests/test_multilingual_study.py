@@ -53,3 +53,10 @@ def test_the_study_trains_scores_and_resumes(tmp_path, monkeypatch, capsys):
     assert out.count("done already") == 5 + 14  # 5 runs; 3 + 3 + 4 pairs on test, 2 zero-shot x (direct, pivot)
     assert [run["scores"] for run in again["runs"]] == [run["scores"] for run in result["runs"]]
     assert again["runs"][-1]["zero_shot"] == zero
+    # a second seed for the bilingual comparison alone: the many-to-many model keeps its one seed
+    more = study.main([a.replace("seeds=[1]", "seeds=[1,2]") for a in argv] + ["many_to_many_seeds=[1]"])
+    assert len(trained) == 5 + 4
+    assert [(run["model"], run["seed"]) for run in more["runs"]] == [
+        ("bilingual en-de", 1), ("bilingual en-de", 2), ("bilingual en-fr", 1), ("bilingual en-fr", 2),
+        ("bilingual en-cs", 1), ("bilingual en-cs", 2), ("one-to-many", 1), ("one-to-many", 2), ("many-to-many", 1)]
+    assert more["runs"][-1]["scores"] == result["runs"][-1]["scores"]  # the first seed's runs: found, not redone
