@@ -677,20 +677,38 @@ def decode_search_issue31(root: Path) -> str:
 
 # --- many languages (studies/multilingual.py's JSON, docs/quality/multilingual.json) ------------------------------
 
-def multilingual_scores(runs: list[dict], model: str, pair: str, split: str, key: str) -> str:
-    """The mean over the study's seeds of one model's score on one pair and split ("-" where it was not scored)."""
-    values = [run["scores"][pair][split][key] for run in runs
-              if run["model"] == model and pair in run["scores"] and split in run["scores"][pair]]
-    return f"{statistics.mean(values):.2f}" if values else "-"
+def multilingual_values(runs: list[dict], model: str, pair: str, split: str, key: str) -> dict[int, float]:
+    """{seed: score} of one model on one pair and split, over the study's seeds where it was scored."""
+    return {run["seed"]: run["scores"][pair][split][key] for run in runs
+            if run["model"] == model and pair in run["scores"] and split in run["scores"][pair]}
+
+
+def mean_cell(values: list[float]) -> str:
+    """The mean, and the sample std where there are several values ("-" where there are none)."""
+    if not values:
+        return "-"
+    return f"{statistics.mean(values):.2f}" + (f" ± {statistics.stdev(values):.2f}" if len(values) > 1 else "")
+
+
+def gain_cell(one: dict[int, float], many: dict[int, float]) -> str:
+    """The mean over seeds of many - one, paired by seed, and each seed's where there are several."""
+    gains = [many[seed] - one[seed] for seed in sorted(one) if seed in many]
+    if not gains:
+        return "-"
+    each = f" ({', '.join(f'{g:+.2f}' for g in gains)})" if len(gains) > 1 else ""
+    return f"{statistics.mean(gains):+.2f}{each}"
 
 
 def multilingual(root: Path, name: str = "multilingual.json") -> str:
     """One-to-many against one bilingual model per pair at the same total updates, per pair and split (cased
-    sacreBLEU and the Multi30k convention, lowercased and Moses-tokenized in each target language), then the
-    many-to-many model on its own pairs and on the directions it never saw, direct and pivoted through English."""
+    sacreBLEU and the Multi30k convention, lowercased and Moses-tokenized in each target language): mean ± std over
+    the seeds, the difference paired by seed; then the many-to-many model on its own pairs and on the directions it
+    never saw, direct and pivoted through English."""
     study = read_json(root, QUALITY / name)
     runs, options = study["runs"], study["options"]
-    seeds = sorted({run["seed"] for run in runs})
+    seeds = {}
+    for run in runs:
+        seeds.setdefault(run["model"], []).append(run["seed"])
     updates = {run["model"]: run["updates"] for run in runs}
     hub = options["source"]
     rows = []
@@ -698,10 +716,9 @@ def multilingual(root: Path, name: str = "multilingual.json") -> str:
         pair = f"{hub}-{target}"
         row = [pair]
         for split, key in (("val", "bleu"), ("test", "bleu"), ("test", "bleu_multi30k")):
-            one = multilingual_scores(runs, f"bilingual {pair}", pair, split, key)
-            many = multilingual_scores(runs, "one-to-many", pair, split, key)
-            gain = f"{float(many) - float(one):+.2f}" if "-" not in (one, many) else "-"
-            row += [one, many, gain]
+            one = multilingual_values(runs, f"bilingual {pair}", pair, split, key)
+            many = multilingual_values(runs, "one-to-many", pair, split, key)
+            row += [mean_cell(list(one.values())), mean_cell(list(many.values())), gain_cell(one, many)]
         rows.append(row)
     header = ["pair", "val: bilingual", "one-to-many", "Δ", "test: bilingual", "one-to-many", "Δ",
               "test, convention: bilingual", "one-to-many", "Δ"]
@@ -710,24 +727,30 @@ def multilingual(root: Path, name: str = "multilingual.json") -> str:
     if many_runs:
         m2m = []
         for pair in many_runs[0]["pairs"]:
-            m2m.append([pair, "trained on", *(multilingual_scores(runs, "many-to-many", pair, split, key)
+            m2m.append([pair, "trained on", *(mean_cell(list(multilingual_values(runs, "many-to-many", pair, split,
+                                                                                  key).values()))
                                            for split, key in (("val", "bleu"), ("test", "bleu"),
                                                               ("test", "bleu_multi30k")))])
         for direction in many_runs[0].get("zero_shot", {}):
             for way, label in (("direct", "zero-shot, direct"), ("pivot", f"zero-shot, pivoted through {hub}")):
-                values = {key: [run["zero_shot"][direction][way][key] for run in many_runs] for key in
-                          ("bleu", "bleu_multi30k")}
-                m2m.append([direction, label, "-", f"{statistics.mean(values['bleu']):.2f}",
-                            f"{statistics.mean(values['bleu_multi30k']):.2f}"])
+                m2m.append([direction, label, "-", *(mean_cell([run["zero_shot"][direction][way][key]
+                                                               for run in many_runs])
+                                                     for key in ("bleu", "bleu_multi30k"))])
         text += "\n\n" + table(["direction", "the many-to-many model", "val", "test", "test, convention"], m2m)
     steps = options["steps"]
     record = study["provenance"]
+    by_seeds = {}
+    for model, its in seeds.items():
+        by_seeds.setdefault(tuple(its), []).append(model)
+    seeds_text = "; ".join(f"seed{'s' if len(its) > 1 else ''} {', '.join(map(str, its))}"
+                           + (f" ({', '.join(models)})" if len(by_seeds) > 1 else "")
+                           for its, models in by_seeds.items())
     text += (f"\n\n`experiment={options['experiment']}` with {', '.join(f'`{o}`' for o in options['overrides'])};"
-             f" {len(seeds)} seed{'s' if len(seeds) > 1 else ''} ({', '.join(map(str, seeds))}); updates: "
+             f" {seeds_text}; updates: "
              + ", ".join(f"{model} {count:,}" for model, count in updates.items())
              + f" ({steps:,} a pair); beam {options['beam']}, each model's last weights; "
              f"CPU flags `{' '.join(record['cpu_flags'])}`, {record['cpus']} cores; training seconds (wall): "
-             + ", ".join(f"{step} {seconds:,.0f}" for step, seconds in study["seconds"].items()) + ".")
+             + ", ".join(f"{step} {seconds:,.0f}" for step, seconds in study["seconds"].items() if seconds) + ".")
     if study.get("partial"):
         text += f" Partial: {study['partial']}."
     if not many_runs:
