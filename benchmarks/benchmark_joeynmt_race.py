@@ -25,7 +25,8 @@ drifting load hits both). Ours: results.json's target tokens per second (every s
 optimizer step to optimizer step: data included). JoeyNMT's: the same measure from its own training loop (the
 window it logs as "Tokens per Sec", here one step wide; every step but the first), recorded by a wrapper of its
 logging method (``JOEY_DRIVER``: the only thing added to ``python -m joeynmt train``). The table gives each side's
-median and the median of the per-round ratios. Prints CPU flags, threads and load; ``--json`` writes the raw numbers.
+median and the median of the per-round ratios. Prints CPU flags, threads and load; ``--json`` writes the raw numbers
+with the provenance (commit, versions, CPU, the instruction-set variables a run held to AVX2 sets).
 """
 
 from __future__ import annotations
@@ -213,6 +214,8 @@ def main() -> None:
     import torch
 
     from transformer_nmt.data.datamodule import TranslationDataModule
+    from transformer_nmt.provenance import PROVENANCE_KEY
+    from transformer_nmt.provenance import collect as collect_provenance
 
     cfg, _ = recipe(RACE_OVERRIDES)
     datamodule = TranslationDataModule(cfg.data, seed=cfg.seed)
@@ -227,7 +230,7 @@ def main() -> None:
               "cores": os.cpu_count(), "threads": args.threads, "precision": args.precision, "steps": args.steps,
               "torch": torch.__version__, "joeynmt": joey_version, "joeynmt_torch": joey_torch,
               "ours_mean_target_tokens_per_step": ours_tokens, "joeynmt_batch_size": batch_size,
-              "rounds": []}
+              PROVENANCE_KEY: collect_provenance({"options": vars(args) | {"json": str(args.json)}}), "rounds": []}
     with tempfile.TemporaryDirectory(prefix="joey_race_") as tmp:
         work, data = Path(tmp), Path(tmp) / "data"
         data.mkdir()
