@@ -10,8 +10,9 @@ and name its Python. JoeyNMT 2.3.0 also imports importlib_metadata without requi
 ``python -m venv joey && joey/bin/pip install torch==2.13.0 joeynmt==2.3.0 importlib_metadata sentencepiece==0.2.0``.
 
 Both sides train the recipe's shape (conf/experiment/multi30k_cpu.yaml: 3+3 layers, d_model 256, 4 heads, d_ff
-1024, dropout 0.3, shared and tied embeddings, Adam (0.9, 0.98), label smoothing 0.1, the inverse-sqrt schedule's
-warm-up and peak) at ``--precision`` (default fp32: JoeyNMT has no CPU autocast), on the bundled Multi30k train
+1024, shared and tied embeddings, Adam (0.9, 0.98), label smoothing 0.1) with the values the recipe gives
+``--precision`` (default fp32: JoeyNMT has no CPU autocast; the recipe's fp32 batch is 1,024 tokens a side, its
+dropout 0.1, its warm-up and peak), on the bundled Multi30k train
 split tokenized by the SentencePiece model our datamodule trains for the recipe (JoeyNMT reads it as its
 ``tokenizer_cfg.model_file``, its vocabulary file the model's pieces). Batches: ours, ``data.max_tokens`` padded
 tokens per side (length buckets); JoeyNMT's, ``batch_type: token`` (its sampler counts the longest side's length + 1
@@ -124,6 +125,12 @@ def joey_config(cfg, spm_model: Path, data: Path, work: Path, steps: int, thread
     }
 
 
+def race_recipe(precision: str):
+    """The recipe as ours trains it at ``precision`` (trainer.precision=PRECISION: the ${by_precision:} values, its
+    batch, dropout and schedule, are that precision's, whatever this CPU's auto would pick): both sides' settings."""
+    return recipe([*RACE_OVERRIDES, f"trainer.precision={precision}"])[0]
+
+
 def joey_mean_target_tokens(order: list[int], src_lengths: list[int], tgt_lengths: list[int],
                              batch_size: int) -> float:
     """The mean target tokens (length + 1) of the batches JoeyNMT's TokenBatchSampler makes of the pairs in
@@ -217,7 +224,7 @@ def main() -> None:
     from transformer_nmt.provenance import PROVENANCE_KEY
     from transformer_nmt.provenance import collect as collect_provenance
 
-    cfg, _ = recipe(RACE_OVERRIDES)
+    cfg = race_recipe(args.precision)
     datamodule = TranslationDataModule(cfg.data, seed=cfg.seed)
     datamodule.setup("fit")  # trains (or finds in the cache) the recipe's SentencePiece model
     split = datamodule.splits["train"]

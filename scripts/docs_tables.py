@@ -625,6 +625,37 @@ def hf_race(root: Path) -> str:
     return "\n".join(lines)
 
 
+def joeynmt_race(root: Path) -> str:
+    """benchmarks/benchmark_joeynmt_race.py's raw files (docs/benchmarks/joeynmt_race/*.json), one row each: the
+    machine as measured (native, or held to AVX2 by the instruction-set variables its provenance recorded), both
+    sides' target tokens/s (median of the rounds) and tokens a step, each round's ratio and their median."""
+    rows, notes = [], []
+    for file in sorted((root / BENCHMARKS / "joeynmt_race").glob("*.json")):
+        data = read_json(root, file.relative_to(root))
+        record = data["provenance"]
+        held = ", ".join(f"{k}={v}" for k, v in sorted(record.get("isa_variables", {}).items()))
+        rounds = data["rounds"]
+        ratios = [r["ours"]["train_tgt_tokens_per_sec"] / r["joeynmt"]["train_tgt_tokens_per_sec"] for r in rounds]
+        rows.append([
+            f"[{file.stem}]({file.relative_to(root / 'docs').as_posix()})", f"`{held}`" if held else "native",
+            f"{statistics.median(r['ours']['train_tgt_tokens_per_sec'] for r in rounds):,.0f}",
+            f"{statistics.median(r['joeynmt']['train_tgt_tokens_per_sec'] for r in rounds):,.0f}",
+            ", ".join(f"{x:.2f}" for x in ratios), f"**{statistics.median(ratios):.2f}x**",
+            f"{data['ours_mean_target_tokens_per_step']:,.0f} / "
+            f"{statistics.mean(r['joeynmt']['mean_target_tokens_per_step'] for r in rounds):,.0f}"])
+        git = record.get("git") or {}
+        notes.append(f"{file.stem}: {len(rounds)} rounds of {data['steps']} steps, trainer.precision="
+                     f"{data['precision']}, {data['threads']} threads, JoeyNMT's batch_size "
+                     f"{data['joeynmt_batch_size']:,}; CPU `{record.get('cpu_model')}`, flags "
+                     f"`{' '.join(record.get('cpu_flags') or [])}`; torch {data['torch']}, JoeyNMT {data['joeynmt']} "
+                     f"(torch {data['joeynmt_torch']}); load after each round "
+                     + ", ".join(f"{r['load'][0]:.2f}" for r in rounds)
+                     + f"; commit {git.get('commit', '?')[:7]}, {record.get('time_utc')}.")
+    header = ["run (raw file)", "instruction sets", "ours: target tokens/s", "JoeyNMT", "ours / JoeyNMT by round",
+              "median", "target tokens a step (ours / JoeyNMT)"]
+    return table(header, rows) + "\n\n" + "\n".join(f"- {n}" for n in notes)
+
+
 def architecture_step_cost(root: Path) -> str:
     """The step cost of the architecture switches (docs/benchmarks/architectures/step_cost.json, written by
     benchmarks/benchmark_architectures.py --json)."""
@@ -1119,6 +1150,7 @@ BLOCKS = {
     "quality-beam": recipe_beam,
     "quality-recipe-seeds": recipe_seeds,
     "quality-multilingual": multilingual,
+    "benchmarks-joeynmt-race": joeynmt_race,
     "readme-recipe-seeds": readme_recipe_seeds,
     "ablations-study": table3_study,
     "ablations-table": table3_full,

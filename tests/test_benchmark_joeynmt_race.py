@@ -1,7 +1,7 @@
 """benchmarks/benchmark_joeynmt_race.py's parts that need no JoeyNMT: its replay of JoeyNMT's token batch sampler
 (exact counts on a worked example; the batch size it picks holds the target tokens, 8 fewer do not) and the JoeyNMT
 configuration it writes for the recipe (the recipe's shape and schedule, the SentencePiece model's pieces as the
-vocabulary, numbers that read back as numbers)."""
+vocabulary, numbers that read back as numbers), composed for the precision ours trains in on any CPU."""
 
 import random
 import sys
@@ -38,8 +38,16 @@ def test_the_chosen_batch_size_holds_the_target_tokens():
     assert race.joey_mean_target_tokens(order, src, tgt, size - 9) < 900.0
 
 
+def test_both_sides_get_the_recipe_of_the_precision_ours_trains_in():
+    """The recipe's ${by_precision:} values follow --precision, not this CPU's auto (on a bf16 CPU, auto would give
+    the fp32 race the bf16 recipe's 4,096-token batches)."""
+    fp32, bf16 = race.race_recipe("32-true"), race.race_recipe("bf16-mixed")
+    assert (fp32.data.max_tokens, fp32.model.dropout, fp32.train.warmup_steps) == (1024, 0.1, 300)
+    assert (bf16.data.max_tokens, bf16.model.dropout, bf16.train.warmup_steps) == (4096, 0.3, 1000)
+
+
 def test_the_joeynmt_config_is_the_recipes_shape_and_schedule(tmp_path):
-    cfg, _ = race.recipe(race.RACE_OVERRIDES)
+    cfg = race.race_recipe("32-true")
     corpus = write_tiny_corpus(tmp_path / "corpus")
     sentencepiece.SentencePieceTrainer.train(input=str(corpus / "train.en"), model_prefix=str(tmp_path / "spm"),
                                              vocab_size=64, pad_id=0, unk_id=1, bos_id=2, eos_id=3,
@@ -49,7 +57,7 @@ def test_the_joeynmt_config_is_the_recipes_shape_and_schedule(tmp_path):
     written = yaml.safe_load(race.write_joey_config(config, tmp_path / "joey.yaml", 7).read_text())
     encoder, decoder = written["model"]["encoder"], written["model"]["decoder"]
     assert (encoder["num_layers"], decoder["num_layers"], encoder["num_heads"], encoder["hidden_size"],
-            encoder["ff_size"], encoder["dropout"]) == (3, 3, 4, 256, 1024, 0.3)
+            encoder["ff_size"], encoder["dropout"]) == (3, 3, 4, 256, 1024, 0.1)
     assert written["model"]["tied_embeddings"] and written["model"]["tied_softmax"]
     training = written["training"]
     assert training["updates"] == 7 and training["adam_betas"] == [0.9, 0.98] and training["label_smoothing"] == 0.1
