@@ -19,7 +19,10 @@ tokens per side (length buckets); JoeyNMT's, ``batch_type: token`` (its sampler 
 times the sentences, in random order: no buckets), its ``batch_size`` chosen so that its mean target tokens per step
 equal ours (its sampler replayed on the same tokenized pairs; at our 4,096 its batches hold half our tokens: the
 padding of unbucketed batches). What differs and stays: positions (ours rotary, the recipe's; JoeyNMT's
-sinusoidal), each toolkit's own initialisation and data pipeline; both sides' mean target tokens per step printed.
+sinusoidal), each toolkit's own initialisation and data pipeline (JoeyNMT tokenizes each pair in its loop, twice a
+step: its sampler's and its collate's reads; ours reads ids tokenized once); both sides' mean target tokens per step
+printed. Dropout: ours takes JoeyNMT's placements (``same_dropouts``: on the attention weights and the feed-forward's
+hidden units, which JoeyNMT cannot turn off), so that both draw the same masks.
 
 Throughput: ``--rounds`` rounds of ``--steps`` optimizer steps each, ours then JoeyNMT's (alternating, so that a
 drifting load hits both). Ours: results.json's target tokens per second (every step but the first, the time from
@@ -97,12 +100,15 @@ def joey_config(cfg, spm_model: Path, data: Path, work: Path, steps: int, thread
     vocab = work / "vocab.txt"
     vocab.write_text("".join(p + "\n" for p in pieces if p not in specials), encoding="utf-8")
     model, train = cfg.model, cfg.train
+    if model.get("activation", "relu") != "relu" or model.get("norm", "layernorm") != "layernorm":
+        raise SystemExit("the race writes JoeyNMT's relu feed-forward and LayerNorm: the recipe's model has "
+                         f"activation={model.get('activation')}, norm={model.get('norm')}")
     lr_peak = train.lr_factor * model.d_model ** -0.5 * train.warmup_steps ** -0.5
     side = {"level": "bpe", "lowercase": False, "max_length": int(cfg.data.max_positions) - 1, "voc_file": str(vocab),
             "tokenizer_type": "sentencepiece", "tokenizer_cfg": {"model_file": str(spm_model)}}
     stack = {"type": "transformer", "num_layers": model.n_encoder_layers, "num_heads": model.n_heads,
              "embeddings": {"embedding_dim": model.d_model, "scale": True}, "hidden_size": model.d_model,
-             "ff_size": model.d_ff, "dropout": model.dropout,
+             "ff_size": model.d_ff, "dropout": model.dropout, "activation": "relu",
              "layer_norm": "pre" if model.get("norm_first", False) else "post"}
     return {
         "name": "race", "joeynmt_version": "2.3.0", "model_dir": str(work / "joey_run"), "use_cuda": False,
@@ -171,12 +177,19 @@ def write_joey_config(config: dict, path: Path, steps: int) -> Path:
     return path
 
 
-def train_ours(run_dir: Path, steps: int, threads: int, precision: str) -> dict:
-    """python -m transformer_nmt.train on the recipe for ``steps`` updates: its results.json."""
+def same_dropouts(cfg) -> list[str]:
+    """Our overrides for JoeyNMT's dropout placements: it drops out the attention weights and the feed-forward's
+    hidden units (after the activation) at the layers' dropout, with no option to turn either off; the recipe has
+    neither (the paper's placements). Both sides then draw the same dropout masks' worth of work."""
+    return [f"model.attention_dropout={cfg.model.dropout}", f"model.activation_dropout={cfg.model.dropout}"]
+
+
+def train_ours(run_dir: Path, steps: int, threads: int, precision: str, overrides: list[str]) -> dict:
+    """python -m transformer_nmt.train on the recipe (and ``overrides``) for ``steps`` updates: its results.json."""
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     started = time.perf_counter()
     subprocess.run([sys.executable, "-m", "transformer_nmt.train", *RACE_OVERRIDES, f"trainer.max_steps={steps}",
-                    f"trainer.precision={precision}", f"hydra.run.dir={run_dir}", "ckpt_path=null"],
+                    f"trainer.precision={precision}", *overrides, f"hydra.run.dir={run_dir}", "ckpt_path=null"],
                    check=True, env=env, cwd=ROOT, stdout=subprocess.DEVNULL)
     results = json.loads((run_dir / "results.json").read_text())
     results["process_seconds"] = time.perf_counter() - started
@@ -194,6 +207,9 @@ def train_joey(python: str, config: dict, work: Path, steps: int, threads: int) 
     if done.returncode != 0:
         raise SystemExit(f"JoeyNMT failed (exit status {done.returncode}):\n{done.stderr[-3000:]}")
     windows = [json.loads(line) for line in record.read_text().splitlines()]
+    if len(windows) != steps:
+        raise SystemExit(f"JoeyNMT logged {len(windows)} steps of {steps}: it stopped early or ignored a setting "
+                         f"({config_file}, {work / 'joey_run' / 'train.log'})")
     timed = windows[1:]
     return {"steps": len(windows), "train_tgt_tokens_per_sec": sum(w["tokens"] for w in timed)
             / sum(w["seconds"] for w in timed), "mean_target_tokens_per_step":
@@ -237,6 +253,7 @@ def main() -> None:
               "cores": os.cpu_count(), "threads": args.threads, "precision": args.precision, "steps": args.steps,
               "torch": torch.__version__, "joeynmt": joey_version, "joeynmt_torch": joey_torch,
               "ours_mean_target_tokens_per_step": ours_tokens, "joeynmt_batch_size": batch_size,
+              "ours_overrides": same_dropouts(cfg),
               PROVENANCE_KEY: collect_provenance({"options": vars(args) | {"json": str(args.json)}}), "rounds": []}
     with tempfile.TemporaryDirectory(prefix="joey_race_") as tmp:
         work, data = Path(tmp), Path(tmp) / "data"
@@ -248,7 +265,7 @@ def main() -> None:
                              args.threads)
         config["training"]["batch_size"] = batch_size
         for r in range(args.rounds):
-            ours = train_ours(work / f"ours_{r}", args.steps, args.threads, args.precision)
+            ours = train_ours(work / f"ours_{r}", args.steps, args.threads, args.precision, same_dropouts(cfg))
             theirs = train_joey(args.joeynmt_python, config, work, args.steps, args.threads)
             report["rounds"].append({"ours": ours, "joeynmt": theirs, "load": os.getloadavg()})
             print(f"round {r}: ours {ours['train_tgt_tokens_per_sec']:.0f} tgt tok/s, JoeyNMT "

@@ -18,8 +18,9 @@ Multi30k (issue 50).
 
 Every step is skipped when its output exists (a run's results.json, an evaluation's record of the same checkpoint):
 run the same command again, or with another seed added, and the study goes on where it stopped.
-Writes ``out`` (JSON: each run's scores per pair, the zero-shot and pivot scores, the means over seeds, the step
-times, the provenance); runs and evaluations go under ``work`` (default outputs/multilingual/, which git ignores).
+Writes ``out`` (JSON: each run's scores per pair, the zero-shot and pivot scores, the means over seeds, each run's
+training wall seconds from its results.json, the provenance); runs and evaluations go under ``work`` (default
+outputs/multilingual/, which git ignores).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import sys
 from itertools import permutations
 from pathlib import Path
 
-from study_steps import SCORES, evaluate_once, mean, parallel_files, run_step  # studies/: a study's steps
+from study_steps import SCORES, evaluate_once, mean, parallel_files, reusable, run_step  # studies/: a study's steps
 
 from transformer_nmt.inference.translate import main as translate
 from transformer_nmt.options import parse_options
@@ -66,11 +67,12 @@ def zero_shot_scores(ckpt: Path, options: dict, out: Path) -> dict:
         direct = evaluate_once(ckpt, out, f"{name}.direct", [f"src={source}", f"ref={reference}", f"src_lang={src}",
                                                              f"tgt_lang={tgt}", "zero_shot=true", f"beam={beam}"])
         pivot_text = out / f"{name}.pivot.{hub}"
-        if not pivot_text.exists() or pivot_text.stat().st_mtime < ckpt.stat().st_mtime:
+        pivot_options = [f"src={pivot_text}", f"ref={reference}", f"src_lang={hub}", f"tgt_lang={tgt}", f"beam={beam}"]
+        record = out / f"{name}.pivot.json"
+        if not (record.exists() and reusable(record, [f"ckpt={ckpt}", *pivot_options])):  # the English again too
             translate([f"ckpt={ckpt}", f"input={source}", f"output={pivot_text}", f"src_lang={src}",
                        f"tgt_lang={hub}", f"beam={beam}"])
-        pivot = evaluate_once(ckpt, out, f"{name}.pivot", [f"src={pivot_text}", f"ref={reference}", f"src_lang={hub}",
-                                                           f"tgt_lang={tgt}", f"beam={beam}"])
+        pivot = evaluate_once(ckpt, out, f"{name}.pivot", pivot_options)
         rows[name] = {"direct": {key: direct.get(key) for key in SCORES},
                       "pivot": {key: pivot.get(key) for key in SCORES}}
     return rows
@@ -93,10 +95,11 @@ def main(argv: list[str]) -> dict:
         for seed in seeds:
             run_dir = work / "runs" / name.replace(" ", "_") / f"seed{seed}"
             step = f"{name}, seed {seed}"
-            seconds[step] = run_step(step, run_dir / "results.json", [
+            run_step(step, run_dir / "results.json", [
                 "transformer_nmt.train", f"experiment={options['experiment']}", *options["overrides"], *data,
                 f"trainer.max_steps={updates}", f"seed={seed}", f"name=multilingual_{name.replace(' ', '_')}",
                 f"hydra.run.dir={run_dir}"])
+            seconds[step] = json.loads((run_dir / "results.json").read_text(encoding="utf-8"))["wall_seconds"]
             ckpt = run_dir / "checkpoints" / "last.ckpt"
             evaluations = work / "eval" / run_dir.relative_to(work / "runs")
             run = {"model": name, "seed": seed, "pairs": pairs, "updates": updates, "run_dir": str(run_dir),

@@ -34,16 +34,32 @@ def run_step(name: str, done: Path, command: list[str]) -> float:
 
 def evaluate_once(ckpt: Path, out: Path, name: str, options: list[str]) -> dict:
     """evaluate's record of ``ckpt`` as OUT/NAME.json, decoded only when that file does not already hold an evaluation
-    of the same checkpoint file (written after it), so a study run again with more seeds scores only what is new.
-    ``options``: evaluate's other options (split= or src=/ref=, beam=, the languages)."""
+    of the same checkpoint with the same ``options`` (evaluate's other key=value options: split= or src=/ref=, beam=,
+    the languages), written after the checkpoint file and after every input file named: a study run again with more
+    seeds scores only what is new, and one whose checkpoint, test set or beam changed scores again."""
     record = out / f"{name}.json"
-    if record.exists() and record.stat().st_mtime > Path(ckpt).stat().st_mtime:
-        earlier = json.loads(record.read_text(encoding="utf-8"))
-        beam = next((int(o.split("=", 1)[1]) for o in options if o.startswith("beam=")), None)
-        if earlier.get("checkpoint") == str(ckpt) and (beam is None or earlier.get("beam") == beam):
-            print(f"[evaluate {name}] done already ({record})", flush=True)
-            return earlier
+    if record.exists() and reusable(record, [f"ckpt={ckpt}", *options]):
+        print(f"[evaluate {name}] done already ({record})", flush=True)
+        return json.loads(record.read_text(encoding="utf-8"))
     return evaluate([f"ckpt={ckpt}", f"out={out}", f"name={name}", *options])
+
+
+def reusable(record: Path, options: list[str]) -> bool:
+    """Whether ``record`` (an evaluate record) was made with every key=value of ``options``, as its provenance
+    recorded them, and after every file they name (the checkpoint, a source or reference file)."""
+    try:
+        made = json.loads(record.read_text(encoding="utf-8"))["provenance"]["config"]["options"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    written = record.stat().st_mtime
+    for option in options:
+        key, value = option.split("=", 1)
+        recorded = made.get(key, object())
+        if (str(recorded).lower() if isinstance(recorded, bool) else str(recorded)) != value:
+            return False
+        if key in ("ckpt", "src", "ref") and (not Path(value).exists() or Path(value).stat().st_mtime >= written):
+            return False
+    return True
 
 
 def score(ckpt: Path, splits: list[str], beam: int, out: Path, extra: list[str] = ()) -> dict:

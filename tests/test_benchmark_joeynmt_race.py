@@ -59,6 +59,9 @@ def test_the_joeynmt_config_is_the_recipes_shape_and_schedule(tmp_path):
     assert (encoder["num_layers"], decoder["num_layers"], encoder["num_heads"], encoder["hidden_size"],
             encoder["ff_size"], encoder["dropout"]) == (3, 3, 4, 256, 1024, 0.1)
     assert written["model"]["tied_embeddings"] and written["model"]["tied_softmax"]
+    assert (encoder["activation"], encoder["layer_norm"]) == ("relu", "post")  # the recipe's (norm_first false)
+    # ours trains with JoeyNMT's dropout placements, which it cannot turn off
+    assert race.same_dropouts(cfg) == ["model.attention_dropout=0.1", "model.activation_dropout=0.1"]
     training = written["training"]
     assert training["updates"] == 7 and training["adam_betas"] == [0.9, 0.98] and training["label_smoothing"] == 0.1
     assert training["learning_rate"] == cfg.train.lr_factor * 256 ** -0.5 * cfg.train.warmup_steps ** -0.5

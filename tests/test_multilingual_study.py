@@ -3,6 +3,7 @@ many updates as the three together, a many-to-many run; every pair scored, the z
 pivoted through English, and a second launch redoes nothing."""
 
 import json
+import os
 from pathlib import Path
 
 from study_scripts import load_study, train_steps_in_process
@@ -53,6 +54,16 @@ def test_the_study_trains_scores_and_resumes(tmp_path, monkeypatch, capsys):
     assert out.count("done already") == 5 + 14  # 5 runs; 3 + 3 + 4 pairs on test, 2 zero-shot x (direct, pivot)
     assert [run["scores"] for run in again["runs"]] == [run["scores"] for run in result["runs"]]
     assert again["runs"][-1]["zero_shot"] == zero
+    assert again["seconds"] == result["seconds"] and all(s > 0 for s in again["seconds"].values())  # results.json's
+    # a checkpoint newer than its evaluation is scored again; a beam other than the records' scores everything again
+    ckpt = Path(runs["bilingual en-de"]["run_dir"]) / "checkpoints" / "last.ckpt"
+    os.utime(ckpt, (ckpt.stat().st_atime, ckpt.stat().st_mtime + 60))
+    study.main(argv)
+    assert capsys.readouterr().out.count("done already") == 5 + 13
+    study.main([a.replace("beam=1", "beam=2") for a in argv])
+    assert capsys.readouterr().out.count("done already") == 5
+    study.main(argv)  # beam 1 again: the records are beam 2's now
+    assert capsys.readouterr().out.count("done already") == 5
     # a second seed for the bilingual comparison alone: the many-to-many model keeps its one seed
     more = study.main([a.replace("seeds=[1]", "seeds=[1,2]") for a in argv] + ["many_to_many_seeds=[1]"])
     assert len(trained) == 5 + 4
