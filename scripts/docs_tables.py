@@ -650,7 +650,8 @@ def joeynmt_race(root: Path) -> str:
                      f"`{' '.join(record.get('cpu_flags') or [])}`; torch {data['torch']}, JoeyNMT {data['joeynmt']} "
                      f"(torch {data['joeynmt_torch']}); load after each round "
                      + ", ".join(f"{r['load'][0]:.2f}" for r in rounds)
-                     + f"; commit {git.get('commit', '?')[:7]}, {record.get('time_utc')}.")
+                     + f"; commit {(git.get('commit') or '?')[:7]}{' (dirty)' if git.get('dirty') else ''}, "
+                     f"{record.get('time_utc')}.")
     header = ["run (raw file)", "instruction sets", "ours: target tokens/s", "JoeyNMT", "ours / JoeyNMT by round",
               "median", "target tokens a step (ours / JoeyNMT)"]
     return table(header, rows) + "\n\n" + "\n".join(f"- {n}" for n in notes)
@@ -723,11 +724,14 @@ def mean_cell(values: list[float]) -> str:
 
 def gain_cell(one: dict[int, float], many: dict[int, float]) -> str:
     """The mean over seeds of many - one, paired by seed, and each seed's where there are several."""
-    gains = [many[seed] - one[seed] for seed in sorted(one) if seed in many]
-    if not gains:
+    paired = [seed for seed in sorted(one) if seed in many]
+    if not paired:
         return "-"
+    gains = [many[seed] - one[seed] for seed in paired]
     each = f" ({', '.join(f'{g:+.2f}' for g in gains)})" if len(gains) > 1 else ""
-    return f"{statistics.mean(gains):+.2f}{each}"
+    only = f" (seed{'s' if len(paired) > 1 else ''} {', '.join(map(str, paired))} only)" \
+        if len(paired) < max(len(one), len(many)) else ""
+    return f"{statistics.mean(gains):+.2f}{each}{only}"
 
 
 def multilingual(root: Path, name: str = "multilingual.json") -> str:
