@@ -1,6 +1,6 @@
 """The recipe's training throughput at this checkout against another commit's, side by side: the same command
 (``python -m transformer_nmt.train experiment=multi30k_cpu`` for ``--steps`` updates, no validation, no checkpoints
-kept) run from each tree in turn, alternating, so that a drifting load hits both.
+kept) run from each tree in turn, alternating (each side first in every other round), so that a drifting load hits both.
 
     python benchmarks/benchmark_recipe_versions.py --other 7063122^ --steps 60 --rounds 3 --json versions.json
 
@@ -8,7 +8,7 @@ The other commit is checked out into a temporary git worktree and run from there
 data cache); each side's first round also builds its data cache, which the measure leaves out. Measure: results.json's
 target tokens per second (every optimizer step but the first, step to step, data included), per round; the table
 gives each side's median and the median of the per-round ratios (this checkout over the other). ``--precision``
-(default auto: what the recipe trains in on this CPU) goes to both. Prints the CPU flags; ``--json`` writes the raw
+(default auto: what the recipe trains in on this CPU) goes to both. Each side goes first in every other round. Prints the CPU flags; ``--json`` writes the raw
 numbers with the provenance.
 """
 
@@ -66,8 +66,11 @@ def main(argv: list[str] | None = None) -> dict:
                        capture_output=True)
         try:
             for r in range(args.rounds):
-                this = train(ROOT, Path(tmp) / f"this_{r}", args.steps, args.precision, args.threads)
-                then = train(tree, Path(tmp) / f"other_{r}", args.steps, args.precision, args.threads)
+                runs = {}
+                for side in (("this", "other") if r % 2 == 0 else ("other", "this")):  # each goes first in turn
+                    runs[side] = train(ROOT if side == "this" else tree, Path(tmp) / f"{side}_{r}", args.steps,
+                                       args.precision, args.threads)
+                this, then = runs["this"], runs["other"]
                 report["rounds"].append({"this": this, "other": then, "load": os.getloadavg()})
                 print(f"round {r}: this checkout {this['train_tgt_tokens_per_sec']:.0f} tgt tok/s, {other} "
                       f"{then['train_tgt_tokens_per_sec']:.0f} ({this['precision']}, {then['precision']})", flush=True)
