@@ -1,6 +1,7 @@
 """The recipe's training throughput at this checkout against another commit's, side by side: the same command
 (``python -m transformer_nmt.train experiment=multi30k_cpu`` for ``--steps`` updates, no validation, no checkpoints
-kept) run from each tree in turn, alternating (each side first in every other round), so that a drifting load hits both.
+kept) run from each tree in turn, alternating (each side first in every other round), so that a drifting load hits
+both.
 
     python benchmarks/benchmark_recipe_versions.py --other 7063122^ --steps 60 --rounds 3 --json versions.json
 
@@ -8,7 +9,7 @@ The other commit is checked out into a temporary git worktree and run from there
 data cache); each side's first round also builds its data cache, which the measure leaves out. Measure: results.json's
 target tokens per second (every optimizer step but the first, step to step, data included), per round; the table
 gives each side's median and the median of the per-round ratios (this checkout over the other). ``--precision``
-(default auto: what the recipe trains in on this CPU) goes to both. Each side goes first in every other round. Prints the CPU flags; ``--json`` writes the raw
+(default auto: what the recipe trains in on this CPU) goes to both. Prints the CPU flags; ``--json`` writes the raw
 numbers with the provenance.
 """
 
