@@ -657,6 +657,24 @@ def joeynmt_race(root: Path) -> str:
     return table(header, rows) + "\n\n" + "\n".join(f"- {n}" for n in notes)
 
 
+def recipe_versions(root: Path, name: str) -> str:
+    """benchmarks/benchmark_recipe_versions.py's raw file: each round's target tokens/s of both trees, their ratio,
+    and the medians."""
+    data = read_json(root, BENCHMARKS / "recipe_versions" / f"{name}.json")
+    record, rounds = data["provenance"], data["rounds"]
+    this = (record.get("git") or {}).get("commit") or "?"
+    rows = [[str(i), f"{r['this']['train_tgt_tokens_per_sec']:,.0f}", f"{r['other']['train_tgt_tokens_per_sec']:,.0f}",
+             f"{r['this']['train_tgt_tokens_per_sec'] / r['other']['train_tgt_tokens_per_sec']:.3f}",
+             "this" if i % 2 == 0 else data["other"]] for i, r in enumerate(rounds)]
+    rows.append(["median", f"{statistics.median(r['this']['train_tgt_tokens_per_sec'] for r in rounds):,.0f}",
+                 f"{statistics.median(r['other']['train_tgt_tokens_per_sec'] for r in rounds):,.0f}",
+                 f"**{data['median_ratio']:.3f}**", ""])
+    return (table(["round", f"this checkout ({this[:7]}): target tokens/s", f"{data['other']}", "ratio", "first"],
+                  rows) + f"\n\n{len(rounds)} rounds of {data['steps']} steps, precision {data['precision']} "
+            f"({rounds[0]['this']['precision']}), {data['threads']} threads; CPU `{record.get('cpu_model')}`, flags "
+            f"`{' '.join(record.get('cpu_flags') or [])}`; {record.get('time_utc')}.")
+
+
 def architecture_step_cost(root: Path) -> str:
     """The step cost of the architecture switches (docs/benchmarks/architectures/step_cost.json, written by
     benchmarks/benchmark_architectures.py --json)."""
@@ -1155,6 +1173,7 @@ BLOCKS = {
     "quality-recipe-seeds": recipe_seeds,
     "quality-multilingual": multilingual,
     "benchmarks-joeynmt-race": joeynmt_race,
+    "benchmarks-recipe-versions-issue50": lambda root: recipe_versions(root, "issue50"),
     "readme-recipe-seeds": readme_recipe_seeds,
     "ablations-study": table3_study,
     "ablations-table": table3_full,
