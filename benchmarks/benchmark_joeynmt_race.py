@@ -73,15 +73,6 @@ runpy.run_module("joeynmt", run_name="__main__")
 """
 
 
-def cpu_flags() -> str:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return "?"
-    flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
-    return " ".join(sorted(f for f in set(flags) if f in ("avx2", "avx512_bf16", "amx_bf16")))
-
-
 def plain_copy(source: Path, target: Path) -> Path:
     """``source`` (gzip or not) as a plain text file, as JoeyNMT's plain dataset reads it."""
     opener = gzip.open if source.suffix == ".gz" else open
@@ -237,6 +228,7 @@ def main() -> None:
     import torch
 
     from transformer_nmt.data.datamodule import TranslationDataModule
+    from transformer_nmt.hardware import reported_cpu_flags
     from transformer_nmt.provenance import PROVENANCE_KEY
     from transformer_nmt.provenance import collect as collect_provenance
 
@@ -249,7 +241,7 @@ def main() -> None:
     tgt_lengths = [len(split.tokens[f"{datamodule.tgt_lang}_ids"][i]) for i in keep]
     ours_tokens = statistics.mean(sum(tgt_lengths[i] + 1 for i in batch) for batch in datamodule.batch_sampler("train"))
     batch_size = joey_batch_size(src_lengths, tgt_lengths, ours_tokens)
-    report = {"command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]), "cpu_flags": cpu_flags(),
+    report = {"command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]), "cpu_flags": " ".join(reported_cpu_flags()),
               "cores": os.cpu_count(), "threads": args.threads, "precision": args.precision, "steps": args.steps,
               "torch": torch.__version__, "joeynmt": joey_version, "joeynmt_torch": joey_torch,
               "ours_mean_target_tokens_per_step": ours_tokens, "joeynmt_batch_size": batch_size,
