@@ -780,16 +780,19 @@ def multilingual(root: Path, name: str = "multilingual.json") -> str:
     if many_runs:
         m2m = []
         for pair in many_runs[0]["pairs"]:
-            m2m.append([pair, "trained on", *(mean_cell(list(multilingual_values(runs, "many-to-many", pair, split,
-                                                                                  key).values()))
-                                           for split, key in (("val", "bleu"), ("test", "bleu"),
-                                                              ("test", "bleu_multi30k")))])
+            cells = [mean_cell(list(multilingual_values(runs, "many-to-many", pair, split, key).values()))
+                     for split, key in (("val", "bleu"), ("test", "bleu"), ("test", "bleu_multi30k"))]
+            bilingual = multilingual_values(runs, f"bilingual {pair}", pair, "test", "bleu")
+            against = gain_cell(bilingual, multilingual_values(runs, "many-to-many", pair, "test", "bleu")) \
+                if bilingual else "-"
+            m2m.append([pair, "trained on", *cells, against])
         for direction in many_runs[0].get("zero_shot", {}):
             for way, label in (("direct", "zero-shot, direct"), ("pivot", f"zero-shot, pivoted through {hub}")):
                 m2m.append([direction, label, "-", *(mean_cell([run["zero_shot"][direction][way][key]
                                                                for run in many_runs])
-                                                     for key in ("bleu", "bleu_multi30k"))])
-        text += "\n\n" + table(["direction", "the many-to-many model", "val", "test", "test, convention"], m2m)
+                                                     for key in ("bleu", "bleu_multi30k")), "-"])
+        text += "\n\n" + table(["direction", "the many-to-many model", "val", "test", "test, convention",
+                                 "test: Δ against bilingual"], m2m)
     steps = options["steps"]
     record = study["provenance"]
     by_seeds = {}
