@@ -665,14 +665,16 @@ def recipe_versions(root: Path, name: str) -> str:
     this = (record.get("git") or {}).get("commit") or "?"
     rows = [[str(i), f"{r['this']['train_tgt_tokens_per_sec']:,.0f}", f"{r['other']['train_tgt_tokens_per_sec']:,.0f}",
              f"{r['this']['train_tgt_tokens_per_sec'] / r['other']['train_tgt_tokens_per_sec']:.3f}",
-             "this" if i % 2 == 0 else data["other"]] for i, r in enumerate(rounds)]
+             "this" if i % 2 == 0 else data["other"], f"{r['load'][0]:.2f}"] for i, r in enumerate(rounds)]
     rows.append(["median", f"{statistics.median(r['this']['train_tgt_tokens_per_sec'] for r in rounds):,.0f}",
                  f"{statistics.median(r['other']['train_tgt_tokens_per_sec'] for r in rounds):,.0f}",
-                 f"**{data['median_ratio']:.3f}**", ""])
-    return (table(["round", f"this checkout ({this[:7]}): target tokens/s", f"{data['other']}", "ratio", "first"],
-                  rows) + f"\n\n{len(rounds)} rounds of {data['steps']} steps, precision {data['precision']} "
+                 f"**{data['median_ratio']:.3f}**", "", ""])
+    start = record.get("load_average") or [None]
+    return (table(["round", f"this checkout ({this[:7]}): target tokens/s", f"{data['other']}", "ratio", "first",
+                   "load after the round (1 min; the benchmark's own 2 threads count)"], rows)
+            + f"\n\n{len(rounds)} rounds of {data['steps']} steps, precision {data['precision']} "
             f"({rounds[0]['this']['precision']}), {data['threads']} threads; CPU `{record.get('cpu_model')}`, flags "
-            f"`{' '.join(record.get('cpu_flags') or [])}`; {record.get('time_utc')}.")
+            f"`{' '.join(record.get('cpu_flags') or [])}`; load at the start {start[0]}; {record.get('time_utc')}.")
 
 
 def architecture_step_cost(root: Path) -> str:
@@ -1177,6 +1179,7 @@ BLOCKS = {
     "quality-multilingual": multilingual,
     "benchmarks-joeynmt-race": joeynmt_race,
     "benchmarks-recipe-versions-issue50": lambda root: recipe_versions(root, "issue50"),
+    "benchmarks-recipe-versions-issue50-loaded": lambda root: recipe_versions(root, "issue50_loaded"),
     "readme-recipe-seeds": readme_recipe_seeds,
     "ablations-study": table3_study,
     "ablations-table": table3_full,
