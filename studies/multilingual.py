@@ -17,10 +17,14 @@ Multi30k (issue 50).
    both by the many-to-many model).
 
 Every step is skipped when its output exists (a run's results.json, an evaluation's record of the same checkpoint):
-run the same command again, or with another seed added, and the study goes on where it stopped.
+run the same command again, or with another seed added, and the study goes on where it stopped. ``models`` (default:
+all five) limits what this launch trains and scores, by name ("bilingual en-de", "one-to-many", "many-to-many").
 Writes ``out`` (JSON: each run's scores per pair, the zero-shot and pivot scores, the means over seeds, each run's
 training wall seconds from its results.json, the provenance); runs and evaluations go under ``work`` (default
-outputs/multilingual/, which git ignores).
+outputs/multilingual/, which git ignores). The runs an existing ``out`` records and this launch does not make (a
+model left out of ``models``, a seed not given now: a committed file keeps runs whose directories are gone) are
+kept in it, when that file's options that shape a run (SHAPING) are this launch's; where they differ,
+its runs are dropped, and said so. Each run records the commit and time of the launch that scored it ("made").
 """
 
 from __future__ import annotations
@@ -40,8 +44,10 @@ from transformer_nmt.provenance import collect as collect_provenance
 OPTIONS = {"experiment": "multi30k_tiny", "overrides": [], "seeds": [1], "many_to_many_seeds": None, "steps": 8000,
            "source": "en", "targets": ["de", "fr", "cs"], "many_langs": ["en", "de", "fr"],
            "test": "data/multi30k/test_2016_flickr", "beam": 5, "splits": ["val", "test"],
-           "out": "multilingual.json", "work": "outputs/multilingual"}
-USAGE = "python studies/multilingual.py [experiment=multi30k_tiny] [steps=8000] [seeds=[1]] [out=FILE.json]"
+           "out": "multilingual.json", "work": "outputs/multilingual", "models": None}
+USAGE = ("python studies/multilingual.py [experiment=multi30k_tiny] [steps=8000] [seeds=[1]] [models=[NAME,...]] "
+         "[out=FILE.json]")
+SHAPING = ("experiment", "overrides", "steps", "source", "targets", "many_langs", "test", "beam", "splits")
 
 
 def pair_scores(ckpt: Path, pairs: list[str], splits: list[str], beam: int, out: Path) -> dict:
@@ -78,6 +84,33 @@ def zero_shot_scores(ckpt: Path, options: dict, out: Path) -> dict:
     return rows
 
 
+def launch(provenance: dict) -> dict:
+    """What a run's "made" records of the launch that scored it: its commit, whether the tree was dirty, its time."""
+    git = provenance.get("git") or {}
+    return {"commit": git.get("commit"), "dirty": git.get("dirty"), "time_utc": provenance.get("time_utc")}
+
+
+def earlier_runs(out: Path, options: dict) -> tuple[list[dict], dict]:
+    """The runs (each with its "made": the launch that scored it) and training seconds that ``out`` already records,
+    where its options that shape a run are ``options``'; none where it does not exist or they differ (said so)."""
+    if not out.is_file():
+        return [], {}
+    try:
+        earlier = json.loads(out.read_text(encoding="utf-8"))
+        differ = [key for key in SHAPING if earlier["options"].get(key) != options[key]]
+        fallback = launch(earlier.get(PROVENANCE_KEY) or {})
+        runs = [{**run, "made": run.get("made") or fallback} for run in earlier["runs"]]
+        seconds = dict(earlier.get("seconds") or {})
+    except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as error:
+        raise SystemExit(f"{out}: not a multilingual study's record ({type(error).__name__}: {error}); give another "
+                         f"out= or move it away") from None
+    if differ:
+        print(f"[{out}] its {len(runs)} recorded runs are not kept: these options differ from this launch's: "
+              f"{', '.join(differ)}", flush=True)
+        return [], {}
+    return runs, seconds
+
+
 def main(argv: list[str]) -> dict:
     options = parse_options(argv, OPTIONS, __doc__, USAGE)
     provenance = collect_provenance({"options": options}, argv=[sys.argv[0], *argv])
@@ -88,8 +121,17 @@ def main(argv: list[str]) -> dict:
                                              f"data.tgt_lang={pair.split('-')[1]}"], steps) for pair in one_to_many}
     models["one-to-many"] = (one_to_many, [f"data.pairs=[{','.join(one_to_many)}]"], steps * len(one_to_many))
     models["many-to-many"] = (many_to_many, [f"data.pairs=[{','.join(many_to_many)}]"], steps * len(many_to_many))
+    chosen = list(models) if options["models"] is None else list(options["models"])
+    unknown = [name for name in chosen if name not in models]
+    if unknown:
+        raise SystemExit(f"models={options['models']}: no model named {unknown[0]!r}; the study's models: "
+                         f"{', '.join(models)}")
+    made = launch(provenance)
+    recorded, recorded_seconds = earlier_runs(Path(options["out"]), options)
     seconds, runs = {}, []
     for name, (pairs, data, updates) in models.items():
+        if name not in chosen:
+            continue
         seeds = options["seeds"] if name != "many-to-many" or options["many_to_many_seeds"] is None \
             else options["many_to_many_seeds"]
         for seed in seeds:
@@ -106,7 +148,18 @@ def main(argv: list[str]) -> dict:
                    "scores": pair_scores(ckpt, pairs, options["splits"], options["beam"], evaluations)}
             if name == "many-to-many":
                 run["zero_shot"] = zero_shot_scores(ckpt, options, evaluations)
+            runs.append(run | {"made": made})
+    done = {(run["model"], run["seed"]) for run in runs}
+    for run in recorded:
+        if (run["model"], run["seed"]) not in done:
             runs.append(run)
+            step = f"{run['model']}, seed {run['seed']}"
+            if step in recorded_seconds:
+                seconds[step] = recorded_seconds[step]
+    order = list(models)
+    runs.sort(key=lambda run: (order.index(run["model"]), run["seed"]))
+    seconds = {f"{run['model']}, seed {run['seed']}": seconds[f"{run['model']}, seed {run['seed']}"] for run in runs
+               if f"{run['model']}, seed {run['seed']}" in seconds}
     means = {name: {pair: {split: mean([r["scores"][pair][split]["bleu"] for r in runs if r["model"] == name])
                            for split in options["splits"]} for pair in pairs} for name, (pairs, _, _) in models.items()}
     result = {"options": options, "runs": runs, "mean_bleu": means, "seconds": seconds, PROVENANCE_KEY: provenance}

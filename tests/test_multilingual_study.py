@@ -4,8 +4,10 @@ pivoted through English, and a second launch redoes nothing."""
 
 import json
 import os
+import shutil
 from pathlib import Path
 
+import pytest
 from study_scripts import load_study, train_steps_in_process
 from toy_languages import write_toy_languages
 
@@ -61,7 +63,9 @@ def test_the_study_trains_scores_and_resumes(tmp_path, monkeypatch, capsys):
     study.main(argv)
     assert capsys.readouterr().out.count("done already") == 5 + 13
     study.main([a.replace("beam=1", "beam=2") for a in argv])
-    assert capsys.readouterr().out.count("done already") == 5
+    out = capsys.readouterr().out
+    assert out.count("done already") == 5
+    assert "its 5 recorded runs are not kept: these options differ from this launch's: beam" in out
     study.main(argv)  # beam 1 again: the records are beam 2's now
     assert capsys.readouterr().out.count("done already") == 5
     # a second seed for the bilingual comparison alone: the many-to-many model keeps its one seed
@@ -71,3 +75,21 @@ def test_the_study_trains_scores_and_resumes(tmp_path, monkeypatch, capsys):
         ("bilingual en-de", 1), ("bilingual en-de", 2), ("bilingual en-fr", 1), ("bilingual en-fr", 2),
         ("bilingual en-cs", 1), ("bilingual en-cs", 2), ("one-to-many", 1), ("one-to-many", 2), ("many-to-many", 1)]
     assert more["runs"][-1]["scores"] == result["runs"][-1]["scores"]  # the first seed's runs: found, not redone
+    # models= limits a launch; the runs that out records and this launch does not make are kept from it, even where
+    # their directories are gone (the committed file is their record)
+    shutil.rmtree("work/runs/bilingual_en-cs")
+    shutil.rmtree("work/eval/bilingual_en-cs")
+    m2m = study.main([a.replace("seeds=[1]", "seeds=[2]") for a in argv]
+                     + ["models=[many-to-many]", "many_to_many_seeds=[2]"])
+    assert len(trained) == 5 + 4 + 1  # the many-to-many model's second seed alone
+    assert [(run["model"], run["seed"]) for run in m2m["runs"]] == [
+        (run["model"], run["seed"]) for run in more["runs"]] + [("many-to-many", 2)]
+    assert m2m["runs"][:-1] == more["runs"]  # scores, zero-shot and "made" as recorded
+    assert m2m["runs"][-1]["made"]["time_utc"] == m2m["provenance"]["time_utc"] != more["runs"][0]["made"]["time_utc"]
+    assert set(m2m["runs"][-1]["zero_shot"]) == {"de-fr", "fr-de"}
+    assert list(m2m["seconds"]) == [f"{model}, seed {seed}" for model, seed in
+                                    [(run["model"], run["seed"]) for run in m2m["runs"]]]
+    scores = [run["scores"]["en-de"]["test"]["bleu"] for run in m2m["runs"] if run["model"] == "many-to-many"]
+    assert m2m["mean_bleu"]["many-to-many"]["en-de"]["test"] == round(sum(scores) / 2, 2)
+    with pytest.raises(SystemExit, match="no model named 'bilingual en-xx'; the study's models: bilingual en-de, "):
+        study.main(argv + ["models=['bilingual en-xx']"])
