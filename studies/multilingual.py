@@ -24,7 +24,8 @@ training wall seconds from its results.json, the provenance); runs and evaluatio
 outputs/multilingual/, which git ignores). The runs an existing ``out`` records and this launch does not make (a
 model left out of ``models``, a seed not given now: a committed file keeps runs whose directories are gone) are
 kept in it, when that file's options that shape a run (SHAPING) are this launch's; where they differ,
-its runs are dropped, and said so. Each run records the commit and time of the launch that scored it ("made").
+its runs are dropped, and said so. Each run records the commit and time of the launch that scored it ("made"), and
+the commit and torch threads that trained it ("trained", from its results.json).
 """
 
 from __future__ import annotations
@@ -141,14 +142,17 @@ def main(argv: list[str]) -> dict:
                 "transformer_nmt.train", f"experiment={options['experiment']}", *options["overrides"], *data,
                 f"trainer.max_steps={updates}", f"seed={seed}", f"name=multilingual_{name.replace(' ', '_')}",
                 f"hydra.run.dir={run_dir}"])
-            seconds[step] = json.loads((run_dir / "results.json").read_text(encoding="utf-8"))["wall_seconds"]
+            results = json.loads((run_dir / "results.json").read_text(encoding="utf-8"))
+            seconds[step] = results["wall_seconds"]
+            trained = {"commit": ((results.get(PROVENANCE_KEY) or {}).get("git") or {}).get("commit"),
+                       "torch_threads": results.get("torch_threads")}
             ckpt = run_dir / "checkpoints" / "last.ckpt"
             evaluations = work / "eval" / run_dir.relative_to(work / "runs")
             run = {"model": name, "seed": seed, "pairs": pairs, "updates": updates, "run_dir": str(run_dir),
                    "scores": pair_scores(ckpt, pairs, options["splits"], options["beam"], evaluations)}
             if name == "many-to-many":
                 run["zero_shot"] = zero_shot_scores(ckpt, options, evaluations)
-            runs.append(run | {"made": made})
+            runs.append(run | {"made": made, "trained": trained})
     done = {(run["model"], run["seed"]) for run in runs}
     for run in recorded:
         if (run["model"], run["seed"]) not in done:

@@ -87,6 +87,9 @@ def test_the_study_trains_scores_and_resumes(tmp_path, monkeypatch, capsys):
     assert m2m["runs"][:-1] == more["runs"]  # scores, zero-shot and "made" as recorded
     assert m2m["runs"][-1]["made"]["time_utc"] == m2m["provenance"]["time_utc"] != more["runs"][0]["made"]["time_utc"]
     assert set(m2m["runs"][-1]["zero_shot"]) == {"de-fr", "fr-de"}
+    results = json.loads((Path(m2m["runs"][-1]["run_dir"]) / "results.json").read_text())
+    assert m2m["runs"][-1]["trained"] == {"commit": results["provenance"]["git"]["commit"],
+                                          "torch_threads": results["torch_threads"]}
     assert list(m2m["seconds"]) == [f"{model}, seed {seed}" for model, seed in
                                     [(run["model"], run["seed"]) for run in m2m["runs"]]]
     scores = [run["scores"]["en-de"]["test"]["bleu"] for run in m2m["runs"] if run["model"] == "many-to-many"]
