@@ -797,6 +797,9 @@ def multilingual(root: Path, name: str = "multilingual.json") -> str:
                                  "test: Δ against bilingual"], m2m)
     steps = options["steps"]
     record = study["provenance"]
+    threads = {f"{run['model']}, seed {run['seed']}": f" ({run['trained']['torch_threads']} thread"
+               f"{'s' if run['trained']['torch_threads'] != 1 else ''})" for run in runs
+               if (run.get("trained") or {}).get("torch_threads")}
     by_seeds = {}
     for model, its in seeds.items():
         by_seeds.setdefault(tuple(its), []).append(model)
@@ -808,7 +811,8 @@ def multilingual(root: Path, name: str = "multilingual.json") -> str:
              + ", ".join(f"{model} {count:,}" for model, count in updates.items())
              + f" ({steps:,} a pair); beam {options['beam']}, each model's last weights; "
              f"CPU flags `{' '.join(record['cpu_flags'])}`, {record['cpus']} cores; training seconds (wall): "
-             + ", ".join(f"{step} {seconds:,.0f}" for step, seconds in study["seconds"].items() if seconds) + ".")
+             + ", ".join(f"{step} {seconds:,.0f}{threads.get(step, '')}" for step, seconds in study["seconds"].items()
+                         if seconds) + ".")
     if study.get("partial"):
         text += f" Partial: {study['partial']}."
     if not many_runs:
