@@ -1161,6 +1161,41 @@ def avx2_estimate(root: Path) -> str:
             f"{s['val_beam4']['bleu']:.2f}, greedy {s['val_beam1']['bleu']:.2f}.")
 
 
+AVX2 = QUALITY / "avx2"
+
+
+def avx2_hour(root: Path) -> str:
+    """The AVX2 hour simulated (the fp32 recipe held to AVX2 kernels, trained for the updates an AVX2-only host
+    trained in its hour; studies/recipe_seeds.py kept its reports in docs/quality/avx2/) beside that host's own run
+    as issue 51 reports it (transcribed in docs/quality/avx2/issue51_amd_hour.json), then the simulation's curve."""
+    amd = read_json(root, AVX2 / "issue51_amd_hour.json")
+    rep, res = (read_json(root, AVX2 / f"avx2_sim_{kind}.json") for kind in ("reproduce", "results"))
+    chosen, s = rep["val_bleu_chosen_on"], rep["scores"]
+    alpha = rep["search"]["alpha"]
+    rows = [["the AVX2 hour, simulated (avx2_sim)", " ".join(rep["cpu_flags"]) + ", held to AVX2",
+             f"{res['steps']:,}", f"{res['epochs']:.2f}", f"{chosen['last']:.2f}", f"{chosen['averaged']:.2f}",
+             f"{rep['chosen'].removesuffix('.ckpt')}, {alpha:g}", f"{rep['val_bleu_by_alpha'][f'{alpha:g}']:.2f}"
+             if f"{alpha:g}" in rep["val_bleu_by_alpha"] else "-",
+             f"**{s['test_beam4']['bleu_multi30k']:.2f}**", f"{s['test_beam4']['bleu']:.2f}"],
+            [f"the AVX2 hour as a user ran it (issue 51, {amd['commit']})",
+             f"{' '.join(amd['host']['cpu_flags'])} ({amd['host']['cpu']})", f"{amd['steps']:,}",
+             f"{amd['epochs']:.2f}", f"{amd['val']['last']:.2f}", f"{amd['val']['averaged']:.2f}",
+             f"{amd['val']['chosen']}, {amd['val']['alpha']:g}", f"{amd['val']['chosen_alpha_val']:.2f}",
+             f"**{amd['test']['bleu_multi30k']:.2f}**", f"{amd['test']['bleu']:.2f}"]]
+    text = table(["run", "CPU flags", "updates", "epochs", "val: last", "val: averaged", "chosen, alpha",
+                  "val at that alpha", "test (convention)", "test (cased)"], rows)
+    curve = rep["val_curve"]
+    text += "\n\n" + table(["", *(f"epoch {i}" for i in range(1, len(curve) + 1))],
+                            [["greedy val BLEU (update)", *(f"{p['greedy_val_bleu']:.2f} ({p['step']:,})"
+                                                            for p in curve)]])
+    variables = rep.get("provenance", {}).get("isa_variables") or res.get("provenance", {}).get("isa_variables")
+    return text + (f"\n\nThe simulation: {res['precision']}, beam {rep['search']['beam']}, val by alpha "
+                   + ", ".join(f"{a}: {b:.2f}" for a, b in rep["val_bleu_by_alpha"].items())
+                   + f"; test length ratio {s['test_beam4']['length_ratio']:.3f}, greedy test "
+                   f"{s['test_beam1']['bleu']:.2f} cased; instruction-set variables "
+                   f"{', '.join(f'`{k}={v}`' for k, v in (variables or {}).items()) or 'none recorded'}.")
+
+
 BLOCKS = {
     "gpu-check": gpu_check,
     "readme-headline": recipe_headline,
@@ -1178,6 +1213,7 @@ BLOCKS = {
     "quality-back-translation-updates": lambda root: back_translation(root, "back_translation_equal_updates.json"),
     "quality-fine-tuning": fine_tuning,
     "quality-avx2-estimate": avx2_estimate,
+    "quality-avx2-hour": avx2_hour,
     "quality-beam": recipe_beam,
     "quality-recipe-seeds": recipe_seeds,
     "quality-multilingual": multilingual,

@@ -173,7 +173,8 @@ def test_the_reference_hour_applies_only_to_its_time_limit_and_model():
 def test_the_reference_numbers_are_run_is_own():
     root = reproduce.Path(__file__).resolve().parents[1]
     for run in reproduce.REFERENCE_HOURS.values():
-        results = json.loads((root / "docs" / "quality" / f"run_{run['run']}_results.json").read_text())
+        results = json.loads((root / "docs" / "quality" / f"{run['raw']}_results.json").read_text())
         assert {k: v for k, v in results["model"].items() if k not in ("attention", "attention_block_size")} == \
             run["model"]
-        assert results["fingerprint"]["trainer.max_time"] == run["max_time"]
+        # an hour's time limit, or, for another host's hour trained in full here, none
+        assert results["fingerprint"]["trainer.max_time"] == (None if "updates_of" in run else run["max_time"])

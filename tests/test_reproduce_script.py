@@ -103,13 +103,28 @@ def test_a_recipe_hour_is_said_against_its_reference_run_whose_numbers_are_its_r
         other = OmegaConf.merge(hour, {"name": name})
         assert "reference" not in reproduce.planned_and_trained({"steps": 9, "precision": "bf16-mixed"}, other)
     assert "reference" not in reproduce.planned_and_trained({"steps": 9, "precision": "32-true"}, hour)
+    # fp32 (an AVX2-only host): said against the AVX2 hour's updates, its model's dropout 0.1, not bf16's 0.3
+    fp32 = reproduce.REFERENCE_HOURS[("multi30k_cpu_en_de", "32-true")]
+    avx2 = reproduce.planned_and_trained({"steps": 2940, "precision": "32-true", "model": fp32["model"]}, hour)
+    assert reproduce.describe_budget(avx2).endswith(
+        f"0.50x the 5,880 updates ({fp32['epochs']} epochs) of the recipe's reference run {fp32['run']} "
+        f"(docs/quality.md)")
+    assert "reference" not in reproduce.planned_and_trained(
+        {"steps": 2940, "precision": "32-true", "model": reference["model"]}, hour)  # bf16's model in fp32
     steps = OmegaConf.merge(hour, {"trainer": {"max_steps": 8000, "max_time": None}})
     assert "reference" not in reproduce.planned_and_trained({"steps": 9, "precision": "bf16-mixed"}, steps)
+    assert {precision for _, precision in reproduce.REFERENCE_HOURS} == {"bf16-mixed", "32-true"}
     for (name, precision), run in reproduce.REFERENCE_HOURS.items():  # the numbers are the run's own
-        results = json.loads((REPO / "docs" / "quality" / f"run_{run['run']}_results.json").read_text())
-        report = json.loads((REPO / "docs" / "quality" / f"run_{run['run']}_reproduce.json").read_text())
+        results = json.loads((REPO / "docs" / "quality" / f"{run['raw']}_results.json").read_text())
+        report = json.loads((REPO / "docs" / "quality" / f"{run['raw']}_reproduce.json").read_text())
         assert (results["steps"], results["epochs"], results["precision"]) == (run["steps"], run["epochs"], precision)
-        assert report["planned"]["max_time"] and report["run_dir"].startswith(f"outputs/{name}/")
+        assert report["run_dir"].startswith(f"outputs/{name}/")
+        if "updates_of" in run:  # another host's hour trained in full here: that hour's updates, no time limit
+            assert (report["planned"]["max_time"], report["planned"]["max_steps"]) == (None, run["steps"])
+            hour_there = json.loads((REPO / "docs" / "quality" / "avx2" / "issue51_amd_hour.json").read_text())
+            assert run["updates_of"].endswith("(avx2/issue51_amd_hour.json)") and hour_there["steps"] == run["steps"]
+        else:
+            assert report["planned"]["max_time"] == run["max_time"]
 
 
 def test_the_package_command_scores_in_the_launch_directory(tmp_path):
