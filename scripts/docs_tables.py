@@ -671,7 +671,7 @@ def recipe_versions(root: Path, name: str) -> str:
                  f"**{data['median_ratio']:.3f}**", "", ""])
     start = record.get("load_average") or [None]
     return (table(["round", f"this checkout ({this[:7]}): target tokens/s", f"{data['other']}", "ratio", "first",
-                   "load after the round (1 min; the benchmark's own 2 threads count)"], rows)
+                   f"load after the round (1 min; the benchmark's own {data['threads']} threads count)"], rows)
             + f"\n\n{len(rounds)} rounds of {data['steps']} steps, precision {data['precision']} "
             f"({rounds[0]['this']['precision']}), {data['threads']} threads; CPU `{record.get('cpu_model')}`, flags "
             f"`{' '.join(record.get('cpu_flags') or [])}`; load at the start {start[0]}; {record.get('time_utc')}.")

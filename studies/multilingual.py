@@ -24,8 +24,10 @@ training wall seconds from its results.json, the provenance); runs and evaluatio
 outputs/multilingual/, which git ignores). The runs an existing ``out`` records and this launch does not make (a
 model left out of ``models``, a seed not given now: a committed file keeps runs whose directories are gone) are
 kept in it, when that file's options that shape a run (SHAPING) are this launch's; where they differ,
-its runs are dropped, and said so. Each run records the commit and time of the launch that scored it ("made"), and
-the commit and torch threads that trained it ("trained", from its results.json).
+its runs are dropped, and said so (a launch of some ``models`` refuses instead). Each run records the commit and
+time of the launch that recorded it ("made": that launch scored it, or found its evaluations done), and the commit
+and torch threads that trained it ("trained", from its results.json). The file's ``options`` are its last launch's;
+which seeds each model has, its runs say.
 """
 
 from __future__ import annotations
@@ -91,9 +93,10 @@ def launch(provenance: dict) -> dict:
     return {"commit": git.get("commit"), "dirty": git.get("dirty"), "time_utc": provenance.get("time_utc")}
 
 
-def earlier_runs(out: Path, options: dict) -> tuple[list[dict], dict]:
-    """The runs (each with its "made": the launch that scored it) and training seconds that ``out`` already records,
-    where its options that shape a run are ``options``'; none where it does not exist or they differ (said so)."""
+def earlier_runs(out: Path, options: dict, models: dict) -> tuple[list[dict], dict]:
+    """The runs (each with its "made": the launch that recorded it) and training seconds that ``out`` already
+    records, where its options that shape a run are ``options``'; none where it does not exist or they differ (said
+    so). A launch of some models only (``models=``) refuses to drop the others' recorded runs."""
     if not out.is_file():
         return [], {}
     try:
@@ -102,13 +105,20 @@ def earlier_runs(out: Path, options: dict) -> tuple[list[dict], dict]:
         fallback = launch(earlier.get(PROVENANCE_KEY) or {})
         runs = [{**run, "made": run.get("made") or fallback} for run in earlier["runs"]]
         seconds = dict(earlier.get("seconds") or {})
+        unknown = [run["model"] for run in runs if run["model"] not in models or not isinstance(run["seed"], int)]
     except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as error:
         raise SystemExit(f"{out}: not a multilingual study's record ({type(error).__name__}: {error}); give another "
                          f"out= or move it away") from None
+    if differ and options["models"] is not None:
+        raise SystemExit(f"{out}: its {len(runs)} recorded runs were made with other {', '.join(differ)}; a launch of "
+                         f"models={options['models']} would drop them: give another out= or launch every model")
     if differ:
         print(f"[{out}] its {len(runs)} recorded runs are not kept: these options differ from this launch's: "
               f"{', '.join(differ)}", flush=True)
         return [], {}
+    if unknown:
+        raise SystemExit(f"{out}: a recorded run of {unknown[0]!r} (or without an integer seed) is not one of this "
+                         f"study's models ({', '.join(models)}); give another out= or move it away")
     return runs, seconds
 
 
@@ -122,13 +132,16 @@ def main(argv: list[str]) -> dict:
                                              f"data.tgt_lang={pair.split('-')[1]}"], steps) for pair in one_to_many}
     models["one-to-many"] = (one_to_many, [f"data.pairs=[{','.join(one_to_many)}]"], steps * len(one_to_many))
     models["many-to-many"] = (many_to_many, [f"data.pairs=[{','.join(many_to_many)}]"], steps * len(many_to_many))
+    if options["models"] is not None and not isinstance(options["models"], list):
+        raise SystemExit(f"models={options['models']}: give a list, models=[many-to-many] or "
+                         f"\"models=['bilingual en-de','one-to-many']\"")
     chosen = list(models) if options["models"] is None else list(options["models"])
     unknown = [name for name in chosen if name not in models]
     if unknown:
         raise SystemExit(f"models={options['models']}: no model named {unknown[0]!r}; the study's models: "
                          f"{', '.join(models)}")
     made = launch(provenance)
-    recorded, recorded_seconds = earlier_runs(Path(options["out"]), options)
+    recorded, recorded_seconds = earlier_runs(Path(options["out"]), options, models)
     seconds, runs = {}, []
     for name, (pairs, data, updates) in models.items():
         if name not in chosen:

@@ -96,3 +96,9 @@ def test_the_study_trains_scores_and_resumes(tmp_path, monkeypatch, capsys):
     assert m2m["mean_bleu"]["many-to-many"]["en-de"]["test"] == round(sum(scores) / 2, 2)
     with pytest.raises(SystemExit, match="no model named 'bilingual en-xx'; the study's models: bilingual en-de, "):
         study.main(argv + ["models=['bilingual en-xx']"])
+    with pytest.raises(SystemExit, match="models=many-to-many: give a list"):
+        study.main(argv + ["models=many-to-many"])
+    recorded = Path("study.json").read_text()
+    with pytest.raises(SystemExit, match=r"its 10 recorded runs were made with other beam; a launch of models="):
+        study.main([a.replace("beam=1", "beam=2") for a in argv] + ["models=[many-to-many]"])
+    assert Path("study.json").read_text() == recorded and len(trained) == 5 + 4 + 1  # nothing dropped, nothing run

@@ -239,7 +239,7 @@ def run_search(run_config, alphas: str | None) -> tuple[dict, list[float]]:
 # (RAW_results.json, RAW_reproduce.json; a test holds these numbers to them). bf16: run I, the hour itself. fp32:
 # the hour of an AVX2-only host (issue 51's run on a 2-core AMD EPYC: 5,880 updates, transcribed in
 # docs/quality/avx2/issue51_amd_hour.json), whose own files are not here, so the reference is those updates
-# trained in full with the kernels held to AVX2 (``updates_of``: where its update count comes from).
+# trained in full with the kernels held to AVX2 (``updates_of``: where its update count comes from, printed).
 # A run is said against it only where it ran the reference's time limit and model (its architecture: every field of
 # results.json's ``model`` but the attention kernel's); another limit or model under the recipe's name has no target.
 RECIPE_MODEL = {"vocab_size": 8000, "d_model": 256, "n_heads": 4, "d_k": None, "d_v": None, "n_encoder_layers": 3,
@@ -251,7 +251,7 @@ REFERENCE_HOURS = {
                                            "max_time": "00:00:55:00", "model": {**RECIPE_MODEL, "dropout": 0.3}},
     ("multi30k_cpu_en_de", "32-true"): {"run": "avx2_sim", "raw": "avx2/avx2_sim", "steps": 5880, "epochs": 11.95,
                                         "max_time": "00:00:55:00", "model": {**RECIPE_MODEL, "dropout": 0.1},
-                                        "updates_of": "issue 51's AVX2 hour (avx2/issue51_amd_hour.json)"}}
+                                        "updates_of": "issue 51's AVX2-only hour"}}
 
 
 def recipe_alphas(run_config) -> str | None:
@@ -275,7 +275,7 @@ def planned_and_trained(results: dict, run_config) -> dict:
     if reference and (planned["max_time"] != reference["max_time"]
                       or any(model.get(field, "absent") != value for field, value in reference["model"].items())):
         reference = None  # the recipe's name, but another time limit or model: not the reference's hour
-    shown = {k: v for k, v in reference.items() if k in ("run", "steps", "epochs")} if reference else None
+    shown = {k: v for k, v in reference.items() if k in ("run", "steps", "epochs", "updates_of")} if reference else None
     return {"planned": planned, "trained": trained, **({"reference": shown} if shown else {})}
 
 
@@ -295,7 +295,8 @@ def describe_budget(budget: dict) -> str:
     if reference and trained.get("steps") is not None:
         parts.append(f"{trained['steps'] / reference['steps']:.2f}x the {reference['steps']:,} updates "
                      f"({reference['epochs']} epochs) of the recipe's reference run {reference['run']} "
-                     f"(docs/quality.md)")
+                     + (f"(docs/quality.md; its updates: {reference['updates_of']})" if reference.get("updates_of")
+                        else "(docs/quality.md)"))
     return ", ".join(parts)
 
 
