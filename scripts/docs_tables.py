@@ -1142,15 +1142,19 @@ def fine_tuning(root: Path) -> str:
     return table(header, rows)
 
 
+def greedy_curve(curve: list[dict]) -> str:
+    """A reproduce report's greedy val BLEU at each validation (one an epoch), with its update."""
+    return table(["", *(f"epoch {i}" for i in range(1, len(curve) + 1))],
+                 [["greedy val BLEU by update", *(f"{p['greedy_val_bleu']:.2f} ({p['step']:,})" for p in curve)]])
+
+
 def avx2_estimate(root: Path) -> str:
     """The fp32 recipe trained for the updates an AVX2-only host trains in the hour (an estimate: the update count
     is the input, the scores are measured): its val curve, the choices on val and the test scores."""
     rep, res = (read_json(root, QUALITY / f"avx2_estimate_{kind}.json") for kind in ("reproduce", "results"))
-    curve = rep["val_curve"]
     s = rep["scores"]
     chosen = rep["val_bleu_chosen_on"]
-    rows = [["greedy val BLEU by update", *(f"{p['greedy_val_bleu']:.2f} ({p['step']:,})" for p in curve)]]
-    return (table(["", *(f"epoch {i}" for i in range(1, len(curve) + 1))], rows) +
+    return (greedy_curve(rep["val_curve"]) +
             f"\n\n{res['steps']:,} updates ({res['epochs']} epochs), {rep['precision']}; chosen on val: the "
             f"{rep['chosen'].removesuffix('.ckpt')} checkpoint ({chosen['averaged']:.2f} against the last's "
             f"{chosen['last']:.2f}) and alpha {rep['search']['alpha']:g} (val "
@@ -1184,10 +1188,7 @@ def avx2_hour(root: Path) -> str:
              f"**{amd['test']['bleu_multi30k']:.2f}**", f"{amd['test']['bleu']:.2f}"]]
     text = table(["run", "CPU flags", "updates", "epochs", "val: last", "val: averaged", "chosen, alpha",
                   "val at that alpha", "test (convention)", "test (cased)"], rows)
-    curve = rep["val_curve"]
-    text += "\n\n" + table(["", *(f"epoch {i}" for i in range(1, len(curve) + 1))],
-                            [["greedy val BLEU (update)", *(f"{p['greedy_val_bleu']:.2f} ({p['step']:,})"
-                                                            for p in curve)]])
+    text += "\n\n" + greedy_curve(rep["val_curve"])
     variables = rep.get("provenance", {}).get("isa_variables") or res.get("provenance", {}).get("isa_variables")
     return text + (f"\n\nThe simulation: {res['precision']}, beam {rep['search']['beam']}, val by alpha "
                    + ", ".join(f"{a}: {b:.2f}" for a, b in rep["val_bleu_by_alpha"].items())

@@ -88,7 +88,7 @@ def zero_shot_scores(ckpt: Path, options: dict, out: Path) -> dict:
 
 
 def launch(provenance: dict) -> dict:
-    """What a run's "made" records of the launch that scored it: its commit, whether the tree was dirty, its time."""
+    """What a run's "made" records of the launch that recorded it: its commit, whether the tree was dirty, its time."""
     git = provenance.get("git") or {}
     return {"commit": git.get("commit"), "dirty": git.get("dirty"), "time_utc": provenance.get("time_utc")}
 
@@ -167,16 +167,12 @@ def main(argv: list[str]) -> dict:
                 run["zero_shot"] = zero_shot_scores(ckpt, options, evaluations)
             runs.append(run | {"made": made, "trained": trained})
     done = {(run["model"], run["seed"]) for run in runs}
-    for run in recorded:
-        if (run["model"], run["seed"]) not in done:
-            runs.append(run)
-            step = f"{run['model']}, seed {run['seed']}"
-            if step in recorded_seconds:
-                seconds[step] = recorded_seconds[step]
+    runs += [run for run in recorded if (run["model"], run["seed"]) not in done]
     order = list(models)
     runs.sort(key=lambda run: (order.index(run["model"]), run["seed"]))
-    seconds = {f"{run['model']}, seed {run['seed']}": seconds[f"{run['model']}, seed {run['seed']}"] for run in runs
-               if f"{run['model']}, seed {run['seed']}" in seconds}
+    seconds = {**recorded_seconds, **seconds}  # this launch's over the file's, in the runs' order
+    steps_in_order = [f"{run['model']}, seed {run['seed']}" for run in runs]
+    seconds = {step: seconds[step] for step in steps_in_order if step in seconds}
     means = {name: {pair: {split: mean([r["scores"][pair][split]["bleu"] for r in runs if r["model"] == name])
                            for split in options["splits"]} for pair in pairs} for name, (pairs, _, _) in models.items()}
     result = {"options": options, "runs": runs, "mean_bleu": means, "seconds": seconds, PROVENANCE_KEY: provenance}
