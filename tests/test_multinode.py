@@ -1,8 +1,9 @@
 """Multi-node training, proven on one machine: torchrun starts 2 "nodes" x 1 process on loopback (gloo, static
-rendezvous), ``trainer=multinode``. The run ends with the weights of a 2-process single-node run, in one run
-directory derived from the job (``--rdzv_id``) with one set of checkpoints; and when one node's process is
-killed with SIGKILL mid-run, relaunching both nodes with the same command completes the run with the weights
-of the uninterrupted one."""
+rendezvous), ``trainer=multinode``. Node 1's process is killed with SIGKILL mid-run; relaunching both nodes with
+the same command completes the run, in one run directory derived from the job (``--rdzv_id``) with one set of
+checkpoints, with the weights of an uninterrupted 2-process single-node run to the bit. One equality holds both
+claims (2 nodes train as 2 processes on one node; a killed node resumes exactly): an uninterrupted 2-node launch
+would add a torchrun per node and prove nothing the killed one does not."""
 
 import os
 import subprocess
@@ -88,25 +89,36 @@ def assert_same_weights(a: dict, b: dict) -> None:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """The 2-process single-node run and the 2-node run, launched side by side: their working directories."""
+    """The 2-process single-node run, uninterrupted, and the 2-node run whose node 1 is killed at KILL_STEP, launched
+    side by side; then the 2-node run relaunched with the same command. Their working directories, the exit codes
+    and last step of the killed launch."""
     tmp = tmp_path_factory.mktemp("multinode")
     corpus = write_tiny_corpus(tmp / "corpus")
     TranslationDataModule(DataConfig(train=f"{corpus}/train", val=f"{corpus}/val", test=f"{corpus}/test",
                                      cache_dir=f"{corpus}/cache", vocab_size=256, max_tokens=512,
                                      num_proc=1)).setup("fit")
-    single = launch(tmp / "single", corpus, nnodes=1, nproc=2, port=free_port())
-    multi = launch(tmp / "multi", corpus, nnodes=2, nproc=1, port=free_port())
-    for cwd, nodes in ((tmp / "single", single), (tmp / "multi", multi)):
-        codes = finish(nodes)
-        assert codes == [0] * len(nodes), (cwd / "node0.log").read_text()[-3000:]
-    return {"corpus": corpus, "single": tmp / "single", "multi": tmp / "multi", "tmp": tmp}
+    single, killed, marker = tmp / "single", tmp / "killed", tmp / "killed.marker"
+    script = tmp / "kill_node1.py"
+    script.write_text(KILLER)
+    env = {"KILL_STEP": str(KILL_STEP), "KILL_MARKER": str(marker)}
+    port = free_port()
+    single_nodes = launch(single, corpus, nnodes=1, nproc=2, port=free_port())
+    killed_codes = finish(launch(killed, corpus, nnodes=2, nproc=1, port=port, script=script, env=env))
+    codes = finish(single_nodes)
+    assert codes == [0], (single / "node0.log").read_text()[-3000:]
+    assert marker.exists(), "node 1 was not killed"
+    killed_step, _ = final_weights(killed)
+    relaunched = finish(launch(killed, corpus, nnodes=2, nproc=1, port=port, script=script, env=env))  # same command
+    return {"single": single, "killed": killed, "killed_codes": killed_codes, "killed_step": killed_step,
+            "relaunched_codes": relaunched}
 
 
 def test_two_nodes_end_with_the_weights_of_two_processes_on_one_node_in_one_run_dir(runs):
-    step, multi = final_weights(runs["multi"])
+    assert runs["relaunched_codes"] == [0, 0], (runs["killed"] / "node0.log").read_text()[-3000:]
+    step, multi = final_weights(runs["killed"])
     assert step == STEPS
     assert_same_weights(multi, final_weights(runs["single"])[1])
-    run = run_dir(runs["multi"])
+    run = run_dir(runs["killed"])
     # Only global rank 0 writes .hydra/ and train.log; rank 1 logs to its own file beside it.
     assert (run / ".hydra" / "config.yaml").is_file() and (run / "train_rank_1.log").is_file()
     assert "GLOBAL_RANK: 1" in (run / "train_rank_1.log").read_text()
@@ -119,21 +131,16 @@ def test_two_nodes_end_with_the_weights_of_two_processes_on_one_node_in_one_run_
 
 
 def test_a_node_killed_mid_run_and_relaunched_ends_with_the_uninterrupted_weights(runs):
-    cwd, marker = runs["tmp"] / "killed", runs["tmp"] / "killed.marker"
-    script = runs["tmp"] / "kill_node1.py"
-    script.write_text(KILLER)
-    env = {"KILL_STEP": str(KILL_STEP), "KILL_MARKER": str(marker)}
-    port = free_port()
-    codes = finish(launch(cwd, runs["corpus"], nnodes=2, nproc=1, port=port, script=script, env=env))
-    assert marker.exists() and codes[1] != 0, "node 1 was not killed"
+    """Node 1 SIGKILLs itself after step KILL_STEP: node 0 fails with it, and the run's last checkpoint is the one
+    before the kill; the same command relaunched resumes it on both nodes and ends with the weights of the
+    uninterrupted (single-node) run."""
+    codes = runs["killed_codes"]
+    assert codes[1] != 0, "node 1 was not killed"
     assert codes[0] != 0, "node 0 finished without its peer"
-    step, _ = final_weights(cwd)
-    assert step == 4  # the last checkpoint before the kill (every 2 steps)
-
-    codes = finish(launch(cwd, runs["corpus"], nnodes=2, nproc=1, port=port, script=script, env=env))  # same command
-    log = (cwd / "node0.log").read_text()
-    assert codes == [0, 0], log[-3000:]
-    assert f"resume      from {run_dir(cwd)}/checkpoints/last.ckpt, step 4 (ckpt_path=auto)" in log
-    step, resumed = final_weights(cwd)
+    assert runs["killed_step"] == 4  # the last checkpoint before the kill (every 2 steps)
+    log = (runs["killed"] / "node0.log").read_text()
+    assert runs["relaunched_codes"] == [0, 0], log[-3000:]
+    assert f"resume      from {run_dir(runs['killed'])}/checkpoints/last.ckpt, step 4 (ckpt_path=auto)" in log
+    step, resumed = final_weights(runs["killed"])
     assert step == STEPS
-    assert_same_weights(resumed, final_weights(runs["multi"])[1])
+    assert_same_weights(resumed, final_weights(runs["single"])[1])
