@@ -1,5 +1,6 @@
 """Test-only (tests/test_ddp.py): a callback that records, per rank, the batches it trained on, the model's weights
-at the start and the end of the fit, the moving average of the weights and the final metrics, into ``out``."""
+at the start (after a resume restored them) and the end of the fit, the moving average of the weights, the last
+validation's greedy hypotheses as that rank holds them after the gather, and the final metrics, into ``out``."""
 
 import json
 from pathlib import Path
@@ -24,5 +25,6 @@ class Record(Callback):
         torch.save({"initial": self.initial, "final": pl_module.model.state_dict(), "average": average},
                    self.out / f"weights{rank}.pt")
         metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
-        (self.out / f"rank{rank}.json").write_text(json.dumps({"batches": self.batches, "metrics": metrics,
-                                                               "world_size": trainer.world_size}))
+        (self.out / f"rank{rank}.json").write_text(json.dumps({
+            "batches": self.batches, "metrics": metrics, "world_size": trainer.world_size,
+            "hypotheses": {str(i): text for i, text in pl_module.hypotheses.get("val", {}).items()}}))

@@ -23,7 +23,8 @@ from transformer_nmt.data.datamodule import TranslationDataModule
 STEPS, KILL_STEP = 8, 5  # each rank gets 5 batches an epoch: the runs cross an epoch boundary
 JOB = "job"  # torchrun --rdzv_id: the run dir is outputs/mn/torchrun-job
 
-# Test harness for the kill: node 1's process SIGKILLs itself right after optimizer step KILL_STEP, once.
+# Test harness for the kill: node 1's process SIGKILLs itself right after optimizer step KILL_STEP, once; every
+# process notes the step its fit starts at (a relaunch that trained from scratch would end equal too).
 KILLER = textwrap.dedent("""
     import os, signal
     import lightning.pytorch as pl
@@ -31,6 +32,10 @@ KILLER = textwrap.dedent("""
     from transformer_nmt.training import app
 
     class KillNode1(pl.Callback):
+        def on_train_start(self, trainer, *args):  # where each launch's fit starts, per global rank
+            with open(os.environ["START_LOG"], "a") as log:
+                log.write(f"{trainer.global_rank} {trainer.global_step}\\n")
+
         def on_train_batch_end(self, trainer, *args):
             marker = os.environ["KILL_MARKER"]
             if trainer.global_rank == 1 and trainer.global_step == int(os.environ["KILL_STEP"]) \\
@@ -100,7 +105,7 @@ def runs(tmp_path_factory):
     single, killed, marker = tmp / "single", tmp / "killed", tmp / "killed.marker"
     script = tmp / "kill_node1.py"
     script.write_text(KILLER)
-    env = {"KILL_STEP": str(KILL_STEP), "KILL_MARKER": str(marker)}
+    env = {"KILL_STEP": str(KILL_STEP), "KILL_MARKER": str(marker), "START_LOG": str(tmp / "starts.log")}
     port = free_port()
     single_nodes = launch(single, corpus, nnodes=1, nproc=2, port=free_port())
     killed_codes = finish(launch(killed, corpus, nnodes=2, nproc=1, port=port, script=script, env=env))
@@ -108,9 +113,11 @@ def runs(tmp_path_factory):
     assert codes == [0], (single / "node0.log").read_text()[-3000:]
     assert marker.exists(), "node 1 was not killed"
     killed_step, _ = final_weights(killed)
+    first_starts = (tmp / "starts.log").read_text()
     relaunched = finish(launch(killed, corpus, nnodes=2, nproc=1, port=port, script=script, env=env))  # same command
+    starts = (first_starts, (tmp / "starts.log").read_text()[len(first_starts):])  # each launch's
     return {"single": single, "killed": killed, "killed_codes": killed_codes, "killed_step": killed_step,
-            "relaunched_codes": relaunched}
+            "relaunched_codes": relaunched, "starts": starts}
 
 
 def test_two_nodes_end_with_the_weights_of_two_processes_on_one_node_in_one_run_dir(runs):
@@ -141,6 +148,8 @@ def test_a_node_killed_mid_run_and_relaunched_ends_with_the_uninterrupted_weight
     log = (runs["killed"] / "node0.log").read_text()
     assert runs["relaunched_codes"] == [0, 0], log[-3000:]
     assert f"resume      from {run_dir(runs['killed'])}/checkpoints/last.ckpt, step 4 (ckpt_path=auto)" in log
+    first, relaunch = (sorted(starts.splitlines()) for starts in runs["starts"])
+    assert (first, relaunch) == (["0 0", "1 0"], ["0 4", "1 4"])  # both ranks resumed step 4, not a fresh start
     step, resumed = final_weights(runs["killed"])
     assert step == STEPS
     assert_same_weights(resumed, final_weights(runs["single"])[1])
