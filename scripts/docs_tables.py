@@ -1197,6 +1197,51 @@ def avx2_hour(root: Path) -> str:
                    f"{', '.join(f'`{k}={v}`' for k, v in (variables or {}).items()) or 'none recorded'}.")
 
 
+
+# The fp32 re-tune's finished candidates (studies/recipe_seeds.py kept each in docs/quality/avx2/): run id, what it
+# changes against the recipe's fp32 setting. retune_stopped.json holds the candidates stopped on their val curves.
+AVX2_RETUNE = {"fp32_prenorm": "pre-norm (`model.norm_first=true`)"}
+
+
+def avx2_retune(root: Path) -> str:
+    """The fp32 setting re-tuned at the AVX2 hour's 5,880 updates: every candidate's greedy val curve beside the
+    recipe's (avx2_sim), the finished ones' choices on val, and test for the one val chooses (the setting with
+    the highest val BLEU at its chosen checkpoint and alpha): test is read once, for that row."""
+    reference = read_json(root, AVX2 / "avx2_sim_reproduce.json")
+    stopped = read_json(root, AVX2 / "retune_stopped.json")
+    finished = {run: read_json(root, AVX2 / f"{run}_reproduce.json") for run in AVX2_RETUNE}
+    reports = {"avx2_sim": reference, **finished}
+    labels = {"avx2_sim": "the recipe's fp32 setting (avx2_sim)", **AVX2_RETUNE}
+    best = max(reports, key=lambda run: reports[run]["scores"]["val_beam4"]["bleu"])
+
+    def chosen_val(rep: dict) -> str:
+        return f"{rep['scores']['val_beam4']['bleu']:.2f}"
+
+    rows = []
+    for run, rep in reports.items():
+        chosen = rep["val_bleu_chosen_on"]
+        test = rep["scores"]["test_beam4"]
+        rows.append([f"**{labels[run]}**" if run == best else labels[run], f"{rep['trained']['steps']:,}",
+                     f"{chosen['last']:.2f}", f"{chosen['averaged']:.2f}",
+                     f"{rep['chosen'].removesuffix('.ckpt')}, {rep['search']['alpha']:g}", chosen_val(rep),
+                     f"**{test['bleu_multi30k']:.2f}** ({test['bleu']:.2f} cased)" if run == best else "-"])
+    for run in stopped["runs"]:
+        last = run["val_curve"][-1]
+        rows.append([f"`{' '.join(o for o in run['overrides'] if not o.startswith('trainer.'))}` (stopped)",
+                     f"stopped after {last['step']:,}", "-", "-", "-", "-", "-"])
+    text = table(["fp32 setting", "updates", "val: last", "val: averaged", "chosen, alpha", "val, chosen",
+                  "test, Multi30k convention (chosen on val only)"], rows)
+    curves = {labels[run]: rep["val_curve"] for run, rep in reports.items()}
+    curves.update({f"`{' '.join(o for o in run['overrides'] if not o.startswith('trainer.'))}`": run["val_curve"]
+                   for run in stopped["runs"]})
+    epochs = max(len(curve) for curve in curves.values())
+    text += "\n\n" + table(["greedy val BLEU", *(f"epoch {i}" for i in range(1, epochs + 1))],
+                            [[label, *(f"{p['greedy_val_bleu']:.2f}" for p in curve),
+                              *(["-"] * (epochs - len(curve)))] for label, curve in curves.items()])
+    return text + (f"\n\nVal BLEU: beam {reference['search']['beam']}, cased, at each run's chosen checkpoint "
+                   "(the average of its last 5 recent checkpoints or the last) and alpha (0.6, 1.0 or 1.4); "
+                   "greedy: the whole val set at each epoch's end (491 updates an epoch).")
+
 BLOCKS = {
     "gpu-check": gpu_check,
     "readme-headline": recipe_headline,
@@ -1215,6 +1260,7 @@ BLOCKS = {
     "quality-fine-tuning": fine_tuning,
     "quality-avx2-estimate": avx2_estimate,
     "quality-avx2-hour": avx2_hour,
+    "quality-avx2-retune": avx2_retune,
     "quality-beam": recipe_beam,
     "quality-recipe-seeds": recipe_seeds,
     "quality-multilingual": multilingual,
