@@ -1200,7 +1200,8 @@ def avx2_hour(root: Path) -> str:
 
 # The fp32 re-tune's finished candidates (studies/recipe_seeds.py kept each in docs/quality/avx2/): run id, what it
 # changes against the recipe's fp32 setting. retune_stopped.json holds the candidates stopped on their val curves.
-AVX2_RETUNE = {"fp32_prenorm": "pre-norm (`model.norm_first=true`)"}
+AVX2_RETUNE = {"fp32_prenorm": "pre-norm (`model.norm_first=true`)",
+               "fp32_prenorm_lr035": "pre-norm, peak lr x0.7 (`model.norm_first=true train.lr_factor=0.35`)"}
 
 
 def avx2_retune(root: Path) -> str:
