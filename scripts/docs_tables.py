@@ -1197,7 +1197,6 @@ def avx2_hour(root: Path) -> str:
                    f"{', '.join(f'`{k}={v}`' for k, v in (variables or {}).items()) or 'none recorded'}.")
 
 
-
 # The fp32 re-tune's finished candidates (studies/recipe_seeds.py kept each in docs/quality/avx2/): run id, what it
 # changes against the recipe's fp32 setting. retune_stopped.json holds the candidates stopped on their val curves.
 AVX2_RETUNE = {"fp32_prenorm": "pre-norm (`model.norm_first=true`)",
@@ -1214,27 +1213,23 @@ def avx2_retune(root: Path) -> str:
     reports = {"avx2_sim": reference, **finished}
     labels = {"avx2_sim": "the recipe's fp32 setting (avx2_sim)", **AVX2_RETUNE}
     best = max(reports, key=lambda run: reports[run]["scores"]["val_beam4"]["bleu"])
-
-    def chosen_val(rep: dict) -> str:
-        return f"{rep['scores']['val_beam4']['bleu']:.2f}"
-
+    stopped_labels = [f"`{' '.join(o for o in run['overrides'] if not o.startswith('trainer.'))}`"
+                      for run in stopped["runs"]]
     rows = []
     for run, rep in reports.items():
         chosen = rep["val_bleu_chosen_on"]
         test = rep["scores"]["test_beam4"]
         rows.append([f"**{labels[run]}**" if run == best else labels[run], f"{rep['trained']['steps']:,}",
                      f"{chosen['last']:.2f}", f"{chosen['averaged']:.2f}",
-                     f"{rep['chosen'].removesuffix('.ckpt')}, {rep['search']['alpha']:g}", chosen_val(rep),
+                     f"{rep['chosen'].removesuffix('.ckpt')}, {rep['search']['alpha']:g}",
+                     f"{rep['scores']['val_beam4']['bleu']:.2f}",
                      f"**{test['bleu_multi30k']:.2f}** ({test['bleu']:.2f} cased)" if run == best else "-"])
-    for run in stopped["runs"]:
-        last = run["val_curve"][-1]
-        rows.append([f"`{' '.join(o for o in run['overrides'] if not o.startswith('trainer.'))}` (stopped)",
-                     f"stopped after {last['step']:,}", "-", "-", "-", "-", "-"])
+    rows += [[f"{label} (stopped)", f"stopped after {run['val_curve'][-1]['step']:,}", "-", "-", "-", "-", "-"]
+             for label, run in zip(stopped_labels, stopped["runs"])]
     text = table(["fp32 setting", "updates", "val: last", "val: averaged", "chosen, alpha", "val, chosen",
                   "test, Multi30k convention (chosen on val only)"], rows)
     curves = {labels[run]: rep["val_curve"] for run, rep in reports.items()}
-    curves.update({f"`{' '.join(o for o in run['overrides'] if not o.startswith('trainer.'))}`": run["val_curve"]
-                   for run in stopped["runs"]})
+    curves.update({label: run["val_curve"] for label, run in zip(stopped_labels, stopped["runs"])})
     epochs = max(len(curve) for curve in curves.values())
     text += "\n\n" + table(["greedy val BLEU", *(f"epoch {i}" for i in range(1, epochs + 1))],
                             [[label, *(f"{p['greedy_val_bleu']:.2f}" for p in curve),
@@ -1242,6 +1237,7 @@ def avx2_retune(root: Path) -> str:
     return text + (f"\n\nVal BLEU: beam {reference['search']['beam']}, cased, at each run's chosen checkpoint "
                    "(the average of its last 5 recent checkpoints or the last) and alpha (0.6, 1.0 or 1.4); "
                    "greedy: the whole val set at each epoch's end (491 updates an epoch).")
+
 
 BLOCKS = {
     "gpu-check": gpu_check,
