@@ -20,6 +20,12 @@ import transformer_nmt
 STEPS = 4  # each rank gets 5 batches an epoch: one validation, at step STEPS, inside the first epoch
 
 
+def recorded(out: Path) -> tuple[list[dict], list[dict]]:
+    """What tests/ddp_record.py wrote for ranks 0 and 1 at the end of the last fit: (rank records, weights)."""
+    return ([json.loads((out / f"rank{r}.json").read_text()) for r in range(2)],
+            [torch.load(out / f"weights{r}.pt", weights_only=True) for r in range(2)])
+
+
 def test_trainer_ddp_in_bf16_trains_ranks_on_different_batches_into_one_run_dir_and_resumes_when_run_again(tmp_path):
     """Lightning's own launcher starts the second process with the first's run dir (the time-stamped one: no job
     id); only the first writes .hydra/ and train.log, and rank 0 alone draws the attention maps and logs their
@@ -42,13 +48,12 @@ def test_trainer_ddp_in_bf16_trains_ranks_on_different_batches_into_one_run_dir_
                            capture_output=True, text=True, timeout=240)
     assert first.returncode == 0, first.stderr[-4000:]
 
-    ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+    ranks, weights = recorded(out)
     assert [r["world_size"] for r in ranks] == [2, 2]
     assert len(ranks[0]["batches"]) == len(ranks[1]["batches"]) == STEPS
     seen = [{i for batch in r["batches"] for i in batch} for r in ranks]
     assert not seen[0] & seen[1], "the two ranks trained on the same pairs"
 
-    weights = [torch.load(out / f"weights{r}.pt", weights_only=True) for r in range(2)]
     for name, final in weights[0]["final"].items():
         assert torch.equal(final, weights[1]["final"][name]), f"{name} differs between ranks"
     assert any(not torch.equal(weights[0]["final"][k], weights[0]["initial"][k]) for k in weights[0]["final"])
@@ -95,9 +100,8 @@ def test_trainer_ddp_in_bf16_trains_ranks_on_different_batches_into_one_run_dir_
     assert f"rank 1 resumes as global rank 0 chose: {resumed}" in (run_dir / "train_ddp_process_1.log").read_text()
     assert torch.load(last, weights_only=True)["global_step"] == STEPS + 1
     # both ranks started the resumed fit from the first launch's final weights, and end equal again
-    resumed_ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+    resumed_ranks, resumed_weights = recorded(out)
     assert [len(r["batches"]) for r in resumed_ranks] == [1, 1]
-    resumed_weights = [torch.load(out / f"weights{r}.pt", weights_only=True) for r in range(2)]
     for name, final in weights[0]["final"].items():
         assert all(torch.equal(w["initial"][name], final) for w in resumed_weights), f"{name} not resumed"
         assert torch.equal(resumed_weights[0]["final"][name], resumed_weights[1]["final"][name])
