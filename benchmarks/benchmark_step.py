@@ -5,6 +5,7 @@ attention kernel and torch.compile, side by side in one process.
     python benchmarks/benchmark_step.py --tokens 1024 2048 --rounds 5 --no-compile
     python benchmarks/benchmark_step.py --threads 2           # the recipe's thread count (a quiet machine only)
     python benchmarks/benchmark_step.py --tokens 2048 --no-compile --kernels plain fused --previous-loss
+    python benchmarks/benchmark_step.py --tokens 1024 --no-compile --kernels fused --precisions 32-true --ema
     python benchmarks/benchmark_step.py --tokens 1024 4096 --no-compile --kernels plain --precisions bf16-mixed \
         --previous-dropout --previous-chunks --reference "bf16-mixed plain" --threads 2 --rounds 9
 
@@ -26,7 +27,9 @@ every precision's ``auto`` kernel with one part as it was (benchmarks/baselines.
 code before timing): ``--previous-loss`` the loss before its fused log_softmax/softmax kernels (in the chunks of
 then, 2^25 logits), called by training_step in place of today's; ``--previous-chunks`` today's loss in chunks
 of 2^25 logits (128 MiB in fp32), as it ran on CPU before training.loss.LOSS_CHUNK_ELEMENTS_CPU;
-``--previous-dropout`` torch's ``nn.Dropout`` in place of dropout.py's. Every round runs one step of every
+``--previous-dropout`` torch's ``nn.Dropout`` in place of dropout.py's; and ``--ema`` adds one part:
+train.ema_decay's moving average of the weights, updated after every step as module.optimizer_step updates it (its
+cost, e.g. to simulate a run with it at another host's measured step rate). Every round runs one step of every
 variant in turn, on the same batch per batch size (compiled variants first warm up on every batch of the
 pool, their compile time reported apart); tokens/s is the median over rounds, and every "vs" column the
 median of the per-round ratios to the same round's step of the ``--reference`` variant (default: fp32 eager
@@ -78,6 +81,7 @@ REPO = Path(__file__).resolve().parents[1]
 SMALL, TRAIN = small_recipe()
 SUBWORDS_PER_WORD = 1.2
 PRECISIONS = ("32-true", "bf16-mixed")
+EMA_DECAY = 0.999  # --ema: the decay does not change the update's cost
 
 
 def multi30k_lengths(n: int = 20000) -> tuple[np.ndarray, np.ndarray]:
@@ -119,8 +123,9 @@ DROPOUTS = {"ours": ("", None), "torch": (" torch dropout", with_torch_dropout),
             "32-bit": (" 32-bit dropout", with_32bit_dropout)}
 
 
-def variant_name(precision: str, kernel: str, compiled: bool, loss: str = "fused", dropout: str = "ours") -> str:
-    suffix = (" compiled" if compiled else "") + LOSSES[loss][0] + DROPOUTS[dropout][0]
+def variant_name(precision: str, kernel: str, compiled: bool, loss: str = "fused", dropout: str = "ours",
+                 ema: bool = False) -> str:
+    suffix = (" compiled" if compiled else "") + LOSSES[loss][0] + DROPOUTS[dropout][0] + (" ema" if ema else "")
     return f"{precision} {kernel}{suffix}"
 
 
@@ -139,7 +144,7 @@ class Step:
     of its configure_optimizers, its precision."""
 
     def __init__(self, base: TranslationModule, precision: str, kernel: str, compiled: bool, loss: str = "fused",
-                 dropout: str = "ours"):
+                 dropout: str = "ours", ema: bool = False):
         self.precision, self.kernel, self.compiled = precision, kernel, compiled
         self.loss = LOSSES[loss][1]
         self.module = copy.deepcopy(base).train()
@@ -154,7 +159,10 @@ class Step:
             self.module.model.compile()
         optimization = self.module.configure_optimizers()
         self.optimizer, self.scheduler = optimization["optimizer"], optimization["lr_scheduler"]["scheduler"]
-        self.name = variant_name(precision, kernel, compiled, loss, dropout)
+        if ema:  # train.ema_decay: the module makes its average at the fit's start, updates it after each step
+            self.module.optim = {**self.module.optim, "ema_decay": EMA_DECAY}
+            self.module.on_fit_start()
+        self.name = variant_name(precision, kernel, compiled, loss, dropout, ema)
 
     def __call__(self, batch: dict) -> float:
         """One training step on ``batch`` through the module's own methods; returns its seconds."""
@@ -169,6 +177,8 @@ class Step:
         loss.backward()
         module.on_before_optimizer_step(self.optimizer)
         self.optimizer.step()
+        if module.ema is not None:  # what module.optimizer_step adds to the optimizer's step
+            module.ema.update()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         return time.perf_counter() - start
@@ -190,6 +200,9 @@ def main(argv=None) -> dict:
     parser.add_argument("--previous-dropout", action="store_true",
                         help="also each precision's auto kernel with torch's dropout (before dropout.py) and with "
                              "dropout.py's 32-bit mask (before 16-bit integers)")
+    parser.add_argument("--ema", action="store_true",
+                        help=f"also each precision's auto kernel with train.ema_decay={EMA_DECAY}'s moving average "
+                             "updated after every step")
     parser.add_argument("--experiment", default=None,
                         help="the model, vocabulary and train settings of experiment=NAME (e.g. multi30k_tiny; "
                              "default: model=small, the recipe's shape)")
@@ -219,7 +232,8 @@ def main(argv=None) -> dict:
     for wanted, compiled, part in ((args.compile, True, {}), (args.previous_loss, False, {"loss": "previous"}),
                                    (args.previous_chunks, False, {"loss": "large chunks"}),
                                    (args.previous_dropout, False, {"dropout": "torch"}),
-                                   (args.previous_dropout, False, {"dropout": "32-bit"})):
+                                   (args.previous_dropout, False, {"dropout": "32-bit"}),
+                                   (args.ema, False, {"ema": True})):
         if wanted:  # each precision's auto kernel, compiled or with one part as it was
             specs += [(p, auto_kernel("cpu", compute_dtype(p))[0], compiled, part) for p in args.precisions]
     eager = [variant_name(p, k, c, **part) for p, k, c, part in specs if not c]  # a reference runs at every size

@@ -22,7 +22,7 @@ def test_one_round_prints_every_variant_against_the_fp32_fused_reference(tmp_pat
     # experiment=smoke's tiny model: what is checked is the table, not the recipe's speed, and a bf16 step of the
     # recipe's shape takes seconds where bf16 is emulated (2.3 s against 73 ms, torch held to AVX2 kernels)
     run = benchmark("--tokens", "256", "--rounds", "1", "--pool", "1", "--no-compile", "--previous-loss",
-                    "--previous-chunks", "--previous-dropout", "--experiment", "smoke", "--json", str(out))
+                    "--previous-chunks", "--previous-dropout", "--ema", "--experiment", "smoke", "--json", str(out))
     assert run.returncode == 0, run.stderr[-3000:]
     report = json.loads(out.read_text())
     names = [row["variant"] for row in report["rows"]]
@@ -30,7 +30,8 @@ def test_one_round_prints_every_variant_against_the_fp32_fused_reference(tmp_pat
                      "32-true fused previous loss", "bf16-mixed plain previous loss",
                      "32-true fused loss in large chunks", "bf16-mixed plain loss in large chunks",
                      "32-true fused torch dropout", "bf16-mixed plain torch dropout",
-                     "32-true fused 32-bit dropout", "bf16-mixed plain 32-bit dropout"]
+                     "32-true fused 32-bit dropout", "bf16-mixed plain 32-bit dropout",
+                     "32-true fused ema", "bf16-mixed plain ema"]
     # One round on the pool's one batch: every variant steps on that batch, so its rate times its step time is the
     # batch's target tokens (not its padded cells, not its source side), and its model FLOP/s times its step time
     # the batch's FLOPs, the same for every variant (one model, one batch).
@@ -74,3 +75,31 @@ def test_an_experiment_gives_its_model_vocabulary_and_train_settings():
     assert (tiny_train["lr"], tiny_train["warmup_steps"], tiny_train["eps"]) == (0.005, 2000, 1e-8)
     small, _ = small_recipe()
     assert (small["d_model"], small["d_ff"], small["n_encoder_layers"], small["vocab_size"]) == (256, 1024, 3, 8000)
+
+
+def test_the_ema_variant_moves_the_modules_average_once_per_step():
+    """--ema: the variant's step ends as module.optimizer_step does under train.ema_decay, the average moved once
+    toward the stepped weights (ema <- ema + (1 - d_1) (w - ema)); the other variants keep no average."""
+    import torch
+
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        import benchmark_step as bench
+        from recipe import small_recipe
+    finally:
+        sys.path.pop(0)
+    from transformer_nmt.training.module import TranslationModule
+
+    bench.SMALL, bench.TRAIN = small_recipe("smoke")
+    base = TranslationModule(bench.SMALL, bench.TRAIN)
+    with_ema, without = (bench.Step(base, "32-true", "plain", False, ema=ema) for ema in (True, False))
+    assert without.module.ema is None and with_ema.name == "32-true plain ema"
+    batch = bench.batches(256, 1)[0]
+    before = [a.clone() for a in with_ema.module.ema.average]
+    with_ema(batch)
+    ema = with_ema.module.ema
+    assert ema.updates == 1
+    weight = 1 - ema.decay_at(1)
+    for old, new, param in zip(before, ema.average, ema.params):
+        torch.testing.assert_close(new, old + weight * (param.detach() - old), rtol=0, atol=1e-7)
+    assert any(not torch.equal(old, new) for old, new in zip(before, ema.average))
