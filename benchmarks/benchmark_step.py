@@ -6,6 +6,8 @@ attention kernel and torch.compile, side by side in one process.
     python benchmarks/benchmark_step.py --threads 2           # the recipe's thread count (a quiet machine only)
     python benchmarks/benchmark_step.py --tokens 2048 --no-compile --kernels plain fused --previous-loss
     python benchmarks/benchmark_step.py --tokens 1024 --no-compile --kernels fused --precisions 32-true --ema
+    python benchmarks/benchmark_step.py --tokens 4096 --no-compile --kernels plain --precisions bf16-mixed --rdrop \
+        --reference "bf16-mixed plain" --threads 2
     python benchmarks/benchmark_step.py --tokens 1024 4096 --no-compile --kernels plain --precisions bf16-mixed \
         --previous-dropout --previous-chunks --reference "bf16-mixed plain" --threads 2 --rounds 9
 
@@ -27,10 +29,11 @@ every precision's ``auto`` kernel with one part as it was (benchmarks/baselines.
 code before timing): ``--previous-loss`` the loss before its fused log_softmax/softmax kernels (in the chunks of
 then, 2^25 logits), called by training_step in place of today's; ``--previous-chunks`` today's loss in chunks
 of 2^25 logits (128 MiB in fp32), as it ran on CPU before training.loss.LOSS_CHUNK_ELEMENTS_CPU;
-``--previous-dropout`` torch's ``nn.Dropout`` in place of dropout.py's; and ``--ema`` adds one part:
-train.ema_decay's moving average of the weights, updated after every step as module.optimizer_step updates it (its
-cost, e.g. to simulate a run with it at another host's measured step rate). Every round runs one step of every
-variant in turn, on the same batch per batch size (compiled variants first warm up on every batch of the
+``--previous-dropout`` torch's ``nn.Dropout`` in place of dropout.py's. ``--ema`` and ``--rdrop`` add a training
+option instead: train.ema_decay's moving average of the weights, updated after every step as
+module.optimizer_step updates it; train.rdrop_alpha's two passes of every batch and their divergence (what a run
+with the option costs per update, e.g. to give it the updates another host's hour holds). Every round runs one
+step of every variant in turn, on the same batch per batch size (compiled variants first warm up on every batch of the
 pool, their compile time reported apart); tokens/s is the median over rounds, and every "vs" column the
 median of the per-round ratios to the same round's step of the ``--reference`` variant (default: fp32 eager
 with the fused kernel) at the same batch size (alternation cancels the machine's load, which drifts). The
@@ -81,7 +84,6 @@ REPO = Path(__file__).resolve().parents[1]
 SMALL, TRAIN = small_recipe()
 SUBWORDS_PER_WORD = 1.2
 PRECISIONS = ("32-true", "bf16-mixed")
-EMA_DECAY = 0.999  # --ema: the decay does not change the update's cost
 
 
 def multi30k_lengths(n: int = 20000) -> tuple[np.ndarray, np.ndarray]:
@@ -123,9 +125,14 @@ DROPOUTS = {"ours": ("", None), "torch": (" torch dropout", with_torch_dropout),
             "32-bit": (" 32-bit dropout", with_32bit_dropout)}
 
 
+# training option -> (what a variant's name adds, the train.* settings that switch it on); their values do not
+# change a step's cost
+OPTIONS = {None: ("", {}), "ema": (" ema", {"ema_decay": 0.999}), "rdrop": (" rdrop", {"rdrop_alpha": 5.0})}
+
+
 def variant_name(precision: str, kernel: str, compiled: bool, loss: str = "fused", dropout: str = "ours",
-                 ema: bool = False) -> str:
-    suffix = (" compiled" if compiled else "") + LOSSES[loss][0] + DROPOUTS[dropout][0] + (" ema" if ema else "")
+                 option: str | None = None) -> str:
+    suffix = (" compiled" if compiled else "") + LOSSES[loss][0] + DROPOUTS[dropout][0] + OPTIONS[option][0]
     return f"{precision} {kernel}{suffix}"
 
 
@@ -144,10 +151,15 @@ class Step:
     of its configure_optimizers, its precision."""
 
     def __init__(self, base: TranslationModule, precision: str, kernel: str, compiled: bool, loss: str = "fused",
-                 dropout: str = "ours", ema: bool = False):
+                 dropout: str = "ours", option: str | None = None):
         self.precision, self.kernel, self.compiled = precision, kernel, compiled
         self.loss = LOSSES[loss][1]
-        self.module = copy.deepcopy(base).train()
+        if option is None:
+            self.module = copy.deepcopy(base).train()
+        else:  # a training option: the module built with it, from the same weights
+            train = {**base.optim, **OPTIONS[option][1]}
+            self.module = TranslationModule(base.hparams.model_config, train).train()
+            self.module.load_state_dict(base.state_dict())
         self.module.trainer = StandInTrainer()
         for layer in self.module.modules():
             if isinstance(layer, MultiHeadAttention):
@@ -159,10 +171,8 @@ class Step:
             self.module.model.compile()
         optimization = self.module.configure_optimizers()
         self.optimizer, self.scheduler = optimization["optimizer"], optimization["lr_scheduler"]["scheduler"]
-        if ema:  # train.ema_decay: the module makes its average at the fit's start, updates it after each step
-            self.module.optim = {**self.module.optim, "ema_decay": EMA_DECAY}
-            self.module.on_fit_start()
-        self.name = variant_name(precision, kernel, compiled, loss, dropout, ema)
+        self.module.on_fit_start()  # train.ema_decay: the average starts here (else nothing happens)
+        self.name = variant_name(precision, kernel, compiled, loss, dropout, option)
 
     def __call__(self, batch: dict) -> float:
         """One training step on ``batch`` through the module's own methods; returns its seconds."""
@@ -201,8 +211,11 @@ def main(argv=None) -> dict:
                         help="also each precision's auto kernel with torch's dropout (before dropout.py) and with "
                              "dropout.py's 32-bit mask (before 16-bit integers)")
     parser.add_argument("--ema", action="store_true",
-                        help=f"also each precision's auto kernel with train.ema_decay={EMA_DECAY}'s moving average "
-                             "updated after every step")
+                        help="also each precision's auto kernel with train.ema_decay's moving average updated after "
+                             "every step")
+    parser.add_argument("--rdrop", action="store_true",
+                        help="also each precision's auto kernel with train.rdrop_alpha's two passes and their "
+                             "divergence")
     parser.add_argument("--experiment", default=None,
                         help="the model, vocabulary and train settings of experiment=NAME (e.g. multi30k_tiny; "
                              "default: model=small, the recipe's shape)")
@@ -233,7 +246,7 @@ def main(argv=None) -> dict:
                                    (args.previous_chunks, False, {"loss": "large chunks"}),
                                    (args.previous_dropout, False, {"dropout": "torch"}),
                                    (args.previous_dropout, False, {"dropout": "32-bit"}),
-                                   (args.ema, False, {"ema": True})):
+                                   (args.ema, False, {"option": "ema"}), (args.rdrop, False, {"option": "rdrop"})):
         if wanted:  # each precision's auto kernel, compiled or with one part as it was
             specs += [(p, auto_kernel("cpu", compute_dtype(p))[0], compiled, part) for p in args.precisions]
     eager = [variant_name(p, k, c, **part) for p, k, c, part in specs if not c]  # a reference runs at every size

@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
@@ -22,7 +23,8 @@ def test_one_round_prints_every_variant_against_the_fp32_fused_reference(tmp_pat
     # experiment=smoke's tiny model: what is checked is the table, not the recipe's speed, and a bf16 step of the
     # recipe's shape takes seconds where bf16 is emulated (2.3 s against 73 ms, torch held to AVX2 kernels)
     run = benchmark("--tokens", "256", "--rounds", "1", "--pool", "1", "--no-compile", "--previous-loss",
-                    "--previous-chunks", "--previous-dropout", "--ema", "--experiment", "smoke", "--json", str(out))
+                    "--previous-chunks", "--previous-dropout", "--ema", "--rdrop", "--experiment", "smoke",
+                    "--json", str(out))
     assert run.returncode == 0, run.stderr[-3000:]
     report = json.loads(out.read_text())
     names = [row["variant"] for row in report["rows"]]
@@ -31,7 +33,7 @@ def test_one_round_prints_every_variant_against_the_fp32_fused_reference(tmp_pat
                      "32-true fused loss in large chunks", "bf16-mixed plain loss in large chunks",
                      "32-true fused torch dropout", "bf16-mixed plain torch dropout",
                      "32-true fused 32-bit dropout", "bf16-mixed plain 32-bit dropout",
-                     "32-true fused ema", "bf16-mixed plain ema"]
+                     "32-true fused ema", "bf16-mixed plain ema", "32-true fused rdrop", "bf16-mixed plain rdrop"]
     # One round on the pool's one batch: every variant steps on that batch, so its rate times its step time is the
     # batch's target tokens (not its padded cells, not its source side), and its model FLOP/s times its step time
     # the batch's FLOPs, the same for every variant (one model, one batch).
@@ -77,9 +79,10 @@ def test_an_experiment_gives_its_model_vocabulary_and_train_settings():
     assert (small["d_model"], small["d_ff"], small["n_encoder_layers"], small["vocab_size"]) == (256, 1024, 3, 8000)
 
 
-def test_the_ema_variant_moves_the_modules_average_once_per_step():
+def test_the_option_variants_step_with_their_training_option_from_the_same_weights():
     """--ema: the variant's step ends as module.optimizer_step does under train.ema_decay, the average moved once
-    toward the stepped weights (ema <- ema + (1 - d_1) (w - ema)); the other variants keep no average."""
+    toward the stepped weights (ema <- ema + (1 - d_1) (w - ema)); the other variants keep no average. --rdrop: the
+    step runs R-Drop's two passes (their divergence summed), the plain one none. Each starts from base's weights."""
     import torch
 
     sys.path.insert(0, str(SCRIPT.parent))
@@ -88,13 +91,23 @@ def test_the_ema_variant_moves_the_modules_average_once_per_step():
         from recipe import small_recipe
     finally:
         sys.path.pop(0)
+    import transformer_nmt.training.module as module_code
     from transformer_nmt.training.module import TranslationModule
 
     bench.SMALL, bench.TRAIN = small_recipe("smoke")
     base = TranslationModule(bench.SMALL, bench.TRAIN)
-    with_ema, without = (bench.Step(base, "32-true", "plain", False, ema=ema) for ema in (True, False))
+    with_ema, rdrop, without = (bench.Step(base, "32-true", "plain", False, option=o) for o in ("ema", "rdrop", None))
     assert without.module.ema is None and with_ema.name == "32-true plain ema"
+    for variant in (with_ema, rdrop):
+        weights = variant.module.state_dict()
+        assert all(torch.equal(weights[k], v) for k, v in base.state_dict().items())
     batch = bench.batches(256, 1)[0]
+    divergence = mock.Mock(wraps=module_code.symmetric_kl)  # R-Drop's term between the two passes
+    with mock.patch.object(module_code, "symmetric_kl", divergence):
+        without(batch)
+        assert divergence.call_count == 0
+        rdrop(batch)
+        assert divergence.call_count == 1 and rdrop.module.rdrop_alpha == 5.0
     before = [a.clone() for a in with_ema.module.ema.average]
     with_ema(batch)
     ema = with_ema.module.ema
