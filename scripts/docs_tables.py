@@ -1199,7 +1199,34 @@ def avx2_hour(root: Path) -> str:
 # The fp32 re-tune's finished candidates (studies/recipe_seeds.py kept each in docs/quality/avx2/): run id, what it
 # changes against the recipe's fp32 setting. retune_stopped.json holds the candidates stopped on their val curves.
 AVX2_RETUNE = {"fp32_prenorm": "pre-norm (`model.norm_first=true`)",
-               "fp32_prenorm_lr035": "pre-norm, peak lr x0.7 (`model.norm_first=true train.lr_factor=0.35`)"}
+               "fp32_prenorm_lr035": "pre-norm, peak lr x0.7 (`model.norm_first=true train.lr_factor=0.35`)",
+               "fp32_ema": "a moving average of the weights (`train.ema_decay=0.999`)",
+               "fp32_ema_drop005": "the moving average and dropout 0.05 (`train.ema_decay=0.999 model.dropout=0.05`)"}
+VAL_REFERENCE = Path("data/multi30k/val.de.gz")  # what every run's val BLEU scores against
+BOOTSTRAP_RESAMPLES = 1000  # sacreBLEU's default
+
+
+def val_p_values(root: Path, baseline: str, runs: list[str]) -> dict[str, float]:
+    """Each run's p against ``baseline`` from sacreBLEU's paired bootstrap of val BLEU (cased, as the table's val
+    column), read from the chosen models' committed val hypotheses (hyps/RUN/val.de)."""
+    import gzip
+
+    from sacrebleu.metrics import BLEU
+
+    from transformer_nmt.metrics.significance import sacrebleu_paired_bootstrap
+
+    def lines(path: Path) -> list[str]:
+        opener = gzip.open if path.suffix == ".gz" else open
+        try:
+            with opener(root / path, "rt", encoding="utf-8") as f:
+                return [line.rstrip("\n") for line in f]
+        except OSError as error:
+            raise SystemExit(f"{root / path}: {error}") from None
+
+    hyps = {run: lines(AVX2 / "hyps" / run / "val.de") for run in [baseline, *runs]}
+    p_values = sacrebleu_paired_bootstrap(BLEU(), hyps[baseline], [hyps[run] for run in runs],
+                                          lines(VAL_REFERENCE), BOOTSTRAP_RESAMPLES)
+    return dict(zip(runs, p_values))
 
 
 def avx2_retune(root: Path) -> str:
@@ -1214,6 +1241,7 @@ def avx2_retune(root: Path) -> str:
     best = max(reports, key=lambda run: reports[run]["scores"]["val_beam4"]["bleu"])
     stopped_labels = [f"`{' '.join(o for o in run['overrides'] if not o.startswith('trainer.'))}`"
                       for run in stopped["runs"]]
+    p_values = val_p_values(root, "avx2_sim", list(finished))
     rows = []
     for run, rep in reports.items():
         chosen = rep["val_bleu_chosen_on"]
@@ -1222,11 +1250,12 @@ def avx2_retune(root: Path) -> str:
                      f"{chosen['last']:.2f}", f"{chosen['averaged']:.2f}",
                      f"{rep['chosen'].removesuffix('.ckpt')}, {rep['search']['alpha']:g}",
                      f"{rep['scores']['val_beam4']['bleu']:.2f}",
+                     f"{p_values[run]:.3f}" if run in p_values else "-",
                      f"**{test['bleu_multi30k']:.2f}** ({test['bleu']:.2f} cased)" if run == best else "-"])
-    rows += [[f"{label} (stopped)", f"stopped after {run['val_curve'][-1]['step']:,}", "-", "-", "-", "-", "-"]
+    rows += [[f"{label} (stopped)", f"stopped after {run['val_curve'][-1]['step']:,}", "-", "-", "-", "-", "-", "-"]
              for label, run in zip(stopped_labels, stopped["runs"])]
     text = table(["fp32 setting", "updates", "val: last", "val: averaged", "chosen, alpha", "val, chosen",
-                  "test, Multi30k convention (chosen on val only)"], rows)
+                  "p against the recipe on val", "test, Multi30k convention (the highest val only)"], rows)
     curves = {labels[run]: rep["val_curve"] for run, rep in reports.items()}
     curves.update({label: run["val_curve"] for label, run in zip(stopped_labels, stopped["runs"])})
     epochs = max(len(curve) for curve in curves.values())
@@ -1234,7 +1263,9 @@ def avx2_retune(root: Path) -> str:
                             [[label, *(f"{p['greedy_val_bleu']:.2f}" for p in curve),
                               *(["-"] * (epochs - len(curve)))] for label, curve in curves.items()])
     return text + (f"\n\nVal BLEU: beam {reference['search']['beam']}, cased, at each run's chosen checkpoint "
-                   "(the average of its last 5 recent checkpoints or the last) and alpha (0.6, 1.0 or 1.4); "
+                   "(the average of its last 5 recent checkpoints or the last) and alpha (0.6, 1.0 or 1.4); p: "
+                   f"sacreBLEU's paired bootstrap ({BOOTSTRAP_RESAMPLES:,} resamples) of the chosen models' val "
+                   "hypotheses (hyps/RUN/val.de) against the recipe's; "
                    "greedy: the whole val set at each epoch's end (491 updates an epoch).")
 
 
