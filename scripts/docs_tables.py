@@ -1201,7 +1201,8 @@ def avx2_hour(root: Path) -> str:
 AVX2_RETUNE = {"fp32_prenorm": "pre-norm (`model.norm_first=true`)",
                "fp32_prenorm_lr035": "pre-norm, peak lr x0.7 (`model.norm_first=true train.lr_factor=0.35`)",
                "fp32_ema": "a moving average of the weights (`train.ema_decay=0.999`)",
-               "fp32_ema_drop005": "the moving average and dropout 0.05 (`train.ema_decay=0.999 model.dropout=0.05`)"}
+               "fp32_ema_drop005": "the moving average and dropout 0.05 (`train.ema_decay=0.999 model.dropout=0.05`)",
+               "fp32_drop005": "dropout 0.05 (`model.dropout=0.05`)"}
 VAL_REFERENCE = Path("data/multi30k/val.de.gz")  # what every run's val BLEU scores against
 BOOTSTRAP_RESAMPLES = 1000  # sacreBLEU's default
 
