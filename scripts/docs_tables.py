@@ -1224,9 +1224,14 @@ def val_p_values(root: Path, baseline: str, runs: list[str]) -> dict[str, float]
         except OSError as error:
             raise SystemExit(f"{root / path}: {error}") from None
 
+    references = lines(VAL_REFERENCE)
     hyps = {run: lines(AVX2 / "hyps" / run / "val.de") for run in [baseline, *runs]}
-    p_values = sacrebleu_paired_bootstrap(BLEU(), hyps[baseline], [hyps[run] for run in runs],
-                                          lines(VAL_REFERENCE), BOOTSTRAP_RESAMPLES)
+    for run, sentences in hyps.items():
+        if len(sentences) != len(references):
+            raise SystemExit(f"{root / AVX2 / 'hyps' / run / 'val.de'}: {len(sentences)} lines against the "
+                             f"{len(references)} of {root / VAL_REFERENCE}")
+    p_values = sacrebleu_paired_bootstrap(BLEU(), hyps[baseline], [hyps[run] for run in runs], references,
+                                          BOOTSTRAP_RESAMPLES)
     return dict(zip(runs, p_values))
 
 

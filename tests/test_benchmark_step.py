@@ -79,7 +79,7 @@ def test_an_experiment_gives_its_model_vocabulary_and_train_settings():
     assert (small["d_model"], small["d_ff"], small["n_encoder_layers"], small["vocab_size"]) == (256, 1024, 3, 8000)
 
 
-def test_the_option_variants_step_with_their_training_option_from_the_same_weights():
+def test_the_option_variants_step_with_their_training_option_from_the_same_weights(monkeypatch):
     """--ema: the variant's step ends as module.optimizer_step does under train.ema_decay, the average moved once
     toward the stepped weights (ema <- ema + (1 - d_1) (w - ema)); the other variants keep no average. --rdrop: the
     step runs R-Drop's two passes (their divergence summed), the plain one none. Each starts from base's weights."""
@@ -92,13 +92,22 @@ def test_the_option_variants_step_with_their_training_option_from_the_same_weigh
     finally:
         sys.path.pop(0)
     import transformer_nmt.training.module as module_code
+    from transformer_nmt.model.dropout import Dropout
     from transformer_nmt.training.module import TranslationModule
 
-    bench.SMALL, bench.TRAIN = small_recipe("smoke")
-    base = TranslationModule(bench.SMALL, bench.TRAIN)
+    small, train = small_recipe("smoke")
+    monkeypatch.setattr(bench, "SMALL", small)
+    monkeypatch.setattr(bench, "TRAIN", train)
+    base = TranslationModule({**small, "dropout": 0.3}, train)  # as main() builds it for --dropout 0.3
+
+    def dropouts(module) -> list[float]:  # every dropout's p, in module order (attention's 0.0 among them)
+        return [m.p for m in module.modules() if isinstance(m, Dropout)]
+
     with_ema, rdrop, without = (bench.Step(base, "32-true", "plain", False, option=o) for o in ("ema", "rdrop", None))
     assert without.module.ema is None and with_ema.name == "32-true plain ema"
+    assert rdrop.module.ema is None and with_ema.module.rdrop_alpha == 0.0  # one option each
     for variant in (with_ema, rdrop):
+        assert dropouts(variant.module) == dropouts(base) and 0.3 in dropouts(base)  # base's dropout kept
         weights = variant.module.state_dict()
         assert all(torch.equal(weights[k], v) for k, v in base.state_dict().items())
     batch = bench.batches(256, 1)[0]

@@ -22,6 +22,7 @@ import contextlib
 import copy
 import importlib
 import io
+import json
 import pkgutil
 import re
 import runpy
@@ -484,3 +485,21 @@ def test_readme_layout_names_every_module_and_script():
     missing = [str(p.relative_to(ROOT)) for p in files
                if f"`{p.name}`" not in layout and not (p.parent == package and f"`{p.stem}`" in layout)]
     assert not missing, f"README's Layout table does not name {missing}"
+
+
+def test_the_avx2_runs_committed_val_hypotheses_score_what_their_reports_say():
+    """The re-tune table's p-values read hyps/RUN/val.de: each file is the chosen model's val output, scoring (cased
+    sacreBLEU against data/multi30k/val.de.gz) the val BLEU its reproduce.json records at the chosen alpha."""
+    import gzip
+
+    from sacrebleu.metrics import BLEU
+
+    with gzip.open(ROOT / "data/multi30k/val.de.gz", "rt", encoding="utf-8") as f:
+        references = [line.rstrip("\n") for line in f]
+    runs = sorted(p.name for p in (ROOT / "docs/quality/avx2/hyps").iterdir())
+    assert {"avx2_sim", "fp32_drop005", "fp32_ema", "fp32_ema_drop005"} <= set(runs)
+    for run in runs:
+        hyps = (ROOT / "docs/quality/avx2/hyps" / run / "val.de").read_text(encoding="utf-8").splitlines()
+        recorded = json.loads((ROOT / f"docs/quality/avx2/{run}_reproduce.json").read_text())
+        score = BLEU().corpus_score(hyps, [references]).score
+        assert score == pytest.approx(recorded["scores"]["val_beam4"]["bleu"], abs=5e-4), run
