@@ -1210,26 +1210,18 @@ BOOTSTRAP_RESAMPLES = 1000  # sacreBLEU's default
 def val_p_values(root: Path, baseline: str, runs: list[str]) -> dict[str, float]:
     """Each run's p against ``baseline`` from sacreBLEU's paired bootstrap of val BLEU (cased, as the table's val
     column), read from the chosen models' committed val hypotheses (hyps/RUN/val.de)."""
-    import gzip
-
     from sacrebleu.metrics import BLEU
 
+    from transformer_nmt.inference.translate import read_lines  # .gz too; errors name the file
     from transformer_nmt.metrics.significance import sacrebleu_paired_bootstrap
 
-    def lines(path: Path) -> list[str]:
-        opener = gzip.open if path.suffix == ".gz" else open
-        try:
-            with opener(root / path, "rt", encoding="utf-8") as f:
-                return [line.rstrip("\n") for line in f]
-        except OSError as error:
-            raise SystemExit(f"{root / path}: {error}") from None
-
-    references = lines(VAL_REFERENCE)
-    hyps = {run: lines(AVX2 / "hyps" / run / "val.de") for run in [baseline, *runs]}
-    for run, sentences in hyps.items():
-        if len(sentences) != len(references):
-            raise SystemExit(f"{root / AVX2 / 'hyps' / run / 'val.de'}: {len(sentences)} lines against the "
-                             f"{len(references)} of {root / VAL_REFERENCE}")
+    references = read_lines(root / VAL_REFERENCE)
+    hyps = {}
+    for run in [baseline, *runs]:
+        path = root / AVX2 / "hyps" / run / "val.de"
+        hyps[run] = read_lines(path)
+        if len(hyps[run]) != len(references):
+            raise SystemExit(f"{path}: {len(hyps[run])} lines against the {len(references)} of {root / VAL_REFERENCE}")
     p_values = sacrebleu_paired_bootstrap(BLEU(), hyps[baseline], [hyps[run] for run in runs], references,
                                           BOOTSTRAP_RESAMPLES)
     return dict(zip(runs, p_values))
