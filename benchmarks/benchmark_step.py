@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import copy
 import gzip
 import json
 import os
@@ -154,12 +153,10 @@ class Step:
                  dropout: str = "ours", option: str | None = None):
         self.precision, self.kernel, self.compiled = precision, kernel, compiled
         self.loss = LOSSES[loss][1]
-        if option is None:
-            self.module = copy.deepcopy(base).train()
-        else:  # a training option: the module built with it, from the same weights
-            train = {**base.optim, **OPTIONS[option][1]}
-            self.module = TranslationModule(base.hparams.model_config, train).train()
-            self.module.load_state_dict(base.state_dict())
+        # base's model and train settings with the variant's training option (none: base's own), base's weights
+        train = {**base.optim, **OPTIONS[option][1]}
+        self.module = TranslationModule(base.hparams.model_config, train).train()
+        self.module.load_state_dict(base.state_dict())
         self.module.trainer = StandInTrainer()
         for layer in self.module.modules():
             if isinstance(layer, MultiHeadAttention):

@@ -490,12 +490,11 @@ def test_readme_layout_names_every_module_and_script():
 def test_the_avx2_runs_committed_val_hypotheses_score_what_their_reports_say():
     """The re-tune table's p-values read hyps/RUN/val.de: each file is the chosen model's val output, scoring (cased
     sacreBLEU against data/multi30k/val.de.gz) the val BLEU its reproduce.json records at the chosen alpha."""
-    import gzip
-
     from sacrebleu.metrics import BLEU
 
-    with gzip.open(ROOT / "data/multi30k/val.de.gz", "rt", encoding="utf-8") as f:
-        references = [line.rstrip("\n") for line in f]
+    from transformer_nmt.inference.translate import read_lines
+
+    references = read_lines(ROOT / "data/multi30k/val.de.gz")
     runs = sorted(p.name for p in (ROOT / "docs/quality/avx2/hyps").iterdir())
     assert {"avx2_sim", "fp32_drop005", "fp32_ema", "fp32_ema_drop005"} <= set(runs)
     for run in runs:
