@@ -53,13 +53,15 @@ def chosen_checkpoint(run_dir: Path, chosen: str) -> Path:
     return files[chosen]
 
 
-def keep_run(run_dir: Path, out: Path, tgt: str, blind: Path, blind_out: Path) -> None:
+def keep_reports(run_dir: Path, out: Path, tgt: str) -> dict:
+    """Steps 1-2 for one run directory: its reports and its chosen model's val and test hypotheses, into ``out``;
+    returns the report."""
     name = run_dir.name
     report_file = run_dir / "reproduce.json"
     if not report_file.is_file():
         raise SystemExit(f"{run_dir}: no reproduce.json; run python -m transformer_nmt.reproduce for it first")
     report = json.loads(report_file.read_text(encoding="utf-8"))
-    search, ckpt = report["search"], chosen_checkpoint(run_dir, report["chosen"])
+    chosen_checkpoint(run_dir, report["chosen"])  # refuses a choice that names neither file
     out.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(report_file, out / f"{name}_reproduce.json")
     shutil.copyfile(run_dir / run_files.RESULTS, out / f"{name}_results.json")
@@ -70,18 +72,29 @@ def keep_run(run_dir: Path, out: Path, tgt: str, blind: Path, blind_out: Path) -
         if not source.is_file():
             raise SystemExit(f"{source}: missing; reproduce's evaluation of the chosen model on {split}")
         shutil.copyfile(source, hyps / f"{split}.{tgt}")
-    translations = blind_out / name
+    return report
+
+
+def translate_blind(ckpt: str | Path, search: dict, blind: Path, translations: Path, tgt: str) -> None:
+    """Step 3: each blind source translated once with ``ckpt`` (a checkpoint, or ``[A,B,...]``: an ensemble) and
+    ``search``, into ``translations``/SET.TGT (a set already there is not translated again)."""
     translations.mkdir(parents=True, exist_ok=True)
     for source in sorted(blind.glob("*.en.gz")):
         output = translations / f"{source.name.removesuffix('.en.gz')}.{tgt}"
         if output.exists():
-            print(f"[{name}] {output} done already", flush=True)
+            print(f"[{translations.name}] {output} done already", flush=True)
             continue
         partial = output.with_suffix(output.suffix + ".partial")
         translate([f"ckpt={ckpt}", f"input={source}", f"output={partial}", f"beam={search['beam']}",
                    f"length_penalty={search['length_penalty']}", f"alpha={search['alpha']}"])
         partial.replace(output)
-        print(f"[{name}] {source.name} -> {output}", flush=True)
+        print(f"[{translations.name}] {source.name} -> {output}", flush=True)
+
+
+def keep_run(run_dir: Path, out: Path, tgt: str, blind: Path, blind_out: Path) -> None:
+    report = keep_reports(run_dir, out, tgt)
+    translate_blind(chosen_checkpoint(run_dir, report["chosen"]), report["search"], blind, blind_out / run_dir.name,
+                    tgt)
 
 
 def main(argv: list[str]) -> None:
