@@ -284,6 +284,55 @@ def recipe_seeds(root: Path) -> str:
     return text
 
 
+BEST = QUALITY / "best"
+BEST_SCORES = {"val (cased)": ("val", "bleu"), "val (convention)": ("val", "bleu_multi30k"),
+               "val chrF": ("val", "chrf")}
+
+
+def best_model_steps(root: Path) -> tuple[list[dict], dict | None]:
+    """studies/best_model.py's steps: from its best_model.json once the study has ended, else one per reproduce run
+    it has kept so far (a teacher or the student), in the study's order; and the ended study's record or None."""
+    final = root / BEST / "best_model.json"
+    if final.exists():
+        record = read_json(root, final.relative_to(root))
+        return record["steps"], record
+    steps = []
+    for f in sorted((root / BEST).glob("*_reproduce.json"), key=lambda f: ("student" in f.name, f.name)):
+        rep = read_json(root, f.relative_to(root))
+        key = f"val_beam{rep['search']['beam']}"
+        steps.append({"step": f.name.removesuffix("_reproduce.json"), "updates": rep["trained"]["steps"],
+                      "search": rep["search"], "val": rep["scores"][key], "reproduce": rep})
+    return steps, None
+
+
+def best_model(root: Path) -> str:
+    """What each step of studies/best_model.py gave on val (teachers, their ensemble, the student), the budget it
+    used in hours of the hour's updates, and test for the one model val chooses, once the study has ended."""
+    steps, record = best_model_steps(root)
+    if not steps:
+        return "No step of the study has finished yet."
+    hour = (record or {}).get("options", {}).get("hour_updates", 5194)
+    rows = []
+    for step in steps:
+        test = step.get("test")
+        rows.append([step["step"], f"{step['updates']:,}", f"{step['updates'] / hour:.2f}",
+                     f"{step['search']['length_penalty']} {step['search']['alpha']:g}",
+                     *(f"{step[split][key]:.2f}" for split, key in BEST_SCORES.values()),
+                     f"**{test['bleu_multi30k']:.2f}** ({test['bleu']:.2f} cased)" if test else "-"])
+    text = table(["step", "updates", "hours of the budget", "search", *BEST_SCORES, "test (convention)"], rows)
+    if record:
+        text += (f"\n\nChosen on val: {record['chosen']}; {record['training_hours']:g} hours of the budget's "
+                 f"training (updates / {hour:,}).")
+    else:
+        text += "\n\nThe study has not ended: test is read once, for the model val chooses at its end."
+    seeds = {name: rep["scores"] for name, rep, _ in recipe_seed_runs(root)}
+    same = [(step["step"], name) for step in steps if "reproduce" in step
+            for name, scores in seeds.items() if step["reproduce"]["scores"] == scores]
+    if same:
+        text += " " + "; ".join(f"{a}: every score equal to {b}'s" for a, b in same) + " (the same seed and updates)."
+    return text
+
+
 def readme_recipe_seeds(root: Path) -> str:
     runs = recipe_seed_runs(root)
     if not runs:
@@ -1288,6 +1337,7 @@ BLOCKS = {
     "quality-avx2-retune": avx2_retune,
     "quality-beam": recipe_beam,
     "quality-recipe-seeds": recipe_seeds,
+    "quality-best-model": best_model,
     "quality-multilingual": multilingual,
     "benchmarks-joeynmt-race": joeynmt_race,
     "benchmarks-recipe-versions-issue50": lambda root: recipe_versions(root, "issue50"),
