@@ -23,7 +23,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from transformer_nmt.analysis.reproduce import PHASE_LABELS  # reproduce.json's phases, in order
+from transformer_nmt.analysis.reproduce import PHASE_LABELS, REFERENCE_HOURS  # reproduce.json's phases, the hours
 from transformer_nmt.hardware import reported_cpu_flags
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -285,13 +285,14 @@ def recipe_seeds(root: Path) -> str:
 
 
 BEST = QUALITY / "best"
-BEST_SCORES = {"val (cased)": ("val", "bleu"), "val (convention)": ("val", "bleu_multi30k"),
-               "val chrF": ("val", "chrf")}
+BEST_KEYS = ("bleu", "bleu_multi30k", "chrf", "length_ratio")  # studies/best_model.py's scores of a step
+BEST_HOUR = REFERENCE_HOURS[("multi30k_cpu_en_de", "bf16-mixed")]["steps"]  # its budget's unit: run I's updates
 
 
 def best_model_steps(root: Path) -> tuple[list[dict], dict | None]:
     """studies/best_model.py's steps: from its best_model.json once the study has ended, else one per reproduce run
-    it has kept so far (a teacher or the student), in the study's order; and the ended study's record or None."""
+    it has kept so far (teachers, then the student), as the study records a step; and the ended study's record or
+    None."""
     final = root / BEST / "best_model.json"
     if final.exists():
         record = read_json(root, final.relative_to(root))
@@ -299,37 +300,42 @@ def best_model_steps(root: Path) -> tuple[list[dict], dict | None]:
     steps = []
     for f in sorted((root / BEST).glob("*_reproduce.json"), key=lambda f: ("student" in f.name, f.name)):
         rep = read_json(root, f.relative_to(root))
-        key = f"val_beam{rep['search']['beam']}"
-        steps.append({"step": f.name.removesuffix("_reproduce.json"), "updates": rep["trained"]["steps"],
-                      "search": rep["search"], "val": rep["scores"][key], "reproduce": rep})
+        search = rep["search"]
+        steps.append({"step": f.name.removesuffix("_reproduce.json"), "run": f.name.removesuffix("_reproduce.json"),
+                      "updates": rep["trained"]["steps"], "minutes_here": rep.get("total_minutes"), "search": search,
+                      "val": {k: rep["scores"][f"val_beam{search['beam']}"].get(k) for k in BEST_KEYS}})
     return steps, None
 
 
 def best_model(root: Path) -> str:
-    """What each step of studies/best_model.py gave on val (teachers, their ensemble, the student), the budget it
-    used in hours of the hour's updates, and test for the one model val chooses, once the study has ended."""
+    """What each step of studies/best_model.py gave on val (teachers, their ensemble, the student), its updates in
+    hours of the budget, its minutes on the host that ran it, and test for the one model val chooses, once the
+    study has ended."""
     steps, record = best_model_steps(root)
     if not steps:
         return "No step of the study has finished yet."
-    hour = (record or {}).get("options", {}).get("hour_updates", 5194)
+    hour = record["hour_updates"] if record else BEST_HOUR
     rows = []
     for step in steps:
-        test = step.get("test")
+        test, minutes = step.get("test"), step.get("minutes_here")
         rows.append([step["step"], f"{step['updates']:,}", f"{step['updates'] / hour:.2f}",
-                     f"{step['search']['length_penalty']} {step['search']['alpha']:g}",
-                     *(f"{step[split][key]:.2f}" for split, key in BEST_SCORES.values()),
+                     "-" if minutes is None else f"{minutes:.0f}",
+                     f"beam {step['search']['beam']}, {step['search']['length_penalty']} {step['search']['alpha']:g}",
+                     *(f"{step['val'][key]:.2f}" for key in ("bleu", "bleu_multi30k", "chrf")),
                      f"**{test['bleu_multi30k']:.2f}** ({test['bleu']:.2f} cased)" if test else "-"])
-    text = table(["step", "updates", "hours of the budget", "search", *BEST_SCORES, "test (convention)"], rows)
+    text = table(["step", "updates", "hours of the budget", "minutes here", "search", "val (cased)",
+                  "val (convention)", "val chrF", "test (convention)"], rows)
     if record:
-        text += (f"\n\nChosen on val: {record['chosen']}; {record['training_hours']:g} hours of the budget's "
-                 f"training (updates / {hour:,}).")
+        text += (f"\n\nChosen on val: {record['chosen']}. Training: {record['training_hours']:g} hours of the "
+                 f"budget (updates / {hour:,}); the distilled corpus: {record['synthesis']['pairs']:,} pairs in "
+                 f"{record['synthesis']['seconds'] / 60:.1f} minutes here.")
     else:
         text += "\n\nThe study has not ended: test is read once, for the model val chooses at its end."
     seeds = {name: rep["scores"] for name, rep, _ in recipe_seed_runs(root)}
-    same = [(step["step"], name) for step in steps if "reproduce" in step
-            for name, scores in seeds.items() if step["reproduce"]["scores"] == scores]
+    same = [(step["step"], name) for step in steps if "run" in step for name, scores in seeds.items()
+            if {k: scores[f"val_beam{step['search']['beam']}"].get(k) for k in BEST_KEYS} == step["val"]]
     if same:
-        text += " " + "; ".join(f"{a}: every score equal to {b}'s" for a, b in same) + " (the same seed and updates)."
+        text += " " + "; ".join(f"{a}: val scores equal to {b}'s (the same seed and updates)" for a, b in same) + "."
     return text
 
 

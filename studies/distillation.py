@@ -23,9 +23,9 @@ import json
 import sys
 from pathlib import Path
 
-from study_steps import mean, parallel_files, run_step, score  # studies/: the steps of a multi-step study
+from study_steps import mean, parallel_files, run_step, save_vocabulary, score  # studies/: a multi-step study's steps
 
-from transformer_nmt.checkpoint import checkpoint_tokenizer, read_checkpoint
+from transformer_nmt.checkpoint import read_checkpoint
 from transformer_nmt.data.config import DataConfig
 from transformer_nmt.options import parse_options
 from transformer_nmt.provenance import PROVENANCE_KEY
@@ -46,9 +46,7 @@ def main(argv: list[str]) -> dict:
     checkpoint = read_checkpoint(teacher, mmap=True)
     data = DataConfig.from_record(checkpoint["data_config"], f"teacher {teacher}")
     vocabulary = work / "teacher.spm.model"
-    if not vocabulary.exists():
-        vocabulary.parent.mkdir(parents=True, exist_ok=True)
-        checkpoint_tokenizer(checkpoint, f"teacher {teacher}").save(vocabulary)
+    save_vocabulary(teacher, vocabulary)
     source = parallel_files(data.train, data.src_lang, data.tgt_lang)[0]
     distilled = work / "distilled" / "train"
     seconds = {"synthesize": run_step("synthesize", Path(f"{distilled}.{data.tgt_lang}"), [

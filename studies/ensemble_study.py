@@ -28,6 +28,8 @@ import json
 import sys
 from pathlib import Path
 
+from study_steps import model_argument  # studies/: the steps of a multi-step study
+
 from transformer_nmt import run_files
 from transformer_nmt.checkpoint import atomic_torch_save
 from transformer_nmt.inference.average import average_checkpoints, last_checkpoints
@@ -108,7 +110,7 @@ def score_row(name: str, ckpt: list[Path], options: dict, work: Path) -> dict:
     """evaluate's scores and decode seconds of one model (one path) or ensemble (several) on every split (and the
     metric ``select_on`` where evaluate's defaults lack it)."""
     row = {"name": name, "models": len(ckpt), "checkpoints": [str(p) for p in ckpt]}
-    spec = f"[{','.join(str(p) for p in ckpt)}]" if len(ckpt) > 1 else str(ckpt[0])
+    spec = model_argument(ckpt)
     out = work / name.replace(" ", "_")
     select_on = options.get("select_on", SELECT_ON)
     for split in options["splits"]:

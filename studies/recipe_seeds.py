@@ -53,9 +53,9 @@ def chosen_checkpoint(run_dir: Path, chosen: str) -> Path:
     return files[chosen]
 
 
-def keep_reports(run_dir: Path, out: Path, tgt: str) -> dict:
-    """Steps 1-2 for one run directory: its reports and its chosen model's val and test hypotheses, into ``out``;
-    returns the report."""
+def keep_reports(run_dir: Path, out: Path, tgt: str, splits: tuple[str, ...] = ("val", "test")) -> dict:
+    """Steps 1-2 for one run directory: its reports and its chosen model's hypotheses on each of ``splits``, into
+    ``out``; returns the report."""
     name = run_dir.name
     report_file = run_dir / "reproduce.json"
     if not report_file.is_file():
@@ -67,7 +67,7 @@ def keep_reports(run_dir: Path, out: Path, tgt: str) -> dict:
     shutil.copyfile(run_dir / run_files.RESULTS, out / f"{name}_results.json")
     hyps = out / "hyps" / name
     hyps.mkdir(parents=True, exist_ok=True)
-    for split in ("val", "test"):
+    for split in splits:
         source = run_dir / "eval" / f"{chosen_evaluation(report, split)}.hyp"
         if not source.is_file():
             raise SystemExit(f"{source}: missing; reproduce's evaluation of the chosen model on {split}")

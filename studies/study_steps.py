@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+from transformer_nmt.checkpoint import checkpoint_tokenizer, read_checkpoint
 from transformer_nmt.data.corpus import CorpusError, CorpusSpec, split_inputs
 from transformer_nmt.inference.evaluate import main as evaluate
 from transformer_nmt.inference.translate import read_lines
@@ -32,11 +33,31 @@ def run_step(name: str, done: Path, command: list[str]) -> float:
     return round(time.perf_counter() - started, 1)
 
 
-def evaluate_once(ckpt: Path, out: Path, name: str, options: list[str]) -> dict:
+def model_argument(ckpts: list[Path]) -> str:
+    """The ``ckpt=`` value of evaluate, translate and synthesize for these checkpoints: the one path, or
+    ``[A,B,...]``, their ensemble."""
+    return str(ckpts[0]) if len(ckpts) == 1 else f"[{','.join(str(c) for c in ckpts)}]"
+
+
+def model_files(value: str) -> list[Path]:
+    """The checkpoint files a ``ckpt=`` value names (``model_argument``'s inverse)."""
+    return [Path(p) for p in value.strip("[]").split(",")] if value.startswith("[") else [Path(value)]
+
+
+def save_vocabulary(ckpt: Path, path: Path) -> None:
+    """The SentencePiece model ``ckpt`` embeds, written to ``path`` unless it exists (``data.tokenizer_path=`` for
+    a model that must share its vocabulary)."""
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        checkpoint_tokenizer(read_checkpoint(ckpt, mmap=True), str(ckpt)).save(path)
+
+
+def evaluate_once(ckpt: Path | str, out: Path, name: str, options: list[str]) -> dict:
     """evaluate's record of ``ckpt`` as OUT/NAME.json, decoded only when that file does not already hold an evaluation
-    of the same checkpoint with the same ``options`` (evaluate's other key=value options: split= or src=/ref=, beam=,
-    the languages), written after the checkpoint file and after every input file named: a study run again with more
-    seeds scores only what is new, and one whose checkpoint, test set or beam changed scores again."""
+    of the same checkpoint (or ensemble, ``[A,B,...]``) with the same ``options`` (evaluate's other key=value options:
+    split= or src=/ref=, beam=, the languages), written after every checkpoint file and every input file named: a
+    study run again with more seeds scores only what is new, and one whose checkpoint, test set or beam changed
+    scores again."""
     record = out / f"{name}.json"
     if record.exists() and reusable(record, [f"ckpt={ckpt}", *options]):
         print(f"[evaluate {name}] done already ({record})", flush=True)
@@ -55,9 +76,12 @@ def reusable(record: Path, options: list[str]) -> bool:
     for option in options:
         key, value = option.split("=", 1)
         recorded = made.get(key, object())
+        if isinstance(recorded, list):  # an ensemble: evaluate records its checkpoints as a list
+            recorded = model_argument(recorded)
         if (str(recorded).lower() if isinstance(recorded, bool) else str(recorded)) != value:
             return False
-        if key in ("ckpt", "src", "ref") and (not Path(value).exists() or Path(value).stat().st_mtime >= written):
+        files = model_files(value) if key == "ckpt" else [Path(value)] if key in ("src", "ref") else []
+        if any(not f.exists() or f.stat().st_mtime >= written for f in files):
             return False
     return True
 

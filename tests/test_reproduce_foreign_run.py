@@ -178,3 +178,22 @@ def test_the_reference_numbers_are_run_is_own():
             run["model"]
         # an hour's time limit, or, for another host's hour trained in full here, none
         assert results["fingerprint"]["trainer.max_time"] == (None if "updates_of" in run else run["max_time"])
+
+
+def test_test_false_scores_val_only_and_stops_trainings_own_test(foreign, steps):
+    """``test=false``: the choices on val as ever, no evaluate of test (beam or greedy), the training command told
+    ``run_test=false``, and the report's scores val's alone."""
+    home, run_dir = foreign
+    report = reproduce.main([f"run_dir={run_dir}", "test=false", "trust_data_paths=false"], root=home)
+    (train,) = [args for args in steps if args[0] == "transformer_nmt.train"]
+    assert "run_test=false" in train
+    splits = [dict(a.split("=", 1) for a in args[1:])["split"] for args in steps
+              if args[0] == "transformer_nmt.evaluate"]
+    assert splits and set(splits) == {"val"}
+    assert sorted(report["scores"]) == ["val_beam1", "val_beam2"]
+    steps.clear()
+    report = reproduce.main([f"run_dir={run_dir}", "trust_data_paths=false"], root=home)  # the default: test too
+    assert sorted(report["scores"]) == ["test_beam1", "test_beam2", "val_beam1", "val_beam2"]
+    assert not any("run_test=false" in args for args in steps)
+    with pytest.raises(SystemExit, match="test='no': use true or false"):
+        reproduce.main([f"run_dir={run_dir}", "test=no"], root=home)

@@ -5,12 +5,15 @@
     python -m transformer_nmt.reproduce train=false run_dir=RUN                   # the same, by its directory
     python -m transformer_nmt.reproduce train=false run_dir=RUN trust_data_paths=true  # a run whose data paths
                                                                                  # are absolute, that you trust
+    python -m transformer_nmt.reproduce test=false run_id=NAME [KEY=VALUE ...]    # val only: no test score
 
 (``python -m transformer_nmt.reproduce ...`` is the same command, launched in its checkout.) ``experiment``: the
 recipe (default ``multi30k_cpu``, the CPU hour; ``multi30k_tiny``, the published Transformer-Tiny); ``alphas``: the
 length penalty's exponents to choose among on val, beside the run's own ``decode.alpha`` (default: the recipe's,
 ``RECIPE_ALPHAS``: 1.0 and 1.4 for the CPU hour; none for any other run, the faithful Transformer-Tiny included;
-``alphas=`` for none); ``select_on``: the registered metric (metrics/) the choices of step 3 are made on (default
+``alphas=`` for none); ``test=false``: no score on test at all (neither training's own greedy test,
+``run_test=false``, nor step 4's), for a study that reads test once, for the model it chooses among several at its
+end; ``select_on``: the registered metric (metrics/) the choices of step 3 are made on (default
 ``bleu``; ``select_on=comet metric.comet.model=DIR`` chooses on COMET, in its direction; the ``metric.*`` options
 go to evaluate as well as to training). Other KEY=VALUE pairs
 go to training, after ``experiment=...`` (e.g. ``data.src_lang=de data.tgt_lang=en``). The run directory is the one
@@ -411,14 +414,15 @@ def main(argv: list[str], root: Path | None = None) -> dict:
     if flags:
         sys.exit(f"transformer_nmt.reproduce takes KEY=VALUE options (see --help), not {flags[0]}")
     provenance = collect_provenance()  # the load at the start; its config: the run's, once trained
-    own = {"run_dir": None, "train": "true", "experiment": "multi30k_cpu", "alphas": None, "trust_data_paths": None,
-           "select_on": "bleu"}
+    own = {"run_dir": None, "train": "true", "test": "true", "experiment": "multi30k_cpu", "alphas": None,
+           "trust_data_paths": None, "select_on": "bleu"}
     for arg in argv:
         key, _, value = arg.partition("=")
         if key in own:
             own[key] = value
-    if own["train"] not in ("true", "false"):
-        sys.exit(f"train={own['train']!r}: use true or false")
+    for key in ("train", "test"):
+        if own[key] not in ("true", "false"):
+            sys.exit(f"{key}={own[key]!r}: use true or false")
     # the data paths a checkpoint records are trusted for the run this command trains; for a run directory given
     # with train=false, evaluate's own rule decides (trust_data_paths=true: the user vouches for the run)
     trust = own["trust_data_paths"] or own["train"]
@@ -433,6 +437,8 @@ def main(argv: list[str], root: Path | None = None) -> dict:
     overrides = [a for a in argv if a.partition("=")[0] not in own]
     if not any(a.startswith("run_id=") for a in overrides):
         overrides.append(f"run_id={run_name(None)}")  # fixed here, so that this script knows the run dir
+    if own["test"] == "false":
+        overrides.append("run_test=false")  # training's own test of its best checkpoint, after fit
     train_overrides = [f"experiment={own['experiment']}", *overrides]
     run_dir = Path(own["run_dir"]).resolve() if own["run_dir"] else run_directory(train_overrides, root)
     eval_dir = run_dir / run_files.EVAL
@@ -475,12 +481,11 @@ def main(argv: list[str], root: Path | None = None) -> dict:
     chosen_alpha = choose(by_alpha, select_on)
     chosen_search = {**search, "alpha": chosen_alpha}
     greedy = {**search, "beam": 1}
-    scores = {
-        ("val", beam): by_alpha[chosen_alpha],
-        ("test", beam): evaluate(chosen, "test", chosen_search, eval_dir, timings, root, trust == "true", extra),
-        ("val", 1): evaluate(chosen, "val", greedy, eval_dir, timings, root, trust == "true", extra),
-        ("test", 1): evaluate(chosen, "test", greedy, eval_dir, timings, root, trust == "true", extra),
-    }
+    scores = {("val", beam): by_alpha[chosen_alpha]}
+    for split, split_search in (("test", chosen_search), ("val", greedy), ("test", greedy)):
+        if split == "val" or own["test"] == "true":
+            scores[(split, split_search["beam"])] = evaluate(chosen, split, split_search, eval_dir, timings, root,
+                                                             trust == "true", extra)
     curve = validation_curve(run_dir)
     results_file = run_dir / run_files.RESULTS
     results = json.loads(results_file.read_text()) if results_file.is_file() else {}
