@@ -74,16 +74,27 @@ class StandIns:
         self.blind.append((ckpt, search, translations, tgt))
 
 
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A real trained checkpoint (its data config and vocabulary are read), trained once for the module on a corpus
+    its config names relatively (corpus/train)."""
+    home = tmp_path_factory.mktemp("teacher")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(home)
+        corpus = write_tiny_corpus(Path("corpus"), n_train=12, n_eval=4)
+        train(tiny_config(corpus, "trainer.max_steps=1", "trainer.limit_val_batches=0", "validate_at_end=false"),
+              home / "teacher")
+    return home
+
+
 @pytest.fixture
-def teacher(tmp_path, monkeypatch):
-    """A real trained checkpoint (its data config and vocabulary are read) as every run's chosen model, in a launch
-    directory of its own; the CPU answers as one with native bf16, whatever this one's flags."""
+def teacher(trained, tmp_path, monkeypatch):
+    """The trained checkpoint as every run's chosen model, in a launch directory of the test's own (with the corpus
+    the checkpoint names); the CPU answers as one with native bf16, whatever this one's flags."""
+    shutil.copytree(trained / "corpus", tmp_path / "corpus")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv(CPU_BF16_ENV, "native")
-    corpus = write_tiny_corpus(Path("corpus"), n_train=12, n_eval=4)
-    train(tiny_config(corpus, "trainer.max_steps=1", "trainer.limit_val_batches=0", "validate_at_end=false"),
-          tmp_path / "teacher")
-    return tmp_path / "teacher" / "checkpoints" / "last.ckpt", corpus
+    return trained / "teacher" / "checkpoints" / "last.ckpt", Path("corpus")
 
 
 def launch(monkeypatch, stand_ins, *argv):
