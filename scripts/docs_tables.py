@@ -339,6 +339,20 @@ def best_model(root: Path) -> str:
     return text
 
 
+def readme_best_model(root: Path) -> str:
+    """README's sentence on studies/best_model.py: its answer once it has ended, else how far it has come."""
+    steps, record = best_model_steps(root)
+    link = "[the plan and its steps](docs/quality.md#the-best-model-within-four-hours)"
+    if not record:
+        return (f"Past the hour, studies/best_model.py trains the best model within 4 hours of the hour's updates "
+                f"(teachers, their ensemble, a student of its translations; {link}): {len(steps)} of its runs "
+                f"finished so far, and no test score until it chooses on val.")
+    test = next(s["test"] for s in steps if s["step"] == record["chosen"])
+    return (f"Past the hour, studies/best_model.py trains the best model within 4 hours of the hour's updates "
+            f"({link}): chosen on val, {record['chosen']} gives **{test['bleu_multi30k']:.2f}** in the convention "
+            f"on test ({test['bleu']:.2f} cased), in {record['training_hours']:g} hours of the budget's training.")
+
+
 def readme_recipe_seeds(root: Path) -> str:
     runs = recipe_seed_runs(root)
     if not runs:
@@ -1349,6 +1363,7 @@ BLOCKS = {
     "benchmarks-recipe-versions-issue50": lambda root: recipe_versions(root, "issue50"),
     "benchmarks-recipe-versions-issue50-loaded": lambda root: recipe_versions(root, "issue50_loaded"),
     "readme-recipe-seeds": readme_recipe_seeds,
+    "readme-best-model": readme_best_model,
     "ablations-study": table3_study,
     "ablations-table": table3_full,
     "benchmarks-cold-start": lambda root: cold_start(root, "cold_start.json", {"after": "main (issue 27)"}),

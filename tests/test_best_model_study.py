@@ -259,9 +259,12 @@ def test_the_docs_table_shows_each_step_on_val_and_test_only_for_the_chosen_one(
     assert lines[7].startswith("Chosen on val: ensemble of the 2 teachers. Training: 2.5 hours of the budget")
     assert "12 pairs in 0.0 minutes here" in lines[7]
     assert lines[7].endswith("teacher, seed 1234: val scores equal to seed_1234's (the same seed and updates).")
+    assert ("chosen on val, ensemble of the 2 teachers gives **30.30** in the convention on test (30.00 cased), in "
+            "2.5 hours") in tables.readme_best_model(root)
 
     Path("docs/quality/best/best_model.json").unlink()  # as while the study runs: the kept reports only
     lines = tables.best_model(root).splitlines()
     assert [line.split(" | ")[0] for line in lines[2:5]] == ["| seed_1234", "| seed_2", "| best_student_distilled_7"]
     assert all(line.endswith("| - |") for line in lines[2:5])  # no test score before the study chooses
     assert lines[6].startswith("The study has not ended")
+    assert "3 of its runs finished so far, and no test score until it chooses" in tables.readme_best_model(root)
