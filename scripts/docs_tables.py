@@ -348,9 +348,10 @@ def readme_best_model(root: Path) -> str:
                 f"(teachers, their ensemble, a student of its translations; {link}): {len(steps)} of its runs "
                 f"finished so far, and no test score until it chooses on val.")
     test = next(s["test"] for s in steps if s["step"] == record["chosen"])
-    return (f"Past the hour, studies/best_model.py trains the best model within 4 hours of the hour's updates "
-            f"({link}): chosen on val, {record['chosen']} gives **{test['bleu_multi30k']:.2f}** in the convention "
-            f"on test ({test['bleu']:.2f} cased), in {record['training_hours']:g} hours of the budget's training.")
+    return (f"Past the hour, studies/best_model.py trains the best model within "
+            f"{record['options']['budget_hours']:g} hours of the hour's updates ({link}): chosen on val, "
+            f"{record['chosen']} gives **{test['bleu_multi30k']:.2f}** in the convention on test "
+            f"({test['bleu']:.2f} cased), in {record['training_hours']:g} hours of the budget's training.")
 
 
 def readme_recipe_seeds(root: Path) -> str:

@@ -26,8 +26,10 @@ counted in it: their minutes on the host that ran them are in the report.
 4. **The student**: the recipe again (seed ``student_seed``), ``student_updates`` updates, on the distilled pairs
    (``student_corpus=distilled``) or on the original pairs and the distilled ones (``both``), with the teachers'
    SentencePiece model (``data.tokenizer_path``), through reproduce as in step 1.
-5. **The choice**: the model with the highest val BLEU among the teachers, the ensemble and the student. It alone
-   is scored on test, once (every run before it trains and scores with ``test=false``); it translates the ``blind``
+5. **The choice**: the model with the highest val BLEU among the teachers, the ensemble and the student, recorded in
+   ``out``/choice.json before anything is scored with it (a later launch that chooses otherwise is refused). It
+   alone is scored on test, once (every run the study trains scores with ``test=false``; a run it finds already
+   trained must have the step's overrides and updates); it translates the ``blind``
    sources once (references withheld, scored elsewhere) into ``blind_out``/best_model/.
 
 Every step is skipped when its output exists, so the same command goes on where it stopped (a reproduce run killed
@@ -121,7 +123,14 @@ def reproduce_run(name: str, run_id: str, overrides: list[str], out: Path) -> di
     train = [f"experiment={RECIPE}", f"run_id={run_id}", "trainer.max_time=null", *overrides]
     run_dir = run_directory(train, Path())  # relative to the launch directory, as the report names it
     run_step(name, run_dir / "reproduce.json", ["transformer_nmt.reproduce", *train[1:], "test=false"])
-    ckpt = chosen_checkpoint(run_dir, json.loads((run_dir / "reproduce.json").read_text(encoding="utf-8"))["chosen"])
+    found = json.loads((run_dir / "reproduce.json").read_text(encoding="utf-8"))
+    missing = [o for o in train[1:] if o not in found.get("overrides", [])]
+    steps = int(next(o for o in overrides if o.startswith("trainer.max_steps=")).split("=", 1)[1])
+    if missing or found.get("trained", {}).get("steps") != steps:
+        raise SystemExit(f"{run_dir}/reproduce.json is another run than this step's (overrides it lacks: "
+                         f"{missing or 'none'}; trained {found.get('trained', {}).get('steps')} of {steps} updates): "
+                         f"give another teacher_prefix= or remove {run_dir}")
+    ckpt = chosen_checkpoint(run_dir, found["chosen"])
     tgt = DataConfig.from_record(read_checkpoint(ckpt, mmap=True)["data_config"], str(ckpt)).tgt_lang
     report = keep_reports(run_dir, out, tgt, splits=("val",))
     search = report["search"]
@@ -192,18 +201,18 @@ def main(argv: list[str]) -> dict:
                                out))
 
     best = max(steps, key=lambda s: (s["val"]["bleu"], -steps.index(s)))  # the first of equals
+    choice, chose = {"model": best["model"], "search": best["search"]}, out / "choice.json"
+    if chose.is_file() and json.loads(chose.read_text(encoding="utf-8")) != choice:  # before test or blind sets
+        raise SystemExit(f"{chose} records another choice ({chose.read_text(encoding='utf-8').strip()}) than this "
+                         f"plan's ({choice}): its test score and blind translations under {options['blind_out']}/"
+                         f"best_model/ are the other's; remove them and {chose} first")
+    out.mkdir(parents=True, exist_ok=True)
+    chose.write_text(json.dumps(choice) + "\n", encoding="utf-8")
     best["test"], test_hyp = scored(best.get("run", "ensemble"), best["model"], "test", best["search"], work / "eval")
     hyps = out / "hyps" / "best_model"
     hyps.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(best["val_hyp"], hyps / f"val.{data.tgt_lang}")
     shutil.copyfile(test_hyp, hyps / f"test.{data.tgt_lang}")
-    record = out / "best_model.json"
-    if record.is_file():  # its blind translations are the chosen model's: a model chosen since would mix them
-        before = json.loads(record.read_text(encoding="utf-8"))
-        if (before.get("model"), before.get("search")) != (best["model"], best["search"]):
-            raise SystemExit(f"{record} chose {before.get('model')} ({before.get('search')}), this plan "
-                             f"{best['model']} ({best['search']}); its blind translations under "
-                             f"{options['blind_out']}/best_model/ are the other's: remove them and {record} first")
     translate_blind(best["model"], best["search"], Path(options["blind"]),
                     Path(options["blind_out"]) / "best_model", data.tgt_lang)
     result = {"options": options, "hour_updates": HOUR_UPDATES, "training_hours": training_hours(options),
@@ -211,8 +220,7 @@ def main(argv: list[str]) -> dict:
               "chosen_on": "val bleu", "synthesis": {"pairs": synthesis.get("pairs"),
                                                         "seconds": sum(x["seconds"] for x in synthesis["launches"])},
               PROVENANCE_KEY: provenance}
-    out.mkdir(parents=True, exist_ok=True)
-    record.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    (out / "best_model.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
     for step in steps:
         print(f"{step['step']}: val BLEU {step['val']['bleu']} ({step['val']['bleu_multi30k']} Multi30k convention)"
               + (f"; test {step['test']['bleu']} ({step['test']['bleu_multi30k']})" if "test" in step else ""))

@@ -55,7 +55,8 @@ class StandIns:
         done.write_text(json.dumps({
             "chosen": "last.ckpt", "search": {"beam": 4, "length_penalty": "gnmt", "alpha": 1.4},
             "val_bleu_by_alpha": {"0.6": val - 1, "1": val - 0.5, "1.4": val}, "scores": {"val_beam4": scores(val)},
-            "trained": {"steps": int(args["trainer.max_steps"])}, "total_minutes": 60.0}))
+            "trained": {"steps": int(args["trainer.max_steps"])}, "total_minutes": 60.0,
+            "overrides": [*(a for a in command[1:] if a != "test=false"), "run_test=false"]}))
         (run / "results.json").write_text(json.dumps({"run": run.name}))
         (run / "eval").mkdir()
         (run / "eval" / "val_last_beam4_gnmt1.4.hyp").write_text(f"{run.name} val\n")
@@ -157,10 +158,26 @@ def test_the_student_learns_from_the_ensemble_chosen_on_val_and_only_the_chosen_
     assert len(stand_ins.commands) == count  # every step found done
     with pytest.raises(SystemExit, match=r"another plan \(student_updates: 100 -> 200\)"):
         launch(monkeypatch, stand_ins, "student_corpus=both", "student_updates=200")
-    record = json.loads(Path("out/best_model.json").read_text())
-    Path("out/best_model.json").write_text(json.dumps({**record, "model": "elsewhere.ckpt"}))
-    with pytest.raises(SystemExit, match="its blind translations under docs/quality/blind/best_model/ are the other"):
+    Path("out/choice.json").write_text(json.dumps({"model": "elsewhere.ckpt", "search": {}}))
+    tested = len([e for e in stand_ins.evaluations if "split=test" in e[2]])
+    blind, kept = len(stand_ins.blind), Path("out/hyps/best_model/test.de").read_text()
+    with pytest.raises(SystemExit, match="records another choice .* remove them and out/choice.json first"):
         launch(monkeypatch, stand_ins, "student_corpus=both", "student_updates=100")
+    assert len([e for e in stand_ins.evaluations if "split=test" in e[2]]) == tested  # refused before test
+    assert Path("out/hyps/best_model/test.de").read_text() == kept and len(stand_ins.blind) == blind
+
+
+def test_a_run_found_trained_with_other_overrides_or_updates_is_refused(teacher, monkeypatch):
+    """A seed_S run the study did not train (the 55-minute hour, or another update count) is not a teacher."""
+    ckpt, _ = teacher
+    stand_ins = StandIns(ckpt, student_val=42.0)
+    run = RUNS / "seed_1234"
+    stand_ins.run_step("planted", run / "reproduce.json", [
+        "transformer_nmt.reproduce", "run_id=seed_1234", "seed=1234", "trainer.max_steps=3000"])
+    with pytest.raises(SystemExit, match=r"another run than this step's \(overrides it lacks: \['trainer.max_time"
+                                         r"=null', 'trainer.max_steps=5194'\]; trained 3000 of 5194 updates\)"):
+        launch(monkeypatch, stand_ins, "student_updates=10")
+    assert len(stand_ins.commands) == 1  # the planted one: nothing trained after it
 
 
 def test_the_ensemble_when_val_chooses_it_is_scored_on_test_once(teacher, monkeypatch):
