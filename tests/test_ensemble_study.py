@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from study_scripts import load_study
 from tiny_checkpoint import tiny_tokenizer, write_checkpoint
 
 from transformer_nmt.checkpoint import load_checkpoint
@@ -17,8 +18,9 @@ SCRIPTS = Path(__file__).resolve().parents[1] / "studies"
 
 
 def script(name: str):
-    home = SCRIPTS.parent / "scripts" if name == "docs_tables" else SCRIPTS  # docs_tables is the repo's own tool
-    spec = importlib.util.spec_from_file_location(f"script_{name}", home / f"{name}.py")
+    if name != "docs_tables":
+        return load_study(name)  # as python studies/NAME.py runs it: its imports of studies/ resolve
+    spec = importlib.util.spec_from_file_location(f"script_{name}", SCRIPTS.parent / "scripts" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
